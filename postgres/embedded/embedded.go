@@ -1,0 +1,365 @@
+// Package embedded starts a private PostgreSQL cluster from the machine's PostgreSQL binaries, in
+// a data directory of its own, on a free loopback port. It is the database of the devserver and of
+// the tests.
+package embedded
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ErrNoBinaries is returned (wrapped) when no PostgreSQL server binaries can be found.
+var ErrNoBinaries = errors.New("embedded: PostgreSQL server binaries (initdb, postgres) not found on PATH or under /usr/lib/postgresql/*/bin; install them (Debian/Ubuntu: apt-get install postgresql; macOS: brew install postgresql) or set BETTER_COMPUTE_DATABASE_URL to use an existing server")
+
+// Options configure a cluster. The zero value is an ephemeral cluster in a new temporary directory.
+type Options struct {
+	// DataDir keeps the cluster's files. Empty: a new temporary directory, removed by Stop. A
+	// directory that already holds a cluster is reused, so data survives a restart.
+	DataDir string
+	// Durable keeps fsync and full page writes on. Off by default: an ephemeral cluster trades
+	// crash safety for speed. A cluster in a caller's DataDir is durable regardless.
+	Durable bool
+	// BinDir is where initdb and postgres are; empty means search PATH, then /usr/lib/postgresql.
+	BinDir string
+	// StartTimeout bounds how long the server may take to accept connections. Default 30s.
+	StartTimeout time.Duration
+	// Settings are extra server settings (name → value), passed as -c name=value.
+	Settings map[string]string
+}
+
+// Cluster is a running PostgreSQL server.
+type Cluster struct {
+	root      string // what Stop removes, when ephemeral
+	dataDir   string
+	port      int
+	ephemeral bool
+	cmd       *exec.Cmd
+	exited    chan struct{}
+	waitErr   error
+}
+
+// Superuser is the name of the cluster's superuser.
+const Superuser = "postgres"
+
+// Start initialises the cluster when its data directory is empty and starts the server.
+func Start(ctx context.Context, opts Options) (*Cluster, error) {
+	bin, err := findBinDir(opts.BinDir)
+	if err != nil {
+		return nil, err
+	}
+	if opts.StartTimeout == 0 {
+		opts.StartTimeout = 30 * time.Second
+	}
+	runAs, err := serverUser()
+	if err != nil {
+		return nil, err
+	}
+	c := &Cluster{exited: make(chan struct{})}
+	if opts.DataDir == "" {
+		// Not os.MkdirTemp under a root-owned 0700 directory: the server runs as another user.
+		c.root, err = os.MkdirTemp("", "better-compute-pg-")
+		if err != nil {
+			return nil, fmt.Errorf("embedded: %w", err)
+		}
+		c.ephemeral = true
+		c.dataDir = filepath.Join(c.root, "data")
+	} else {
+		c.dataDir, err = filepath.Abs(opts.DataDir)
+		if err != nil {
+			return nil, fmt.Errorf("embedded: data directory: %w", err)
+		}
+		c.root = c.dataDir
+		opts.Durable = true
+	}
+	if err := c.prepareDir(runAs); err != nil {
+		c.cleanup()
+		return nil, err
+	}
+	if _, err := os.Stat(filepath.Join(c.dataDir, "PG_VERSION")); errors.Is(err, os.ErrNotExist) {
+		if err := c.initdb(ctx, bin, runAs); err != nil {
+			c.cleanup()
+			return nil, err
+		}
+	}
+	// A free port can be taken between our check and the server's bind; try a few.
+	for attempt := 0; ; attempt++ {
+		err = c.start(ctx, bin, runAs, opts)
+		if err == nil || attempt == 3 || !strings.Contains(err.Error(), "could not bind") && !strings.Contains(err.Error(), "Address already in use") {
+			break
+		}
+	}
+	if err != nil {
+		c.cleanup()
+		return nil, err
+	}
+	return c, nil
+}
+
+// Port is the loopback TCP port the server listens on.
+func (c *Cluster) Port() int { return c.port }
+
+// DataDir is the cluster's data directory.
+func (c *Cluster) DataDir() string { return c.dataDir }
+
+// URL returns a connection URL for database as the superuser.
+func (c *Cluster) URL(database string) string {
+	return fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s?sslmode=disable", Superuser, c.port, database)
+}
+
+// Stop shuts the server down (fast shutdown: open sessions are ended) and, for an ephemeral
+// cluster, removes its files. It waits until ctx is done, then kills the server.
+func (c *Cluster) Stop(ctx context.Context) error {
+	if c.cmd == nil || c.cmd.Process == nil {
+		c.cleanup()
+		return nil
+	}
+	_ = c.cmd.Process.Signal(syscall.SIGINT)
+	var err error
+	select {
+	case <-c.exited:
+	case <-ctx.Done():
+		_ = c.cmd.Process.Kill()
+		<-c.exited
+		err = fmt.Errorf("embedded: server did not stop in time, killed: %w", ctx.Err())
+	}
+	c.cleanup()
+	return err
+}
+
+func (c *Cluster) cleanup() {
+	if c.ephemeral && c.root != "" {
+		os.RemoveAll(c.root)
+	}
+}
+
+// runAs is the account the server runs as: nil for the current user.
+type account struct{ uid, gid uint32 }
+
+// serverUser returns the account initdb and postgres must run as. They refuse to run as root, so
+// a root process runs them as the postgres system user.
+func serverUser() (*account, error) {
+	if os.Geteuid() != 0 {
+		return nil, nil
+	}
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		return nil, fmt.Errorf("embedded: running as root, the server must run as the postgres system user, which does not exist (%w); create it (useradd --system postgres) or run as another user", err)
+	}
+	uid, _ := strconv.ParseUint(u.Uid, 10, 32)
+	gid, _ := strconv.ParseUint(u.Gid, 10, 32)
+	return &account{uint32(uid), uint32(gid)}, nil
+}
+
+func (c *Cluster) prepareDir(a *account) error {
+	if err := os.MkdirAll(c.dataDir, 0o700); err != nil {
+		return fmt.Errorf("embedded: create data directory: %w", err)
+	}
+	if a == nil {
+		return nil
+	}
+	for _, d := range []string{c.root, c.dataDir} {
+		if err := os.Chown(d, int(a.uid), int(a.gid)); err != nil {
+			return fmt.Errorf("embedded: give %s to the postgres user: %w", d, err)
+		}
+	}
+	// The postgres user must be able to reach the directory through its parents.
+	for dir := filepath.Dir(c.root); ; dir = filepath.Dir(dir) {
+		fi, err := os.Stat(dir)
+		if err == nil && fi.Mode().Perm()&0o001 == 0 {
+			return fmt.Errorf("embedded: the postgres user cannot enter %s (mode %v), which holds the data directory %s; choose a data directory under a path others can traverse, such as /var/tmp", dir, fi.Mode().Perm(), c.dataDir)
+		}
+		if dir == filepath.Dir(dir) {
+			return nil
+		}
+	}
+}
+
+func (c *Cluster) command(ctx context.Context, a *account, name string, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = c.root
+	cmd.Env = append(os.Environ(), "LC_ALL=C", "TZ=UTC")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // Ctrl-C reaches us, not the server
+	if a != nil {
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: a.uid, Gid: a.gid}
+	}
+	return cmd
+}
+
+func (c *Cluster) initdb(ctx context.Context, bin string, a *account) error {
+	cmd := c.command(ctx, a, filepath.Join(bin, "initdb"),
+		"-D", c.dataDir, "-U", Superuser, "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("embedded: initdb failed: %w\n%s", err, out)
+	}
+	return nil
+}
+
+func (c *Cluster) start(ctx context.Context, bin string, a *account, opts Options) error {
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	c.port = port
+	settings := map[string]string{
+		"listen_addresses":          "127.0.0.1",
+		"port":                      strconv.Itoa(port),
+		"unix_socket_directories":   "", // TCP only: socket paths have a short length limit
+		"max_connections":           "400",
+		"shared_buffers":            "128MB",
+		"log_min_messages":          "warning",
+		"max_locks_per_transaction": "256",
+	}
+	if !opts.Durable {
+		settings["fsync"] = "off"
+		settings["synchronous_commit"] = "off"
+		settings["full_page_writes"] = "off"
+	}
+	for k, v := range opts.Settings {
+		settings[k] = v
+	}
+	args := []string{"-D", c.dataDir}
+	keys := make([]string, 0, len(settings))
+	for k := range settings {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		args = append(args, "-c", k+"="+settings[k])
+	}
+	logPath := filepath.Join(c.root, "postgres.log")
+	if !c.ephemeral {
+		logPath = filepath.Join(c.dataDir, "postgres.log")
+	}
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("embedded: server log: %w", err)
+	}
+	defer logFile.Close()
+
+	// The server runs until Stop, not until ctx ends. It is started from a goroutine locked to
+	// its OS thread so that Pdeathsig (which follows the thread, not the process) stops the server
+	// if this process dies without calling Stop.
+	started := make(chan error, 1)
+	c.exited = make(chan struct{})
+	go func() {
+		runtime.LockOSThread()
+		cmd := c.command(context.Background(), a, filepath.Join(bin, "postgres"), args...)
+		cmd.SysProcAttr.Pdeathsig = syscall.SIGINT
+		cmd.Stdout, cmd.Stderr = logFile, logFile
+		if err := cmd.Start(); err != nil {
+			started <- fmt.Errorf("embedded: start postgres: %w", err)
+			close(c.exited)
+			return
+		}
+		c.cmd = cmd
+		started <- nil
+		c.waitErr = cmd.Wait()
+		close(c.exited)
+	}()
+	if err := <-started; err != nil {
+		return err
+	}
+	return c.waitReady(ctx, opts.StartTimeout, logPath)
+}
+
+func (c *Cluster) waitReady(ctx context.Context, timeout time.Duration, logPath string) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for {
+		conn, err := pgx.Connect(ctx, c.URL("postgres"))
+		if err == nil {
+			conn.Close(ctx)
+			return nil
+		}
+		select {
+		case <-c.exited:
+			log, _ := os.ReadFile(logPath)
+			return fmt.Errorf("embedded: postgres exited before accepting connections (%v):\n%s", c.waitErr, tail(log, 2000))
+		case <-ctx.Done():
+			_ = c.cmd.Process.Kill()
+			<-c.exited
+			log, _ := os.ReadFile(logPath)
+			return fmt.Errorf("embedded: postgres did not accept connections within %v: %w\n%s", timeout, err, tail(log, 2000))
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func tail(b []byte, n int) string {
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(b)
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("embedded: find a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// findBinDir returns the directory holding initdb and postgres.
+func findBinDir(dir string) (string, error) {
+	ok := func(d string) bool {
+		for _, n := range []string{"initdb", "postgres"} {
+			if fi, err := os.Stat(filepath.Join(d, n)); err != nil || fi.IsDir() {
+				return false
+			}
+		}
+		return true
+	}
+	if dir != "" {
+		if ok(dir) {
+			return dir, nil
+		}
+		return "", fmt.Errorf("%w (looked in BinDir %s)", ErrNoBinaries, dir)
+	}
+	if p, err := exec.LookPath("initdb"); err == nil && ok(filepath.Dir(p)) {
+		return filepath.Dir(p), nil
+	}
+	// Debian and Ubuntu keep the server binaries off PATH; take the newest version installed.
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	sort.Slice(dirs, func(i, j int) bool { return version(dirs[i]) > version(dirs[j]) })
+	for _, d := range dirs {
+		if ok(d) {
+			return d, nil
+		}
+	}
+	return "", ErrNoBinaries
+}
+
+func version(binDir string) int {
+	v, _ := strconv.Atoi(filepath.Base(filepath.Dir(binDir)))
+	return v
+}
+
+// Server returns the URL of a server to use: BETTER_COMPUTE_DATABASE_URL when it is set, or else
+// a new cluster started with opts. stop ends what Server started, and does nothing for a server
+// named by the environment.
+func Server(ctx context.Context, opts Options) (url string, stop func(context.Context) error, err error) {
+	if u := os.Getenv("BETTER_COMPUTE_DATABASE_URL"); u != "" {
+		return u, func(context.Context) error { return nil }, nil
+	}
+	c, err := Start(ctx, opts)
+	if err != nil {
+		return "", nil, err
+	}
+	return c.URL("postgres"), c.Stop, nil
+}

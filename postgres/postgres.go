@@ -1,0 +1,140 @@
+// Package postgres is Better Compute's store: the connection pool, the migrations every package
+// and module owns, and compute_now(), the one clock all SQL reads.
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// EnvDatabaseURL names the environment variable that points Better Compute at an existing server.
+const EnvDatabaseURL = "BETTER_COMPUTE_DATABASE_URL"
+
+// DB is a connection pool to the database Better Compute keeps its truth in.
+type DB struct {
+	Pool *pgxpool.Pool
+
+	// now is the test clock: when set, every connection handed out reads it as compute_now().
+	now atomic.Pointer[time.Time]
+}
+
+// Querier is what a pool, a connection and a transaction have in common.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Open connects to the database at url (a postgres:// URL or a key=value connection string) and
+// checks that it answers.
+func Open(ctx context.Context, url string) (*DB, error) {
+	if url == "" {
+		return nil, errors.New("postgres: empty database URL; set " + EnvDatabaseURL + " or use postgres/embedded")
+	}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: parse database URL: %w", err)
+	}
+	return OpenConfig(ctx, cfg)
+}
+
+// OpenConfig is Open with a pool configuration the caller has tuned. A PrepareConn hook set by
+// the caller still runs, after the clock's.
+func OpenConfig(ctx context.Context, cfg *pgxpool.Config) (*DB, error) {
+	db := &DB{}
+	prepare := cfg.PrepareConn
+	cfg.PrepareConn = func(ctx context.Context, c *pgx.Conn) (bool, error) {
+		if err := db.syncClock(ctx, c); err != nil {
+			return false, err
+		}
+		if prepare != nil {
+			return prepare(ctx, c)
+		}
+		return true, nil
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("postgres: connect to %s:%d: %w", cfg.ConnConfig.Host, cfg.ConnConfig.Port, err)
+	}
+	db.Pool = pool
+	return db, nil
+}
+
+// Close closes every connection of the pool.
+func (db *DB) Close() { db.Pool.Close() }
+
+// Tx runs fn in one transaction, committed when fn returns nil and rolled back otherwise.
+func (db *DB) Tx(ctx context.Context, fn func(pgx.Tx) error) error {
+	return pgx.BeginFunc(ctx, db.Pool, fn)
+}
+
+// SetNow stops the clock at t for every statement run through this pool from now on: compute_now()
+// returns t. It is for tests that travel in time; a connection already handed out keeps its clock
+// until it is released.
+func (db *DB) SetNow(t time.Time) { db.now.Store(&t) }
+
+// ResetNow lets compute_now() follow the real clock again.
+func (db *DB) ResetNow() { db.now.Store(&time.Time{}) }
+
+const clockKey = "compute.now"
+
+// syncClock sets the session's compute.now to the test clock, when it differs from what the
+// connection already has. With the clock never set it costs one atomic load.
+func (db *DB) syncClock(ctx context.Context, c *pgx.Conn) error {
+	p := db.now.Load()
+	if p == nil {
+		return nil
+	}
+	want := ""
+	if !p.IsZero() {
+		want = p.UTC().Format(time.RFC3339Nano)
+	}
+	data := c.PgConn().CustomData()
+	if have, _ := data[clockKey].(string); have == want {
+		return nil
+	}
+	if _, err := c.Exec(ctx, "SELECT pg_catalog.set_config('compute.now', $1, false)", want); err != nil {
+		return fmt.Errorf("postgres: set test clock: %w", err)
+	}
+	data[clockKey] = want
+	return nil
+}
+
+// SQLSTATE codes that callers branch on.
+const (
+	UniqueViolation      = "23505"
+	ForeignKeyViolation  = "23503"
+	CheckViolation       = "23514"
+	ExclusionViolation   = "23P01"
+	SerializationFailure = "40001"
+	DeadlockDetected     = "40P01"
+)
+
+// ErrorCode returns the SQLSTATE of err, or "" when err is not a PostgreSQL error.
+func ErrorCode(err error) string {
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) {
+		return pg.Code
+	}
+	return ""
+}
+
+// Constraint returns the name of the constraint err violated, or "".
+func Constraint(err error) string {
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) {
+		return pg.ConstraintName
+	}
+	return ""
+}
