@@ -3,8 +3,11 @@ module github.com/better-compute/compute
 go 1.26.8
 
 require (
+	github.com/google/go-cmp v0.7.0
+	github.com/google/uuid v1.6.0
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/pressly/goose/v3 v3.30.1
+	go.uber.org/goleak v1.3.0
 )
 
 require (

@@ -116,3 +116,10 @@ func CodeOf(err error) Code {
 type ErrorBody struct {
 	Error *Error `json:"error"`
 }
+
+// NotFound is the error for a resource that does not exist, or that the caller may not know
+// exists: the two read the same.
+func NotFound(kind, ref string) *Error {
+	return &Error{Code: CodeNotFound, Message: fmt.Sprintf("%s %q not found", kind, ref),
+		Details: map[string]any{"kind": kind, "ref": ref}}
+}

@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
 
 	"github.com/better-compute/compute/postgres"
 	"github.com/better-compute/compute/postgres/embedded"
@@ -54,7 +55,9 @@ type template struct {
 	err  error
 }
 
-// Main runs the test binary's tests and then stops the server New started. Call it from TestMain.
+// Main runs the test binary's tests, stops the server New started and then fails the binary if
+// any goroutine is left running: every goroutine needs an owner that stops it. Call it from
+// TestMain.
 func Main(m *testing.M) {
 	mainCalled = true
 	code := m.Run()
@@ -67,6 +70,12 @@ func Main(m *testing.M) {
 			fmt.Fprintln(os.Stderr, "pgtest:", err)
 		}
 		cancel()
+	}
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "pgtest: goroutines left running after the tests:", err)
+			code = 1
+		}
 	}
 	os.Exit(code)
 }
@@ -225,4 +234,3 @@ func random() string {
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
 }
-

@@ -1,0 +1,226 @@
+// Package compute is Better Compute, an embeddable control plane for GPU, CPU and sandbox
+// capacity. A host application calls New with its PostgreSQL database, an IAM port and the
+// modules it wants, and mounts what it gets back:
+//
+//	c, err := compute.New(compute.Options{Database: db, Secret: secret, BaseURL: url,
+//		RootTenantID: root, IAM: port})
+//	err = c.Initialize(ctx)                 // migrations, IAM catalog, module start
+//	mux.Handle("/api/compute/", c.Handler)  // the public API
+//	err = c.Start(ctx); defer c.Stop(ctx)   // background work of the process mode
+package compute
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/iam"
+	"github.com/better-compute/compute/internal/envelope"
+	"github.com/better-compute/compute/internal/fleet"
+	"github.com/better-compute/compute/modules"
+	"github.com/better-compute/compute/postgres"
+)
+
+// Compute is a control plane. Its fields are ready after New; they answer unavailable until
+// Initialize has succeeded.
+type Compute struct {
+	// API is the typed in-process API: c.API.Pools.Create(ctx, credential, in).
+	API *API
+	// Handler serves the public API: POST /api/compute/{group}/{method}.
+	Handler http.Handler
+	// NodeHandler serves the node protocol to bcd (behind mutual TLS). Not served yet: it answers
+	// unavailable until the gateway is built.
+	NodeHandler http.Handler
+
+	opts Options
+	reg  *modules.Registry
+	rt   *modules.Runtime
+	env  *envelope.Envelope
+
+	ready atomic.Bool
+
+	mu      sync.Mutex
+	started bool
+	cancel  context.CancelFunc
+	done    sync.WaitGroup
+}
+
+// New validates opts, registers the core and the modules and checks what they registered. It
+// starts nothing and touches neither the database nor the network.
+func New(opts Options) (*Compute, error) {
+	o, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	reg, err := registry(o.Modules)
+	if err != nil {
+		return nil, err
+	}
+	c := &Compute{opts: o, reg: reg}
+	c.rt = &modules.Runtime{DB: o.Database, IAM: o.IAM, Logger: o.Logger, Secret: o.Secret}
+	var cache *iam.DecisionCache
+	if o.DecisionCacheTTL > 0 {
+		cache = iam.NewDecisionCache(o.DecisionCacheTTL, DefaultDecisionCacheMax)
+	}
+	c.env = envelope.New(envelope.Config{Registry: reg, Runtime: c.rt, Cache: cache, MaxBodyBytes: o.MaxBodyBytes})
+	c.API = newAPI(c)
+	c.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !c.ready.Load() {
+			envelope.Unavailable("the API (Initialize has not completed)").ServeHTTP(w, r)
+			return
+		}
+		c.env.ServeHTTP(w, r)
+	})
+	c.NodeHandler = envelope.Unavailable("the node protocol")
+	return c, nil
+}
+
+// registry registers the core, then mods, and checks the whole.
+func registry(mods []Module) (*modules.Registry, error) {
+	reg := modules.NewRegistry()
+	for _, m := range append([]Module{coreModule{}, fleet.Module{}}, mods...) {
+		if err := reg.Add(m); err != nil {
+			return nil, fmt.Errorf("compute: %w", err)
+		}
+	}
+	if err := reg.Check(); err != nil {
+		return nil, fmt.Errorf("compute: %w", err)
+	}
+	return reg, nil
+}
+
+// MigrationSets returns every migration set the core and mods own, in the order Initialize
+// applies them. Test helpers use it to build template databases.
+func MigrationSets(mods ...Module) ([]postgres.MigrationSet, error) {
+	reg, err := registry(mods)
+	if err != nil {
+		return nil, err
+	}
+	return append([]postgres.MigrationSet{postgres.Core}, reg.MigrationSets()...), nil
+}
+
+// Initialize applies migrations (under an advisory lock, so several processes may start at
+// once), prepares the IAM port, contributes the catalog to IAM and runs the modules' start hooks.
+// It may be called again; what is done is not redone.
+func (c *Compute) Initialize(ctx context.Context) error {
+	sets := append([]postgres.MigrationSet{postgres.Core}, c.reg.MigrationSets()...)
+	if err := postgres.Migrate(ctx, c.opts.Database, sets...); err != nil {
+		return fmt.Errorf("compute: initialize: %w", err)
+	}
+	if i, ok := c.opts.IAM.(iam.Initializer); ok {
+		if err := i.Initialize(ctx); err != nil {
+			return fmt.Errorf("compute: initialize IAM: %w", err)
+		}
+	}
+	if ok, err := c.opts.IAM.TenantWithin(ctx, c.opts.RootTenantID, c.opts.RootTenantID); err != nil {
+		return fmt.Errorf("compute: initialize: read the root tenant: %w", err)
+	} else if !ok {
+		return fmt.Errorf("compute: initialize: IAM has no tenant %q (Options.RootTenantID)", c.opts.RootTenantID)
+	}
+	if err := c.opts.IAM.RegisterCatalog(ctx, c.reg.Catalog()); err != nil {
+		return fmt.Errorf("compute: initialize: register the IAM catalog: %w", err)
+	}
+	if err := c.reg.RunInitialize(ctx, c.rt); err != nil {
+		return fmt.Errorf("compute: initialize: %w", err)
+	}
+	c.ready.Store(true)
+	return nil
+}
+
+// Start runs the background work of the process mode (Options.Mode) until Stop is called or ctx
+// ends. Initialize must have succeeded.
+func (c *Compute) Start(ctx context.Context) error {
+	if !c.ready.Load() {
+		return errors.New("compute: Start before Initialize")
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.started {
+		return errors.New("compute: already started")
+	}
+	c.started = true
+	ctx, c.cancel = context.WithCancel(ctx)
+	for _, w := range c.reg.Workers() {
+		if !w.RunsIn(string(c.opts.Mode)) {
+			continue
+		}
+		c.done.Add(1)
+		go func() {
+			defer c.done.Done()
+			c.supervise(ctx, w)
+		}()
+	}
+	return nil
+}
+
+// supervise runs a worker until ctx ends, restarting it with backoff when it fails.
+func (c *Compute) supervise(ctx context.Context, w modules.Worker) {
+	backoff := time.Second
+	for ctx.Err() == nil {
+		err := w.Run(ctx, c.rt)
+		if ctx.Err() != nil {
+			return
+		}
+		c.opts.Logger.Error("compute: worker failed; restarting", "worker", w.Name, "error", err, "in", backoff)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 30*time.Second)
+	}
+}
+
+// Stop ends the background work and waits for it, at most until ctx is done.
+func (c *Compute) Stop(ctx context.Context) error {
+	c.mu.Lock()
+	cancel := c.cancel
+	c.mu.Unlock()
+	if cancel == nil {
+		return nil
+	}
+	cancel()
+	finished := make(chan struct{})
+	go func() { c.done.Wait(); close(finished) }()
+	select {
+	case <-finished:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("compute: stop: background work did not finish: %w", ctx.Err())
+	}
+}
+
+// Mode is the process mode.
+func (c *Compute) Mode() Mode { return c.opts.Mode }
+
+// Methods returns every method this control plane serves, core and modules'.
+func (c *Compute) Methods() []api.MethodInfo { return c.env.Methods() }
+
+// Invoke calls method m in-process, through the same envelope as HTTP. Modules use it to offer
+// typed calls for their own methods.
+func Invoke[In, Out any](ctx context.Context, c *Compute, credential string, m api.Method[In, Out], in In) (Out, error) {
+	var out Out
+	if !c.ready.Load() {
+		return out, api.Errorf(api.CodeUnavailable, "compute: Initialize has not completed")
+	}
+	h, ok := c.reg.Lookup(m.Group, m.Name)
+	if !ok {
+		return out, api.Errorf(api.CodeNotFound, "method %s is not registered (is its module in Options.Modules?)", m.FullName())
+	}
+	res, err := c.env.Invoke(ctx, credential, h, in)
+	if err != nil {
+		return out, err
+	}
+	if res.Replay != nil {
+		if err := decodeReplay(res.Replay, &out); err != nil {
+			return out, api.Errorf(api.CodeInternal, "decode the stored answer of %s: %v", m.FullName(), err)
+		}
+		return out, nil
+	}
+	return res.Value.(Out), nil
+}

@@ -1,0 +1,111 @@
+package compute_test
+
+import (
+	"context"
+	"reflect"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/better-compute/compute"
+	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/iam"
+	"github.com/better-compute/compute/internal/envelope"
+	"github.com/better-compute/compute/postgres/pgtest"
+)
+
+// TestAPIMatchesMethodTable checks that compute.API has exactly one call per core method, named
+// after it, with the table's input and output types.
+func TestAPIMatchesMethodTable(t *testing.T) {
+	want := map[string]bool{}
+	for _, m := range api.Methods() {
+		want[title(m.Group)+"."+title(m.Name)] = true
+	}
+	got := map[string]bool{}
+	at := reflect.TypeOf(compute.API{})
+	for i := range at.NumField() {
+		g := at.Field(i)
+		for j := range g.Type.NumMethod() {
+			got[g.Name+"."+g.Type.Method(j).Name] = true
+		}
+	}
+	var missing, extra []string
+	for k := range want {
+		if !got[k] {
+			missing = append(missing, k)
+		}
+	}
+	for k := range got {
+		if !want[k] {
+			extra = append(extra, k)
+		}
+	}
+	sort.Strings(missing)
+	sort.Strings(extra)
+	if len(missing)+len(extra) > 0 {
+		t.Fatalf("compute.API drifted from api.Methods: missing %v, extra %v", missing, extra)
+	}
+}
+
+func title(s string) string { return strings.ToUpper(s[:1]) + s[1:] }
+
+// TestInitializeConcurrently starts several control planes on one fresh database at once, as
+// several processes would; each must initialize, and the schema must be applied once.
+func TestInitializeConcurrently(t *testing.T) {
+	url := pgtest.URL(t) // an empty database
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			db := pgtest.Open(t, url) // a pool of its own, as another process has
+			port, err := iam.Embedded(db, iam.EmbeddedOptions{RootTenantID: "root"})
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			c, err := compute.New(compute.Options{Database: db, Secret: strings.Repeat("k", 40), BaseURL: "http://x.test",
+				RootTenantID: "root", IAM: port})
+			if err == nil {
+				err = c.Initialize(context.Background())
+			}
+			errs[i] = err
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("control plane %d: %v", i, err)
+		}
+	}
+}
+
+func TestWorkerPrunesIdempotencyKeys(t *testing.T) {
+	env := newEnvMode(t, compute.ModeWorker)
+	ctx := context.Background()
+	if _, err := env.Compute.API.Pools.Create(api.WithIdempotencyKey(ctx, "old"), env.RootKey, api.CreatePool{Name: "p"}); err != nil {
+		t.Fatal(err)
+	}
+	if n := countRows(t, env, "compute.idempotency_keys"); n != 1 {
+		t.Fatalf("%d idempotency keys stored, want 1", n)
+	}
+	env.DB.SetNow(time.Now().Add(envelope.DefaultIdempotencyTTL + time.Hour))
+	if err := env.Compute.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for countRows(t, env, "compute.idempotency_keys") != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the worker did not prune an expired idempotency key")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	stopCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := env.Compute.Stop(stopCtx); err != nil {
+		t.Fatal(err)
+	}
+}

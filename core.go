@@ -1,0 +1,44 @@
+package compute
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/better-compute/compute/internal/envelope"
+	"github.com/better-compute/compute/modules"
+)
+
+// coreModule registers what the envelope itself owns: the idempotency keys and their pruning.
+type coreModule struct{}
+
+func (coreModule) Name() string { return "core" }
+
+func (coreModule) Register(r *modules.Registry) error {
+	r.Migrations(envelope.Migrations)
+	r.Worker(modules.Worker{Name: "idempotency-prune", Modes: []string{string(ModeWorker)}, Run: pruneIdempotencyKeys})
+	return nil
+}
+
+// pruneIdempotencyKeys deletes idempotency keys older than envelope.DefaultIdempotencyTTL, every
+// ten minutes.
+func pruneIdempotencyKeys(ctx context.Context, rt *modules.Runtime) error {
+	t := time.NewTicker(10 * time.Minute)
+	defer t.Stop()
+	for {
+		n, err := envelope.PruneIdempotencyKeys(ctx, rt.DB.Pool, envelope.DefaultIdempotencyTTL)
+		if err != nil {
+			return err
+		}
+		if n > 0 {
+			rt.Logger.DebugContext(ctx, "compute: pruned idempotency keys", "count", n)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+func decodeReplay(b []byte, out any) error { return json.Unmarshal(b, out) }

@@ -1,0 +1,281 @@
+package compute_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/better-compute/compute"
+	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/computetest"
+	"github.com/better-compute/compute/iam"
+)
+
+func newEnv(t *testing.T) *computetest.Env {
+	t.Helper()
+	return computetest.New(t, computetest.Options{})
+}
+
+// call is one HTTP request to the API and what came back.
+type call struct {
+	status int
+	header http.Header
+	body   map[string]any
+	raw    []byte
+}
+
+func (c call) errCode() string {
+	e, _ := c.body["error"].(map[string]any)
+	s, _ := e["code"].(string)
+	return s
+}
+
+func (c call) errDetail(k string) any {
+	e, _ := c.body["error"].(map[string]any)
+	d, _ := e["details"].(map[string]any)
+	return d[k]
+}
+
+func do(t *testing.T, method, url, key string, body string, headers ...string) call {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	c := call{status: resp.StatusCode, header: resp.Header, raw: raw}
+	if err := json.Unmarshal(raw, &c.body); err != nil {
+		t.Fatalf("%s %s answered %d with a body that is not a JSON object: %q", method, url, resp.StatusCode, raw)
+	}
+	return c
+}
+
+func post(t *testing.T, base, key, method string, body string) call {
+	t.Helper()
+	return do(t, http.MethodPost, base+api.BasePath+"/"+method, key, body)
+}
+
+func countRows(t *testing.T, env *computetest.Env, table string) int {
+	t.Helper()
+	var n int
+	if err := env.DB.Pool.QueryRow(context.Background(), "SELECT count(*) FROM "+table).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestEnvelopeErrors(t *testing.T) {
+	env := newEnv(t)
+	url := env.Server(t)
+	ctx := context.Background()
+
+	// A key that may only read: its mutations are denied.
+	ident, err := env.IAM.CreateIdentity(ctx, computetest.RootTenantID, iam.KindService, "reader")
+	if err != nil {
+		t.Fatal(err)
+	}
+	role, err := env.IAM.CreateRole(ctx, computetest.RootTenantID, "reader", iam.Policy{Version: 1, Statements: []iam.Statement{
+		{Effect: iam.Allow, Actions: []string{"compute:*:get", "compute:*:list"}, Resources: []string{"*"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := env.IAM.Bind(ctx, ident.ID, role.ID, computetest.RootTenantID); err != nil {
+		t.Fatal(err)
+	}
+	readKey, err := env.IAM.CreateAPIKey(ctx, ident.ID, "r", zeroTime)
+	if err != nil {
+		t.Fatal(err)
+	}
+	revoked, err := env.IAM.CreateAPIKey(ctx, ident.ID, "gone", zeroTime)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := env.IAM.RevokeAPIKey(ctx, revoked.ID); err != nil {
+		t.Fatal(err)
+	}
+	badChecksum := env.RootKey[:len(env.RootKey)-1] + flip(env.RootKey[len(env.RootKey)-1])
+	unknownKey := iam.NewToken(iam.TokenAPIKey)
+
+	big := `{"name": "x", "description": "` + strings.Repeat("a", 2<<20) + `"}`
+	cases := []struct {
+		name       string
+		method     string // HTTP method
+		path       string
+		key        string
+		body       string
+		status     int
+		code       api.Code
+		reason     string
+		detailKey  string
+		detailWant any
+	}{
+		{"unknown group", "POST", "/nosuch/create", env.RootKey, `{}`, 404, api.CodeNotFound, "unknown_method", "group", "nosuch"},
+		{"unknown method", "POST", "/pools/explode", env.RootKey, `{}`, 404, api.CodeNotFound, "unknown_method", "method", "explode"},
+		{"no method", "POST", "/pools", env.RootKey, `{}`, 404, api.CodeNotFound, "unknown_method", "", nil},
+		{"a GET", "GET", "/pools/create", env.RootKey, ``, 405, api.CodeInvalidArgument, "method_not_allowed", "", nil},
+		{"body not JSON", "POST", "/pools/create", env.RootKey, `{"name": `, 400, api.CodeInvalidArgument, "invalid_json", "", nil},
+		{"body is JSON but not an object", "POST", "/pools/create", env.RootKey, `[1, 2]`, 400, api.CodeInvalidArgument, "invalid_json", "", nil},
+		{"trailing data", "POST", "/pools/create", env.RootKey, `{"name": "a"} {}`, 400, api.CodeInvalidArgument, "invalid_json", "", nil},
+		{"unknown field", "POST", "/pools/create", env.RootKey, `{"name": "a", "colour": "red"}`, 400, api.CodeInvalidArgument, "unknown_field", "field", "colour"},
+		{"wrong type", "POST", "/pools/create", env.RootKey, `{"name": 7}`, 400, api.CodeInvalidArgument, "wrong_type", "field", "name"},
+		{"bad name", "POST", "/pools/create", env.RootKey, `{"name": "Not A Name"}`, 400, api.CodeInvalidArgument, "", "field", "name"},
+		{"body too large", "POST", "/pools/create", env.RootKey, big, 413, api.CodeInvalidArgument, "body_too_large", "", nil},
+		{"no credential", "POST", "/pools/create", "", `{"name": "a"}`, 401, api.CodeUnauthenticated, "missing_credential", "", nil},
+		{"not a token", "POST", "/pools/create", "hunter2", `{"name": "a"}`, 401, api.CodeUnauthenticated, "invalid_credential", "", nil},
+		{"bad checksum", "POST", "/pools/create", badChecksum, `{"name": "a"}`, 401, api.CodeUnauthenticated, "invalid_credential", "", nil},
+		{"unknown key", "POST", "/pools/create", unknownKey, `{"name": "a"}`, 401, api.CodeUnauthenticated, "invalid_credential", "", nil},
+		{"revoked key", "POST", "/pools/create", revoked.Token, `{"name": "a"}`, 401, api.CodeUnauthenticated, "invalid_credential", "", nil},
+		{"denied", "POST", "/pools/create", readKey.Token, `{"name": "a"}`, 403, api.CodePermissionDenied, "", "action", "compute:pools:create"},
+		{"tenant outside", "POST", "/pools/create", env.RootKey, `{"name": "a", "tenantId": "elsewhere"}`, 403, api.CodePermissionDenied, "tenant", "tenantId", "elsewhere"},
+		{"bad limit", "POST", "/pools/list", env.RootKey, `{"limit": 100000}`, 400, api.CodeInvalidArgument, "", "field", "limit"},
+		{"bad cursor", "POST", "/pools/list", env.RootKey, `{"cursor": "garbage"}`, 400, api.CodeInvalidArgument, "", "field", "cursor"},
+		{"missing pool", "POST", "/pools/get", env.RootKey, `{"pool": "nope"}`, 404, api.CodeNotFound, "", "ref", "nope"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := do(t, tc.method, url+api.BasePath+tc.path, tc.key, tc.body)
+			if c.status != tc.status || c.errCode() != string(tc.code) {
+				t.Fatalf("answered %d %s, want %d %s: %s", c.status, c.errCode(), tc.status, tc.code, c.raw)
+			}
+			if tc.reason != "" && c.errDetail("reason") != tc.reason {
+				t.Fatalf("reason %v, want %q: %s", c.errDetail("reason"), tc.reason, c.raw)
+			}
+			if tc.detailKey != "" && c.errDetail(tc.detailKey) != tc.detailWant {
+				t.Fatalf("details.%s = %v, want %v: %s", tc.detailKey, c.errDetail(tc.detailKey), tc.detailWant, c.raw)
+			}
+			if msg, _ := c.body["error"].(map[string]any)["message"].(string); msg == "" {
+				t.Fatalf("error without a message: %s", c.raw)
+			}
+		})
+	}
+	if n := countRows(t, env, "compute.pools"); n != 0 {
+		t.Fatalf("refused calls created %d pools", n)
+	}
+}
+
+func TestMethodTableRoute(t *testing.T) {
+	env := newEnv(t)
+	c := do(t, http.MethodGet, env.Server(t)+api.BasePath+"/methods", "", "")
+	if c.status != 200 {
+		t.Fatalf("GET methods = %d %s", c.status, c.raw)
+	}
+	var table struct{ Methods []api.MethodInfo }
+	if err := json.Unmarshal(c.raw, &table); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(api.Methods(), table.Methods); diff != "" {
+		t.Fatalf("the method table route differs from api.Methods (-want +got):\n%s", diff)
+	}
+}
+
+// TestOneDecisionPerMutation checks that each mutation asks IAM exactly once, with its own
+// action, and that repeated reads are served from the decision cache.
+func TestOneDecisionPerMutation(t *testing.T) {
+	env := newEnv(t)
+	url := env.Server(t)
+	steps := []struct {
+		method, body, action string
+		resourceIsID         bool
+	}{
+		{"sites/create", `{"name": "fra1"}`, "compute:sites:create", false},
+		{"pools/create", `{"name": "h100", "site": "fra1"}`, "compute:pools:create", false},
+		{"pools/update", `{"pool": "h100", "description": "eight H100s a node"}`, "compute:pools:update", true},
+		{"sites/update", `{"site": "fra1", "labels": {"region": "eu"}}`, "compute:sites:update", true},
+		{"pools/delete", `{"pool": "h100"}`, "compute:pools:delete", true},
+		{"sites/delete", `{"site": "fra1"}`, "compute:sites:delete", true},
+	}
+	for _, s := range steps {
+		env.Counter.Reset()
+		c := post(t, url, env.RootKey, s.method, s.body)
+		if c.status != 200 {
+			t.Fatalf("%s = %d %s", s.method, c.status, c.raw)
+		}
+		ds := env.Counter.Decisions()
+		if len(ds) != 1 {
+			t.Fatalf("%s made %d IAM decisions, want exactly 1: %v", s.method, len(ds), ds)
+		}
+		if ds[0].Action != s.action || ds[0].TenantID != computetest.RootTenantID {
+			t.Fatalf("%s decided %+v, want action %s in the root tenant", s.method, ds[0], s.action)
+		}
+		if got := ds[0].Resource.ID; s.resourceIsID != (got != "*") {
+			t.Fatalf("%s decided on resource %q", s.method, got)
+		}
+	}
+
+	// Reads: the first decides, the repeats within the cache's lifetime do not.
+	env.Counter.Reset()
+	for range 5 {
+		if c := post(t, url, env.RootKey, "pools/list", `{}`); c.status != 200 {
+			t.Fatalf("pools/list = %d %s", c.status, c.raw)
+		}
+	}
+	if n := len(env.Counter.Decisions()); n != 1 {
+		t.Fatalf("5 identical reads made %d decisions, want 1 (the rest cached)", n)
+	}
+}
+
+func TestIdempotencyKey(t *testing.T) {
+	env := newEnv(t)
+	url := env.Server(t)
+	first := do(t, "POST", url+api.BasePath+"/pools/create", env.RootKey, `{"name": "a100"}`, api.IdempotencyKeyHeader, "k-1")
+	again := do(t, "POST", url+api.BasePath+"/pools/create", env.RootKey, `{"name": "a100"}`, api.IdempotencyKeyHeader, "k-1")
+	if first.status != 200 || again.status != 200 {
+		t.Fatalf("create, create again = %d, %d: %s %s", first.status, again.status, first.raw, again.raw)
+	}
+	if !bytes.Equal(bytes.TrimSpace(first.raw), bytes.TrimSpace(again.raw)) {
+		t.Fatalf("the repeat answered differently:\n%s\n%s", first.raw, again.raw)
+	}
+	if again.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatal("the repeat is not marked as replayed")
+	}
+	if n := countRows(t, env, "compute.pools"); n != 1 {
+		t.Fatalf("two calls with one idempotency key made %d pools, want 1", n)
+	}
+	other := do(t, "POST", url+api.BasePath+"/pools/create", env.RootKey, `{"name": "b100"}`, api.IdempotencyKeyHeader, "k-1")
+	if other.status != 409 || other.errDetail("reason") != "idempotency_key_reused" {
+		t.Fatalf("the key with another input = %d %s, want 409 idempotency_key_reused", other.status, other.raw)
+	}
+
+	// In-process, the same key through the context.
+	ctx := api.WithIdempotencyKey(context.Background(), "k-2")
+	p1, err := env.Compute.API.Pools.Create(ctx, env.RootKey, api.CreatePool{Name: "l40s"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p2, err := env.Compute.API.Pools.Create(ctx, env.RootKey, api.CreatePool{Name: "l40s"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(p1, p2); diff != "" {
+		t.Fatalf("in-process repeat differs (-first +repeat):\n%s", diff)
+	}
+}
+
+func flip(b byte) string {
+	if b == 'A' {
+		return "B"
+	}
+	return "A"
+}
+
+func newEnvMode(t *testing.T, mode compute.Mode) *computetest.Env {
+	t.Helper()
+	return computetest.New(t, computetest.Options{Mode: mode})
+}

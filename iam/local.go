@@ -1,0 +1,242 @@
+package iam
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/better-compute/compute/postgres"
+)
+
+//go:embed migrations/*.sql
+var migrationsFS embed.FS
+
+// Migrations is the schema of the embedded IAM. It builds on postgres.Core.
+var Migrations = postgres.MigrationSet{Name: "iam", Schema: "iam", FS: sub(migrationsFS, "migrations")}
+
+func sub(f fs.FS, dir string) fs.FS {
+	s, err := fs.Sub(f, dir)
+	if err != nil {
+		panic(err)
+	}
+	return s
+}
+
+// EmbeddedOptions configure the embedded IAM.
+type EmbeddedOptions struct {
+	// RootTenantID is the id of the root (platform) tenant, created by Initialize when missing.
+	RootTenantID string
+	// RootTenantName is its display name; default "root".
+	RootTenantName string
+}
+
+// Local is Better IAM run in-process on Better Compute's own database: the Port, plus the admin
+// calls that create tenants, identities, keys, roles and bindings.
+type Local struct {
+	db   *postgres.DB
+	opts EmbeddedOptions
+}
+
+var _ interface {
+	Port
+	Initializer
+} = (*Local)(nil)
+
+// Embedded returns the in-process IAM on db. It touches nothing until Initialize.
+func Embedded(db *postgres.DB, opts EmbeddedOptions) (*Local, error) {
+	if db == nil {
+		return nil, errors.New("iam.Embedded: db is nil")
+	}
+	if opts.RootTenantID == "" {
+		return nil, errors.New("iam.Embedded: EmbeddedOptions.RootTenantID is required")
+	}
+	if !tenantIDRE.MatchString(opts.RootTenantID) {
+		return nil, fmt.Errorf("iam.Embedded: EmbeddedOptions.RootTenantID %q is not a valid tenant id (letters, digits and '_.:-', 128 at most)", opts.RootTenantID)
+	}
+	if opts.RootTenantName == "" {
+		opts.RootTenantName = "root"
+	}
+	return &Local{db: db, opts: opts}, nil
+}
+
+// Initialize applies the IAM's migrations and creates the root tenant when it is missing.
+func (l *Local) Initialize(ctx context.Context) error {
+	if err := postgres.Migrate(ctx, l.db, postgres.Core, Migrations); err != nil {
+		return fmt.Errorf("iam: %w", err)
+	}
+	_, err := l.db.Pool.Exec(ctx, `INSERT INTO iam.tenants (id, kind, name) VALUES ($1, 'root', $2)
+		ON CONFLICT DO NOTHING`, l.opts.RootTenantID, l.opts.RootTenantName)
+	if err != nil {
+		return fmt.Errorf("iam: create the root tenant: %w", err)
+	}
+	var root string
+	if err := l.db.Pool.QueryRow(ctx, `SELECT id FROM iam.tenants WHERE kind = 'root'`).Scan(&root); err != nil {
+		return fmt.Errorf("iam: read the root tenant: %w", err)
+	}
+	if root != l.opts.RootTenantID {
+		return fmt.Errorf("iam: this database's root tenant is %q, not %q as RootTenantID says", root, l.opts.RootTenantID)
+	}
+	return nil
+}
+
+// RootTenantID is the id of the root tenant.
+func (l *Local) RootTenantID() string { return l.opts.RootTenantID }
+
+// Authenticate implements Port.
+func (l *Local) Authenticate(ctx context.Context, credential string) (Principal, error) {
+	if credential == "" {
+		return Principal{}, fmt.Errorf("%w: no credential", ErrUnauthenticated)
+	}
+	kind, err := ParseToken(credential)
+	if err != nil {
+		return Principal{}, err
+	}
+	if kind != TokenAPIKey {
+		return Principal{}, fmt.Errorf("%w: %s tokens are not accepted by the embedded IAM; use an API key (biam_key_…)", ErrUnauthenticated, kind)
+	}
+	var p Principal
+	var expired, revoked bool
+	err = l.db.Pool.QueryRow(ctx, `
+		SELECT i.id, i.kind, i.tenant_id, i.name, k.id,
+		       k.expires_at IS NOT NULL AND k.expires_at <= compute.compute_now(),
+		       k.revoked_at IS NOT NULL
+		FROM iam.api_keys k JOIN iam.identities i ON i.id = k.identity_id
+		WHERE k.token_hash = $1`, HashToken(credential)).
+		Scan(&p.ID, &p.Kind, &p.TenantID, &p.Name, &p.KeyID, &expired, &revoked)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return Principal{}, fmt.Errorf("%w: unknown API key", ErrUnauthenticated)
+	case err != nil:
+		return Principal{}, fmt.Errorf("iam: authenticate: %w", err)
+	case revoked:
+		return Principal{}, fmt.Errorf("%w: API key %s was revoked", ErrUnauthenticated, p.KeyID)
+	case expired:
+		return Principal{}, fmt.Errorf("%w: API key %s has expired", ErrUnauthenticated, p.KeyID)
+	}
+	p.Credential = credential
+	return p, nil
+}
+
+// Authorize implements Port.
+func (l *Local) Authorize(ctx context.Context, p Principal, r Request) (Decision, error) {
+	ds, err := l.AuthorizeMany(ctx, p, []Request{r})
+	if err != nil {
+		return Decision{}, err
+	}
+	return ds[0], nil
+}
+
+// AuthorizeMany implements Port. The policies of the principal's bindings are read once per
+// tenant asked about.
+func (l *Local) AuthorizeMany(ctx context.Context, p Principal, rs []Request) ([]Decision, error) {
+	out := make([]Decision, len(rs))
+	byTenant := map[string][]namedPolicy{}
+	for i, r := range rs {
+		pols, ok := byTenant[r.TenantID]
+		if !ok {
+			var err error
+			if pols, err = l.policies(ctx, p.ID, r.TenantID); err != nil {
+				return nil, err
+			}
+			byTenant[r.TenantID] = pols
+		}
+		out[i] = evaluate(pols, r)
+	}
+	return out, nil
+}
+
+// policies returns the policies bound to identity in tenant or any of its ancestors.
+func (l *Local) policies(ctx context.Context, identity, tenant string) ([]namedPolicy, error) {
+	rows, err := l.db.Pool.Query(ctx, `
+		WITH RECURSIVE up (id, parent_id) AS (
+		  SELECT id, parent_id FROM iam.tenants WHERE id = $2
+		  UNION ALL
+		  SELECT t.id, t.parent_id FROM iam.tenants t JOIN up ON t.id = up.parent_id
+		)
+		SELECT r.name, r.policy FROM iam.bindings b JOIN iam.roles r ON r.id = b.role_id
+		WHERE b.identity_id = $1 AND b.tenant_id IN (SELECT id FROM up)
+		ORDER BY r.id`, identity, tenant)
+	if err != nil {
+		return nil, fmt.Errorf("iam: read policies: %w", err)
+	}
+	var out []namedPolicy
+	for rows.Next() {
+		var name string
+		var doc []byte
+		if err := rows.Scan(&name, &doc); err != nil {
+			return nil, err
+		}
+		pol, err := ParsePolicy(doc)
+		if err != nil {
+			// A stored policy was checked when written; one that no longer parses denies nothing
+			// and allows nothing, and says so.
+			return nil, fmt.Errorf("iam: role %s: %w", name, err)
+		}
+		out = append(out, namedPolicy{name: name, policy: pol})
+	}
+	return out, rows.Err()
+}
+
+// TenantWithin implements Port.
+func (l *Local) TenantWithin(ctx context.Context, tenant, ancestor string) (bool, error) {
+	if tenant == ancestor {
+		var exists bool
+		err := l.db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM iam.tenants WHERE id = $1)`, tenant).Scan(&exists)
+		return exists, err
+	}
+	var within bool
+	err := l.db.Pool.QueryRow(ctx, `
+		WITH RECURSIVE up (id, parent_id) AS (
+		  SELECT id, parent_id FROM iam.tenants WHERE id = $1
+		  UNION ALL
+		  SELECT t.id, t.parent_id FROM iam.tenants t JOIN up ON t.id = up.parent_id
+		)
+		SELECT EXISTS (SELECT FROM up WHERE id = $2)`, tenant, ancestor).Scan(&within)
+	if err != nil {
+		return false, fmt.Errorf("iam: tenant tree: %w", err)
+	}
+	return within, nil
+}
+
+// RegisterCatalog implements Port: it adds or updates the resource types and actions.
+func (l *Local) RegisterCatalog(ctx context.Context, c Catalog) error {
+	return l.db.Tx(ctx, func(tx pgx.Tx) error {
+		for _, t := range c.ResourceTypes {
+			if _, err := tx.Exec(ctx, `INSERT INTO iam.resource_types (name, description) VALUES ($1, $2)
+				ON CONFLICT (name) DO UPDATE SET description = excluded.description`, t.Name, t.Description); err != nil {
+				return fmt.Errorf("iam: register resource type %s: %w", t.Name, err)
+			}
+		}
+		for _, a := range c.Actions {
+			if _, err := tx.Exec(ctx, `INSERT INTO iam.actions (name, resource_type, description) VALUES ($1, $2, $3)
+				ON CONFLICT (name) DO UPDATE SET resource_type = excluded.resource_type, description = excluded.description`,
+				a.Name, a.ResourceType, a.Description); err != nil {
+				return fmt.Errorf("iam: register action %s: %w", a.Name, err)
+			}
+		}
+		return nil
+	})
+}
+
+// Catalog returns the registered resource types and actions.
+func (l *Local) Catalog(ctx context.Context) (Catalog, error) {
+	var c Catalog
+	rows, err := l.db.Pool.Query(ctx, `SELECT name, description FROM iam.resource_types ORDER BY name`)
+	if err != nil {
+		return c, err
+	}
+	c.ResourceTypes, err = pgx.CollectRows(rows, pgx.RowToStructByPos[ResourceType])
+	if err != nil {
+		return c, err
+	}
+	rows, err = l.db.Pool.Query(ctx, `SELECT name, resource_type, description FROM iam.actions ORDER BY name`)
+	if err != nil {
+		return c, err
+	}
+	c.Actions, err = pgx.CollectRows(rows, pgx.RowToStructByPos[Action])
+	return c, err
+}

@@ -1,0 +1,103 @@
+// Package iam is Better Compute's only view of identity and policy: the Port interface, the
+// in-process implementation (Local, made by Embedded) and the types they exchange. Better Compute
+// has no users, roles or keys of its own; it only asks.
+package iam
+
+import (
+	"context"
+	"errors"
+)
+
+// Port is how Better Compute learns who is calling and whether they may. Fleet paths (heartbeats,
+// inventory, commands, reconcilers) never call it.
+type Port interface {
+	// Authenticate turns a credential (a bearer token) into the principal it belongs to. A
+	// missing, malformed, unknown, expired or revoked credential is an error wrapping
+	// ErrUnauthenticated.
+	Authenticate(ctx context.Context, credential string) (Principal, error)
+	// Authorize decides one action on one resource in one tenant.
+	Authorize(ctx context.Context, p Principal, r Request) (Decision, error)
+	// AuthorizeMany decides several requests at once (to filter lists); answers are in order.
+	AuthorizeMany(ctx context.Context, p Principal, rs []Request) ([]Decision, error)
+	// TenantWithin reports whether tenant is ancestor or one of its descendants.
+	TenantWithin(ctx context.Context, tenant, ancestor string) (bool, error)
+	// RegisterCatalog contributes Better Compute's resource types and actions to the catalog.
+	RegisterCatalog(ctx context.Context, c Catalog) error
+}
+
+// Initializer is implemented by ports that own state to prepare before first use (the embedded
+// port's tables and root tenant). compute.Initialize calls it before RegisterCatalog.
+type Initializer interface {
+	Initialize(ctx context.Context) error
+}
+
+// ErrUnauthenticated is wrapped by every authentication failure.
+var ErrUnauthenticated = errors.New("unauthenticated")
+
+// ErrNotFound is wrapped by admin calls about a tenant, identity, key or role that does not exist.
+var ErrNotFound = errors.New("not found")
+
+// IdentityKind is the kind of an identity.
+type IdentityKind string
+
+// The identity kinds. API keys go to services and agents only.
+const (
+	KindUser    IdentityKind = "user"
+	KindService IdentityKind = "service"
+	KindAgent   IdentityKind = "agent"
+)
+
+// Principal is an authenticated caller.
+type Principal struct {
+	ID       string       `json:"id"` // the identity id
+	Kind     IdentityKind `json:"kind"`
+	TenantID string       `json:"tenantId"`
+	Name     string       `json:"name"`
+	KeyID    string       `json:"keyId,omitempty"` // the API key it authenticated with
+
+	// Credential is the token it authenticated with, kept so a remote port can decide on the
+	// caller's behalf. Never serialised.
+	Credential string `json:"-"`
+}
+
+// Resource names what an action is on: a type from the catalog and an id ("*" for a collection).
+type Resource struct {
+	Type string `json:"type"`
+	ID   string `json:"id"`
+}
+
+// String is the resource as policies write it: type/id.
+func (r Resource) String() string { return r.Type + "/" + r.ID }
+
+// Request is one question to decide.
+type Request struct {
+	TenantID string   `json:"tenantId"`
+	Action   string   `json:"action"`
+	Resource Resource `json:"resource"`
+}
+
+// Decision is the answer to a Request.
+type Decision struct {
+	Allowed bool   `json:"allowed"`
+	Reason  string `json:"reason,omitempty"`  // why, in words
+	Matched string `json:"matched,omitempty"` // the statement that decided, as role/sid
+}
+
+// ResourceType is an entry of the catalog, e.g. compute-pool.
+type ResourceType struct {
+	Name        string `json:"name"`
+	Description string `json:"description,omitempty"`
+}
+
+// Action is an entry of the catalog, e.g. compute:pools:create on compute-pool.
+type Action struct {
+	Name         string `json:"name"`
+	ResourceType string `json:"resourceType"`
+	Description  string `json:"description,omitempty"`
+}
+
+// Catalog is what Better Compute contributes to IAM at Initialize.
+type Catalog struct {
+	ResourceTypes []ResourceType `json:"resourceTypes"`
+	Actions       []Action       `json:"actions"`
+}

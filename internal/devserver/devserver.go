@@ -1,0 +1,170 @@
+// Package devserver runs the whole control plane for development: an embedded PostgreSQL (or the
+// server BETTER_COMPUTE_DATABASE_URL names), the embedded IAM, every process mode in one process,
+// and the API on a loopback address. examples/devserver and `better-compute dev` are thin mains
+// over it.
+package devserver
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/better-compute/compute"
+	"github.com/better-compute/compute/iam"
+	"github.com/better-compute/compute/postgres"
+	"github.com/better-compute/compute/postgres/embedded"
+)
+
+// RootTenantID is the devserver's root tenant.
+const RootTenantID = "root"
+
+// Options configure a devserver.
+type Options struct {
+	Addr    string // listen address; default 127.0.0.1:8080
+	DataDir string // keep the database here across restarts; empty: a temporary one
+	Logger  *slog.Logger
+}
+
+// Server is a running devserver.
+type Server struct {
+	URL    string // the API's base URL, e.g. http://127.0.0.1:8080
+	APIKey string // a new key with every right in the root tenant
+
+	Compute *compute.Compute
+	IAM     *iam.Local
+	DB      *postgres.DB
+
+	http     *http.Server
+	stopDB   func(context.Context) error
+	served   chan error
+	logger   *slog.Logger
+	listener net.Listener
+}
+
+// Start brings a devserver up and returns once it answers.
+func Start(ctx context.Context, o Options) (_ *Server, err error) {
+	if o.Addr == "" {
+		o.Addr = "127.0.0.1:8080"
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	s := &Server{logger: o.Logger, served: make(chan error, 1)}
+	defer func() {
+		if err != nil {
+			s.Stop(context.Background())
+		}
+	}()
+	secret, err := loadSecret(o.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	dbURL, stopDB, err := embedded.Server(ctx, embedded.Options{DataDir: pgDir(o.DataDir)})
+	if err != nil {
+		return nil, err
+	}
+	s.stopDB = stopDB
+	if s.DB, err = postgres.Open(ctx, dbURL); err != nil {
+		return nil, err
+	}
+	if s.IAM, err = iam.Embedded(s.DB, iam.EmbeddedOptions{RootTenantID: RootTenantID}); err != nil {
+		return nil, err
+	}
+	if s.listener, err = net.Listen("tcp", o.Addr); err != nil {
+		return nil, fmt.Errorf("devserver: listen on %s: %w", o.Addr, err)
+	}
+	s.URL = "http://" + s.listener.Addr().String()
+	s.Compute, err = compute.New(compute.Options{
+		Database: s.DB, Secret: secret, BaseURL: s.URL, RootTenantID: RootTenantID, IAM: s.IAM,
+		Mode: compute.ModeAll, Logger: o.Logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := s.Compute.Initialize(ctx); err != nil {
+		return nil, err
+	}
+	key, err := s.IAM.CreateAdminKey(ctx, RootTenantID, "devserver")
+	if err != nil {
+		return nil, err
+	}
+	s.APIKey = key.Token
+	if err := s.Compute.Start(context.WithoutCancel(ctx)); err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/api/compute/", s.Compute.Handler)
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() { s.served <- s.http.Serve(s.listener) }()
+	return s, nil
+}
+
+// Stop shuts everything down in order: HTTP, background work, the pool, the database.
+func (s *Server) Stop(ctx context.Context) error {
+	var errs []error
+	if s.http != nil {
+		errs = append(errs, s.http.Shutdown(ctx))
+		if err := <-s.served; !errors.Is(err, http.ErrServerClosed) {
+			errs = append(errs, err)
+		}
+	} else if s.listener != nil {
+		s.listener.Close()
+	}
+	if s.Compute != nil {
+		errs = append(errs, s.Compute.Stop(ctx))
+	}
+	if s.DB != nil {
+		s.DB.Close()
+	}
+	if s.stopDB != nil {
+		errs = append(errs, s.stopDB(ctx))
+	}
+	return errors.Join(errs...)
+}
+
+func pgDir(dataDir string) string {
+	if dataDir == "" {
+		return ""
+	}
+	return filepath.Join(dataDir, "postgres")
+}
+
+// loadSecret returns BETTER_COMPUTE_SECRET, or the secret kept in dataDir (made on first use),
+// or a new one for a temporary devserver.
+func loadSecret(dataDir string) (string, error) {
+	if s := os.Getenv("BETTER_COMPUTE_SECRET"); s != "" {
+		return s, nil
+	}
+	newSecret := func() string {
+		b := make([]byte, 32)
+		_, _ = rand.Read(b)
+		return hex.EncodeToString(b)
+	}
+	if dataDir == "" {
+		return newSecret(), nil
+	}
+	if err := os.MkdirAll(dataDir, 0o755); err != nil {
+		return "", fmt.Errorf("devserver: data directory: %w", err)
+	}
+	path := filepath.Join(dataDir, "secret")
+	if b, err := os.ReadFile(path); err == nil {
+		return strings.TrimSpace(string(b)), nil
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("devserver: read the secret: %w", err)
+	}
+	s := newSecret()
+	if err := os.WriteFile(path, []byte(s+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("devserver: keep the secret: %w", err)
+	}
+	return s, nil
+}

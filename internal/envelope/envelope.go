@@ -1,0 +1,292 @@
+// Package envelope runs every API call the same way, whether it came over HTTP or in-process:
+// authenticate the credential → tenant pre-check → one IAM decision (mutations; reads may use a
+// short cache) → one transaction → a typed result or a typed error.
+package envelope
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/iam"
+	"github.com/better-compute/compute/modules"
+	"github.com/better-compute/compute/postgres"
+)
+
+//go:embed migrations/*.sql
+var migrationsFS embed.FS
+
+// Migrations is the envelope's schema (idempotency keys).
+var Migrations = postgres.MigrationSet{Name: "envelope", Schema: "compute", FS: mustSub(migrationsFS, "migrations")}
+
+func mustSub(f fs.FS, dir string) fs.FS {
+	s, err := fs.Sub(f, dir)
+	if err != nil {
+		panic(err)
+	}
+	return s
+}
+
+// Defaults.
+const (
+	DefaultMaxBodyBytes   = 1 << 20
+	DefaultIdempotencyTTL = 24 * time.Hour
+)
+
+// Config configures an Envelope.
+type Config struct {
+	Registry     *modules.Registry
+	Runtime      *modules.Runtime
+	Cache        *iam.DecisionCache // nil: no cache
+	MaxBodyBytes int64              // 0: DefaultMaxBodyBytes
+}
+
+// Envelope dispatches API calls.
+type Envelope struct {
+	reg     *modules.Registry
+	rt      *modules.Runtime
+	cache   *iam.DecisionCache
+	maxBody int64
+	log     *slog.Logger
+}
+
+// New returns an envelope over a checked registry.
+func New(cfg Config) *Envelope {
+	if cfg.MaxBodyBytes == 0 {
+		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	return &Envelope{reg: cfg.Registry, rt: cfg.Runtime, cache: cfg.Cache, maxBody: cfg.MaxBodyBytes, log: cfg.Runtime.Logger}
+}
+
+// Result is the answer of a call: Value, or Replay when an idempotency key repeated an earlier
+// call (the first answer, as stored JSON).
+type Result struct {
+	Value  any
+	Replay []byte
+}
+
+// Invoke runs one call of h with a decoded input.
+func (e *Envelope) Invoke(ctx context.Context, credential string, h *modules.Handler, in any) (Result, error) {
+	if !h.Accepts(in) {
+		return Result{}, api.Errorf(api.CodeInternal, "method %s called with input of type %T", h.Info.FullName(), in)
+	}
+	p, err := e.authenticate(ctx, credential)
+	if err != nil {
+		return Result{}, err
+	}
+	return e.invoke(ctx, p, h, in)
+}
+
+func (e *Envelope) authenticate(ctx context.Context, credential string) (iam.Principal, error) {
+	if credential == "" {
+		return iam.Principal{}, &api.Error{Code: api.CodeUnauthenticated, Message: "no credential: send Authorization: Bearer <API key>",
+			Details: map[string]any{"reason": "missing_credential"}}
+	}
+	p, err := e.rt.IAM.Authenticate(ctx, credential)
+	switch {
+	case errors.Is(err, iam.ErrUnauthenticated):
+		return iam.Principal{}, &api.Error{Code: api.CodeUnauthenticated, Message: err.Error(),
+			Details: map[string]any{"reason": "invalid_credential"}}
+	case err != nil:
+		return iam.Principal{}, e.unavailable(ctx, "authenticate", err)
+	}
+	return p, nil
+}
+
+func (e *Envelope) invoke(ctx context.Context, p iam.Principal, h *modules.Handler, in any) (Result, error) {
+	if v, ok := in.(interface{ Validate() error }); ok {
+		if err := v.Validate(); err != nil {
+			return Result{}, asAPIError(err)
+		}
+	}
+	key := api.IdempotencyKey(ctx)
+	if key != "" && !h.Info.Mutating {
+		key = "" // a read has nothing to repeat
+	}
+	if len(key) > api.MaxIdempotencyKey {
+		return Result{}, api.InvalidField(api.IdempotencyKeyHeader, "is %d characters long; the limit is %d", len(key), api.MaxIdempotencyKey)
+	}
+	target, err := h.Target(ctx, e.rt.DB.Pool, p, in)
+	if err != nil {
+		return Result{}, e.mapError(ctx, h, err)
+	}
+	if err := e.precheck(ctx, p, target); err != nil {
+		return Result{}, err
+	}
+	if err := e.decide(ctx, p, h, target); err != nil {
+		return Result{}, err
+	}
+	return e.transact(ctx, p, h, target, key, in)
+}
+
+// precheck refuses, before IAM is asked, a target outside the caller's tenant and its descendants.
+func (e *Envelope) precheck(ctx context.Context, p iam.Principal, t modules.Target) error {
+	if t.TenantID == p.TenantID {
+		return nil
+	}
+	ok, err := e.rt.IAM.TenantWithin(ctx, t.TenantID, p.TenantID)
+	if err != nil {
+		return e.unavailable(ctx, "tenant pre-check", err)
+	}
+	if ok {
+		return nil
+	}
+	if t.Existing {
+		return api.NotFound(t.Kind, t.Ref)
+	}
+	return &api.Error{Code: api.CodePermissionDenied,
+		Message: fmt.Sprintf("tenant %q is not %s or one of its descendants", t.TenantID, p.TenantID),
+		Details: map[string]any{"reason": "tenant", "tenantId": t.TenantID}}
+}
+
+func (e *Envelope) decide(ctx context.Context, p iam.Principal, h *modules.Handler, t modules.Target) error {
+	req := iam.Request{TenantID: t.TenantID, Action: h.Info.Action, Resource: iam.Resource{Type: h.Info.Resource, ID: t.ResourceID}}
+	d, cached := iam.Decision{}, false
+	if !h.Info.Mutating {
+		d, cached = e.cache.Get(p, req)
+	}
+	if !cached {
+		var err error
+		if d, err = e.rt.IAM.Authorize(ctx, p, req); err != nil {
+			return e.unavailable(ctx, "authorize", err)
+		}
+		if !h.Info.Mutating {
+			e.cache.Put(p, req, d)
+		}
+	}
+	if d.Allowed {
+		return nil
+	}
+	return &api.Error{Code: api.CodePermissionDenied,
+		Message: fmt.Sprintf("%s on %s in tenant %s is not allowed: %s", req.Action, req.Resource, req.TenantID, d.Reason),
+		Details: map[string]any{"action": req.Action, "resource": req.Resource.String(), "tenantId": req.TenantID, "reason": d.Reason}}
+}
+
+// transact runs the call in one transaction, retried when PostgreSQL reports a deadlock or a
+// serialization failure, which are safe to retry.
+func (e *Envelope) transact(ctx context.Context, p iam.Principal, h *modules.Handler, t modules.Target, key string, in any) (Result, error) {
+	var hash []byte
+	if key != "" {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return Result{}, api.Errorf(api.CodeInternal, "hash input: %v", err)
+		}
+		sum := sha256.Sum256(b)
+		hash = sum[:]
+	}
+	opts := pgx.TxOptions{}
+	if !h.Info.Mutating {
+		opts.AccessMode = pgx.ReadOnly
+	}
+	for attempt := 1; ; attempt++ {
+		var res Result
+		err := pgx.BeginTxFunc(ctx, e.rt.DB.Pool, opts, func(tx pgx.Tx) error {
+			if key != "" {
+				replay, err := claimKey(ctx, tx, p.ID, h.Info.FullName(), key, hash)
+				if err != nil || replay != nil {
+					res.Replay = replay
+					return err
+				}
+			}
+			out, err := h.Run(ctx, &modules.Call{Principal: p, Target: t, Tx: tx, Runtime: e.rt}, in)
+			if err != nil {
+				return err
+			}
+			res.Value = out
+			if key != "" {
+				b, err := json.Marshal(out)
+				if err != nil {
+					return err
+				}
+				_, err = tx.Exec(ctx, `UPDATE compute.idempotency_keys SET response = $4
+					WHERE principal_id = $1 AND method = $2 AND key = $3`, p.ID, h.Info.FullName(), key, b)
+				return err
+			}
+			return nil
+		})
+		code := postgres.ErrorCode(err)
+		if (code == postgres.DeadlockDetected || code == postgres.SerializationFailure) && attempt < 4 {
+			continue
+		}
+		if err != nil {
+			return Result{}, e.mapError(ctx, h, err)
+		}
+		return res, nil
+	}
+}
+
+// claimKey records key for this call, or returns the answer an earlier call with it committed.
+// A concurrent call with the same key waits on the row until the first commits or rolls back.
+func claimKey(ctx context.Context, tx pgx.Tx, principal, method, key string, hash []byte) ([]byte, error) {
+	tag, err := tx.Exec(ctx, `INSERT INTO compute.idempotency_keys (principal_id, method, key, request_hash)
+		VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING`, principal, method, key, hash)
+	if err != nil || tag.RowsAffected() == 1 {
+		return nil, err
+	}
+	var stored, response []byte
+	if err := tx.QueryRow(ctx, `SELECT request_hash, response FROM compute.idempotency_keys
+		WHERE principal_id = $1 AND method = $2 AND key = $3`, principal, method, key).Scan(&stored, &response); err != nil {
+		return nil, err
+	}
+	if !bytes.Equal(stored, hash) {
+		return nil, &api.Error{Code: api.CodeConflict,
+			Message: fmt.Sprintf("idempotency key %q was already used for %s with a different input", key, method),
+			Details: map[string]any{"reason": "idempotency_key_reused"}}
+	}
+	return response, nil
+}
+
+// mapError turns what a handler returned into an *api.Error. Constraint violations that a
+// handler did not map itself get the code that fits them; anything else is internal, logged
+// with its detail and answered without it.
+func (e *Envelope) mapError(ctx context.Context, h *modules.Handler, err error) error {
+	var ae *api.Error
+	if errors.As(err, &ae) {
+		return ae
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return &api.Error{Code: api.CodeUnavailable, Message: "the call was cancelled or ran out of time: " + err.Error()}
+	}
+	switch postgres.ErrorCode(err) {
+	case postgres.UniqueViolation, postgres.ExclusionViolation:
+		return &api.Error{Code: api.CodeConflict, Message: "conflicts with an existing record",
+			Details: map[string]any{"constraint": postgres.Constraint(err)}}
+	case postgres.ForeignKeyViolation:
+		return &api.Error{Code: api.CodeFailedPrecondition, Message: "refers to, or is referred to by, another record",
+			Details: map[string]any{"constraint": postgres.Constraint(err)}}
+	case postgres.CheckViolation:
+		return &api.Error{Code: api.CodeInvalidArgument, Message: "a value is outside what is allowed",
+			Details: map[string]any{"constraint": postgres.Constraint(err)}}
+	}
+	e.log.ErrorContext(ctx, "compute: internal error", "method", h.Info.FullName(), "error", err)
+	return &api.Error{Code: api.CodeInternal, Message: "internal error in " + h.Info.FullName() + "; the server log has the detail"}
+}
+
+func (e *Envelope) unavailable(ctx context.Context, step string, err error) error {
+	e.log.WarnContext(ctx, "compute: IAM failed", "step", step, "error", err)
+	return &api.Error{Code: api.CodeUnavailable, Message: "IAM could not " + step + ": " + err.Error()}
+}
+
+func asAPIError(err error) *api.Error {
+	var ae *api.Error
+	if errors.As(err, &ae) {
+		return ae
+	}
+	return &api.Error{Code: api.CodeInvalidArgument, Message: err.Error()}
+}
+
+// PruneIdempotencyKeys deletes keys older than ttl. The worker runs it periodically.
+func PruneIdempotencyKeys(ctx context.Context, q postgres.Querier, ttl time.Duration) (int64, error) {
+	tag, err := q.Exec(ctx, `DELETE FROM compute.idempotency_keys WHERE created_at < compute.compute_now() - make_interval(secs => $1)`, ttl.Seconds())
+	return tag.RowsAffected(), err
+}

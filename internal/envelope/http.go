@@ -1,0 +1,153 @@
+package envelope
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/better-compute/compute/api"
+)
+
+// RequestIDHeader carries a request's id, echoed when the caller sent one.
+const RequestIDHeader = "X-Request-Id"
+
+// MethodsPath lists the method table: GET BasePath/methods.
+const MethodsPath = api.BasePath + "/methods"
+
+// ServeHTTP serves POST /api/compute/{group}/{method} (and the method table at GET
+// /api/compute/methods). It also works mounted under http.StripPrefix.
+func (e *Envelope) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	rid := r.Header.Get(RequestIDHeader)
+	if rid == "" || len(rid) > 128 {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		rid = hex.EncodeToString(b[:])
+	}
+	w.Header().Set(RequestIDHeader, rid)
+
+	path := strings.TrimPrefix(r.URL.Path, api.BasePath)
+	group, method, ok := strings.Cut(strings.Trim(path, "/"), "/")
+	if path == "/methods" || !ok && group == "methods" {
+		e.serveTable(w, r)
+		return
+	}
+	if !ok || group == "" || method == "" || strings.Contains(method, "/") {
+		writeError(w, 0, &api.Error{Code: api.CodeNotFound, Message: "no such route: API methods are POST " + api.BasePath + "/{group}/{method}",
+			Details: map[string]any{"reason": "unknown_method", "path": r.URL.Path}})
+		return
+	}
+	h, found := e.reg.Lookup(group, method)
+	if !found {
+		writeError(w, 0, &api.Error{Code: api.CodeNotFound, Message: "unknown method " + group + "." + method + "; GET " + MethodsPath + " lists them",
+			Details: map[string]any{"reason": "unknown_method", "group": group, "method": method}})
+		return
+	}
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		writeError(w, http.StatusMethodNotAllowed, &api.Error{Code: api.CodeInvalidArgument,
+			Message: r.Method + " is not allowed: call " + group + "." + method + " with POST",
+			Details: map[string]any{"reason": "method_not_allowed"}})
+		return
+	}
+	ctx := r.Context()
+	p, err := e.authenticate(ctx, bearer(r))
+	if err != nil {
+		writeError(w, 0, err)
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, e.maxBody))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeError(w, http.StatusRequestEntityTooLarge, &api.Error{Code: api.CodeInvalidArgument,
+				Message: "body is larger than the limit of " + itoa(e.maxBody) + " bytes",
+				Details: map[string]any{"reason": "body_too_large", "limit": e.maxBody}})
+			return
+		}
+		writeError(w, 0, &api.Error{Code: api.CodeInvalidArgument, Message: "read body: " + err.Error(),
+			Details: map[string]any{"reason": "invalid_json"}})
+		return
+	}
+	in, err := h.Decode(body)
+	if err != nil {
+		writeError(w, 0, err)
+		return
+	}
+	if k := r.Header.Get(api.IdempotencyKeyHeader); k != "" {
+		ctx = api.WithIdempotencyKey(ctx, k)
+	}
+	res, err := e.invoke(ctx, p, h, in)
+	if err != nil {
+		writeError(w, 0, err)
+		return
+	}
+	if res.Replay != nil {
+		w.Header().Set("Idempotent-Replayed", "true")
+		writeJSON(w, http.StatusOK, json.RawMessage(res.Replay))
+		return
+	}
+	writeJSON(w, http.StatusOK, res.Value)
+}
+
+func (e *Envelope) serveTable(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodPost {
+		w.Header().Set("Allow", "GET, POST")
+		writeError(w, http.StatusMethodNotAllowed, &api.Error{Code: api.CodeInvalidArgument, Message: r.Method + " is not allowed on " + MethodsPath,
+			Details: map[string]any{"reason": "method_not_allowed"}})
+		return
+	}
+	writeJSON(w, http.StatusOK, MethodTable{Methods: e.Methods()})
+}
+
+// MethodTable is the answer of GET /api/compute/methods.
+type MethodTable struct {
+	Methods []api.MethodInfo `json:"methods"`
+}
+
+// Methods returns every method served, core and modules', in registration order.
+func (e *Envelope) Methods() []api.MethodInfo {
+	hs := e.reg.Handlers()
+	out := make([]api.MethodInfo, len(hs))
+	for i, h := range hs {
+		out[i] = h.Info
+	}
+	return out
+}
+
+func bearer(r *http.Request) string {
+	h := r.Header.Get("Authorization")
+	if len(h) > 7 && strings.EqualFold(h[:7], "bearer ") {
+		return strings.TrimSpace(h[7:])
+	}
+	return ""
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// writeError writes err as the error envelope; status 0 means the code's status.
+func writeError(w http.ResponseWriter, status int, err error) {
+	ae := asAPIError(err)
+	if status == 0 {
+		status = ae.Code.HTTPStatus()
+	}
+	writeJSON(w, status, api.ErrorBody{Error: ae})
+}
+
+// Unavailable is an http.Handler that answers every request with an unavailable error, for
+// surfaces that are not served by this process.
+func Unavailable(what string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		writeError(w, 0, &api.Error{Code: api.CodeUnavailable, Message: what + " is not served here"})
+	})
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }

@@ -1,0 +1,154 @@
+// Package modules is the extension contract of Better Compute: what a module (metal, vps,
+// provision, or the host's own) may register — API methods, migrations, IAM resource types and
+// actions, background workers and start hooks — through a Registry. Modules are Go values passed
+// in compute.Options, never registries filled by init.
+package modules
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"slices"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/iam"
+	"github.com/better-compute/compute/postgres"
+)
+
+// Module is an optional part of Better Compute.
+type Module interface {
+	// Name identifies the module; two modules may not share it.
+	Name() string
+	// Register declares everything the module contributes. It runs in compute.New and must not
+	// start anything or touch the network.
+	Register(r *Registry) error
+}
+
+// Runtime is what a running module may use: the database, the IAM port and a logger.
+type Runtime struct {
+	DB     *postgres.DB
+	IAM    iam.Port
+	Logger *slog.Logger
+	Secret string // compute.Options.Secret, for keys derived from it
+}
+
+// Call is the context of one API call, after authentication and the IAM decision.
+type Call struct {
+	Principal iam.Principal
+	Target    Target
+	Tx        pgx.Tx // the call's one transaction
+	Runtime   *Runtime
+}
+
+// Target is what a call acts on, as the IAM decision sees it.
+type Target struct {
+	TenantID   string // the tenant the call acts in
+	ResourceID string // the IAM resource id, "*" for a collection or a resource not yet created
+	// Existing is true when the target was looked up: outside the caller's tenants it then reads
+	// as not found (api.NotFound(Kind, Ref)), so that a caller cannot learn what other tenants have.
+	Existing bool
+	Kind     string // what was looked up, e.g. "pool"
+	Ref      string // how the caller named it
+}
+
+// TargetFunc finds the target of a call before the decision, reading through q (outside the
+// call's transaction: the decision must not hold a transaction open).
+type TargetFunc[In any] func(ctx context.Context, q postgres.Querier, p iam.Principal, in In) (Target, error)
+
+// RunFunc carries out a call inside its transaction.
+type RunFunc[In, Out any] func(ctx context.Context, c *Call, in In) (Out, error)
+
+// Handler is a registered method with its types erased, for the envelope to dispatch.
+type Handler struct {
+	Info   api.MethodInfo
+	Module string
+
+	decode func([]byte) (any, error)
+	target func(context.Context, postgres.Querier, iam.Principal, any) (Target, error)
+	run    func(context.Context, *Call, any) (any, error)
+	typeOK func(any) bool
+}
+
+// Decode parses a JSON input, refusing unknown fields and trailing data.
+func (h *Handler) Decode(body []byte) (any, error) { return h.decode(body) }
+
+// Target finds what the call acts on.
+func (h *Handler) Target(ctx context.Context, q postgres.Querier, p iam.Principal, in any) (Target, error) {
+	return h.target(ctx, q, p, in)
+}
+
+// Run carries out the call.
+func (h *Handler) Run(ctx context.Context, c *Call, in any) (any, error) { return h.run(ctx, c, in) }
+
+// Accepts reports whether in is of the method's input type.
+func (h *Handler) Accepts(in any) bool { return h.typeOK(in) }
+
+// Handle registers the implementation of method m. target may be nil: the call then acts in the
+// tenant its input names (a TenantID field), or the caller's, on the collection ("*").
+func Handle[In, Out any](r *Registry, m api.Method[In, Out], target TargetFunc[In], run RunFunc[In, Out]) {
+	if run == nil {
+		r.fail(fmt.Errorf("method %s: no implementation", m.FullName()))
+		return
+	}
+	if target == nil {
+		target = func(_ context.Context, _ postgres.Querier, p iam.Principal, in In) (Target, error) {
+			return TenantTarget(p, TenantOf(in)), nil
+		}
+	}
+	h := &Handler{
+		Info: m.Info(), Module: r.module,
+		decode: func(b []byte) (any, error) {
+			var in In
+			if err := DecodeJSON(b, &in); err != nil {
+				return nil, err
+			}
+			return in, nil
+		},
+		target: func(ctx context.Context, q postgres.Querier, p iam.Principal, in any) (Target, error) {
+			return target(ctx, q, p, in.(In))
+		},
+		run: func(ctx context.Context, c *Call, in any) (any, error) {
+			return run(ctx, c, in.(In))
+		},
+		typeOK: func(in any) bool { _, ok := in.(In); return ok },
+	}
+	r.addHandler(h)
+}
+
+// TenantTarget is the target of a call on a collection in tenant (the caller's when empty).
+func TenantTarget(p iam.Principal, tenant string) Target {
+	if tenant == "" {
+		tenant = p.TenantID
+	}
+	return Target{TenantID: tenant, ResourceID: "*"}
+}
+
+// TenantOf returns the TenantID field of an input struct, or "" when it has none: a call acts
+// in the tenant its input names, or else the caller's.
+func TenantOf(in any) string {
+	v := reflect.ValueOf(in)
+	if v.Kind() != reflect.Struct {
+		return ""
+	}
+	if f := v.FieldByName("TenantID"); f.IsValid() && f.Kind() == reflect.String {
+		return f.String()
+	}
+	return ""
+}
+
+// Worker is a background routine a module runs in some process modes.
+type Worker struct {
+	Name  string
+	Modes []string // the process modes it runs in: "api", "gateway", "worker"; "all" runs every worker
+	Run   func(ctx context.Context, rt *Runtime) error
+}
+
+// RunsIn reports whether w runs in process mode mode.
+func (w Worker) RunsIn(mode string) bool { return mode == "all" || slices.Contains(w.Modes, mode) }
+
+// DecodeJSON decodes one JSON value into v, refusing unknown fields and anything after it, with
+// errors that say what was wrong.
+func DecodeJSON(b []byte, v any) error { return decodeStrict(b, v) }

@@ -1,0 +1,123 @@
+package compute
+
+import (
+	"fmt"
+	"log/slog"
+	"net/url"
+	"time"
+
+	"github.com/better-compute/compute/iam"
+	"github.com/better-compute/compute/internal/envelope"
+	"github.com/better-compute/compute/modules"
+	"github.com/better-compute/compute/postgres"
+)
+
+// Mode is a process mode: which parts of the control plane this process runs.
+type Mode string
+
+// The process modes. One configuration runs in any of them; ModeAll runs everything in one process.
+const (
+	ModeAPI     Mode = "api"     // the public API and JoinService
+	ModeGateway Mode = "gateway" // daemon sessions and command dispatch
+	ModeWorker  Mode = "worker"  // reconcilers, expiry, billing, event sinks
+	ModeAll     Mode = "all"
+)
+
+// Module is an optional part of Better Compute (metal, vps, provision, or the host's own).
+type Module = modules.Module
+
+// Defaults for zero Options fields.
+const (
+	DefaultMode             = ModeAll
+	DefaultMaxBodyBytes     = envelope.DefaultMaxBodyBytes
+	DefaultDecisionCacheTTL = 2 * time.Second
+	DefaultDecisionCacheMax = 100_000
+	// MinSecretLength is the shortest Secret accepted.
+	MinSecretLength = 32
+)
+
+// Options configure a control plane. New validates them; zero values mean the defaults above.
+type Options struct {
+	// Database is the PostgreSQL pool that holds the truth. Required.
+	Database *postgres.DB
+	// Secret encrypts what Better Compute keeps secret (the machine CA's key). At least
+	// MinSecretLength characters. Required.
+	Secret string
+	// BaseURL is the public URL of the API, e.g. https://compute.example.com. Required.
+	BaseURL string
+	// RootTenantID is the IAM root (platform) tenant. Required.
+	RootTenantID string
+	// IAM is the identity and policy port, e.g. iam.Embedded(db, …). Required.
+	IAM iam.Port
+	// Modules are the optional modules, registered in order after the core.
+	Modules []Module
+	// Mode decides what Start runs. Default ModeAll.
+	Mode Mode
+	// Logger receives the control plane's logs. Default slog.Default().
+	Logger *slog.Logger
+	// MaxBodyBytes bounds an API request body. Default DefaultMaxBodyBytes.
+	MaxBodyBytes int64
+	// DecisionCacheTTL is how long a read's IAM decision may be reused. Default
+	// DefaultDecisionCacheTTL; negative turns the cache off. Mutations always decide afresh.
+	DecisionCacheTTL time.Duration
+}
+
+// OptionError is the error of New for an invalid Options field.
+type OptionError struct {
+	Field   string // e.g. "Secret"
+	Problem string
+}
+
+func (e *OptionError) Error() string { return "compute: Options." + e.Field + " " + e.Problem }
+
+// withDefaults returns a copy of o with zero fields filled and every field checked.
+func (o Options) withDefaults() (Options, error) {
+	bad := func(field, format string, args ...any) (Options, error) {
+		return o, &OptionError{Field: field, Problem: fmt.Sprintf(format, args...)}
+	}
+	if o.Database == nil || o.Database.Pool == nil {
+		return bad("Database", "is required: open one with postgres.Open")
+	}
+	if len(o.Secret) < MinSecretLength {
+		return bad("Secret", "must be at least %d characters, got %d", MinSecretLength, len(o.Secret))
+	}
+	if o.BaseURL == "" {
+		return bad("BaseURL", "is required: the public URL of the API, e.g. https://compute.example.com")
+	}
+	u, err := url.Parse(o.BaseURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return bad("BaseURL", "%q is not an absolute http or https URL", o.BaseURL)
+	}
+	if o.RootTenantID == "" {
+		return bad("RootTenantID", "is required: the IAM root tenant's id")
+	}
+	if o.IAM == nil {
+		return bad("IAM", "is required: an iam.Port such as iam.Embedded(db, …)")
+	}
+	for i, m := range o.Modules {
+		if m == nil {
+			return bad("Modules", "[%d] is nil", i)
+		}
+	}
+	switch o.Mode {
+	case "":
+		o.Mode = DefaultMode
+	case ModeAPI, ModeGateway, ModeWorker, ModeAll:
+	default:
+		return bad("Mode", "%q is not a mode: use api, gateway, worker or all", o.Mode)
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	switch {
+	case o.MaxBodyBytes == 0:
+		o.MaxBodyBytes = DefaultMaxBodyBytes
+	case o.MaxBodyBytes < 0:
+		return bad("MaxBodyBytes", "must not be negative, got %d", o.MaxBodyBytes)
+	}
+	if o.DecisionCacheTTL == 0 {
+		o.DecisionCacheTTL = DefaultDecisionCacheTTL
+	}
+	o.Modules = append([]Module(nil), o.Modules...)
+	return o, nil
+}
