@@ -109,3 +109,23 @@ func TestWorkerPrunesIdempotencyKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestModeDecidesWorkers checks that an api process does not run the worker's background work.
+func TestModeDecidesWorkers(t *testing.T) {
+	env := newEnvMode(t, compute.ModeAPI)
+	ctx := context.Background()
+	if _, err := env.Compute.API.Pools.Create(api.WithIdempotencyKey(ctx, "old"), env.RootKey, api.CreatePool{Name: "p"}); err != nil {
+		t.Fatal(err)
+	}
+	env.DB.SetNow(time.Now().Add(envelope.DefaultIdempotencyTTL + time.Hour))
+	if err := env.Compute.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if n := countRows(t, env, "compute.idempotency_keys"); n != 1 {
+		t.Fatalf("an api-mode process pruned idempotency keys (%d left); pruning is the worker's", n)
+	}
+	if err := env.Compute.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
