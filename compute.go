@@ -9,6 +9,8 @@
 //	err = c.Start(ctx); defer c.Stop(ctx)   // background work of the process mode
 package compute
 
+//go:generate go run ./internal/apigen
+
 import (
 	"context"
 	"errors"
@@ -20,6 +22,7 @@ import (
 
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/iam"
+	"github.com/better-compute/compute/internal/capacity"
 	"github.com/better-compute/compute/internal/envelope"
 	"github.com/better-compute/compute/internal/fleet"
 	"github.com/better-compute/compute/modules"
@@ -68,7 +71,8 @@ func New(opts Options) (*Compute, error) {
 		cache = iam.NewDecisionCache(o.DecisionCacheTTL, DefaultDecisionCacheMax)
 	}
 	c.env = envelope.New(envelope.Config{Registry: reg, Runtime: c.rt, Cache: cache, MaxBodyBytes: o.MaxBodyBytes})
-	c.API = newAPI(c)
+	a := newAPI(c)
+	c.API = &a
 	c.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !c.ready.Load() {
 			envelope.Unavailable("the API (Initialize has not completed)").ServeHTTP(w, r)
@@ -83,7 +87,7 @@ func New(opts Options) (*Compute, error) {
 // registry registers the core, then mods, and checks the whole.
 func registry(mods []Module) (*modules.Registry, error) {
 	reg := modules.NewRegistry()
-	for _, m := range append([]Module{coreModule{}, fleet.Module{}}, mods...) {
+	for _, m := range append([]Module{coreModule{}, fleet.Module{}, capacity.Module{}}, mods...) {
 		if err := reg.Add(m); err != nil {
 			return nil, fmt.Errorf("compute: %w", err)
 		}

@@ -1,6 +1,9 @@
 package api
 
-import "strings"
+import (
+	"reflect"
+	"strings"
+)
 
 // BasePath is where the API is served: every method is POST BasePath/{group}/{method}.
 const BasePath = "/api/compute"
@@ -31,6 +34,15 @@ type Method[In, Out any] struct {
 
 // Info returns the untyped description of the method.
 func (m Method[In, Out]) Info() MethodInfo { return m.MethodInfo }
+
+// Types returns the method's input and output types.
+func (m Method[In, Out]) Types() (in, out reflect.Type) { return reflect.TypeFor[In](), reflect.TypeFor[Out]() }
+
+// Describer is any Method: its description and its types.
+type Describer interface {
+	Info() MethodInfo
+	Types() (in, out reflect.Type)
+}
 
 // Action returns the IAM action of a method: compute:{group}:{name}.
 func Action(group, name string) string { return "compute:" + group + ":" + name }

@@ -19,11 +19,61 @@ var (
 	NodesList = NewMethod[ListNodes, Page[Node]]("nodes", "list", false, ResourceNode, "v0.1", "List nodes, by pool and state.")
 )
 
-// Methods returns the core method table.
-func Methods() []MethodInfo {
-	return []MethodInfo{
-		SitesCreate.Info(), SitesGet.Info(), SitesList.Info(), SitesUpdate.Info(), SitesDelete.Info(),
-		PoolsCreate.Info(), PoolsGet.Info(), PoolsList.Info(), PoolsUpdate.Info(), PoolsDelete.Info(),
-		NodesGet.Info(), NodesList.Info(),
+// Methods returns the core method table: every method served without optional modules.
+func Methods() []MethodInfo { return infos(Table()) }
+
+// Table returns the core methods with their types, for code generators.
+func Table() []Describer { return append(fleetTable(), capacityTable()...) }
+
+// FleetMethods returns the fleet part of the method table.
+func FleetMethods() []MethodInfo { return infos(fleetTable()) }
+
+func fleetTable() []Describer {
+	return []Describer{
+		SitesCreate, SitesGet, SitesList, SitesUpdate, SitesDelete,
+		PoolsCreate, PoolsGet, PoolsList, PoolsUpdate, PoolsDelete,
+		NodesGet, NodesList,
+	}
+}
+
+func infos(ds []Describer) []MethodInfo {
+	out := make([]MethodInfo, len(ds))
+	for i, d := range ds {
+		out[i] = d.Info()
+	}
+	return out
+}
+
+// The capacity groups.
+var (
+	ReservationsCreate       = NewMethod[CreateReservation, Reservation]("reservations", "create", true, ResourceReservation, "v0.1", "Reserve capacity in a pool: now or in a future window, whole GPUs, a MIG slice, a time-slice share or vCPUs and memory; a gang of members; spot.")
+	ReservationsGet          = NewMethod[GetReservation, Reservation]("reservations", "get", false, ResourceReservation, "v0.1", "Get a reservation and what it holds.")
+	ReservationsList         = NewMethod[ListReservations, Page[Reservation]]("reservations", "list", false, ResourceReservation, "v0.1", "List a tenant's reservations.")
+	ReservationsCancel       = NewMethod[CancelReservation, Reservation]("reservations", "cancel", true, ResourceReservation, "v0.1", "Cancel a reservation that has not started.")
+	ReservationsRelease      = NewMethod[ReleaseReservation, Reservation]("reservations", "release", true, ResourceReservation, "v0.1", "End an active reservation now.")
+	ReservationsExtend       = NewMethod[ExtendReservation, Reservation]("reservations", "extend", true, ResourceReservation, "v0.1", "Move a reservation's end later.")
+	ReservationsAvailability = NewMethod[Availability, AvailabilityAnswer]("reservations", "availability", false, ResourceReservation, "v0.5", "Find the earliest window in which a shape is free.")
+
+	CapacitySummary = NewMethod[SummarizeCapacity, PoolCapacity]("capacity", "summary", false, ResourcePool, "v0.1", "Free and used capacity of a pool now, by model.")
+	CapacitySearch  = NewMethod[SearchCapacity, CapacityWindow]("capacity", "search", false, ResourcePool, "v0.5", "What is free in a pool for the whole of a window.")
+
+	QuotasSet    = NewMethod[SetQuota, Quota]("quotas", "set", true, ResourceQuota, "v0.1", "Set a tenant's quota in a pool.")
+	QuotasList   = NewMethod[ListQuotas, Page[Quota]]("quotas", "list", false, ResourceQuota, "v0.1", "List the quotas that limit a tenant.")
+	QuotasDelete = NewMethod[DeleteQuota, Quota]("quotas", "delete", true, ResourceQuota, "v0.1", "Remove a quota.")
+
+	DevicesList    = NewMethod[ListDevices, []Device]("devices", "list", false, ResourceDevice, "v0.1", "List a node's GPUs.")
+	DevicesSetMode = NewMethod[SetGPUMode, Device]("devices", "setMode", true, ResourceDevice, "v0.5", "Switch a GPU between whole, MIG and time-slice mode while nothing holds it.")
+)
+
+// CapacityMethods returns the capacity part of the method table.
+func CapacityMethods() []MethodInfo { return infos(capacityTable()) }
+
+func capacityTable() []Describer {
+	return []Describer{
+		ReservationsCreate, ReservationsGet, ReservationsList, ReservationsCancel,
+		ReservationsRelease, ReservationsExtend, ReservationsAvailability,
+		CapacitySummary, CapacitySearch,
+		QuotasSet, QuotasList, QuotasDelete,
+		DevicesList, DevicesSetMode,
 	}
 }

@@ -6,6 +6,7 @@ package iam
 import (
 	"context"
 	"errors"
+	"time"
 )
 
 // Port is how Better Compute learns who is calling and whether they may. Fleet paths (heartbeats,
@@ -23,6 +24,11 @@ type Port interface {
 	TenantWithin(ctx context.Context, tenant, ancestor string) (bool, error)
 	// RegisterCatalog contributes Better Compute's resource types and actions to the catalog.
 	RegisterCatalog(ctx context.Context, c Catalog) error
+	// TenantPath returns tenant and its ancestors, nearest first, ending at the root. A tenant
+	// that does not exist has an empty path.
+	TenantPath(ctx context.Context, tenant string) ([]string, error)
+
+	Biller
 }
 
 // Initializer is implemented by ports that own state to prepare before first use (the embedded
@@ -100,4 +106,38 @@ type Action struct {
 type Catalog struct {
 	ResourceTypes []ResourceType `json:"resourceTypes"`
 	Actions       []Action       `json:"actions"`
+}
+
+// Biller is the billing half of a port: meters and an idempotent usage ledger.
+type Biller interface {
+	// EnsureMeters creates the meters that are missing; existing ones are left as they are.
+	EnsureMeters(ctx context.Context, meters []Meter) error
+	// RecordUsage records usage once per IdempotencyKey: a repeat returns the first receipt.
+	RecordUsage(ctx context.Context, u Usage) (Receipt, error)
+}
+
+// Meter is something usage is counted in, e.g. gpu.h100.hours.
+type Meter struct {
+	Key         string `json:"key"` // lowercase, dot-separated
+	Unit        string `json:"unit"`
+	Description string `json:"description,omitempty"`
+}
+
+// Usage is one entry of the billing ledger.
+type Usage struct {
+	TenantID       string            `json:"tenantId"`
+	Meter          string            `json:"meter"`
+	Quantity       float64           `json:"quantity"`
+	IdentityID     string            `json:"identityId,omitempty"`
+	Tags           map[string]string `json:"tags,omitempty"`
+	OccurredAt     time.Time         `json:"occurredAt"`
+	IdempotencyKey string            `json:"idempotencyKey"`
+}
+
+// Receipt acknowledges recorded usage. Duplicate is true when the key had been recorded before:
+// the receipt is then the first one.
+type Receipt struct {
+	ID         string    `json:"id"`
+	RecordedAt time.Time `json:"recordedAt"`
+	Duplicate  bool      `json:"duplicate"`
 }

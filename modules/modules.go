@@ -6,6 +6,7 @@ package modules
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"reflect"
@@ -54,9 +55,16 @@ type Target struct {
 	Ref      string // how the caller named it
 }
 
-// TargetFunc finds the target of a call before the decision, reading through q (outside the
-// call's transaction: the decision must not hold a transaction open).
-type TargetFunc[In any] func(ctx context.Context, q postgres.Querier, p iam.Principal, in In) (Target, error)
+// Lookup is what a target function may read with: the database (outside the call's transaction:
+// the decision must not hold a transaction open), the caller, and the IAM port for the tenant tree.
+type Lookup struct {
+	Q         postgres.Querier
+	Principal iam.Principal
+	IAM       iam.Port
+}
+
+// TargetFunc finds the target of a call before the decision.
+type TargetFunc[In any] func(ctx context.Context, l Lookup, in In) (Target, error)
 
 // RunFunc carries out a call inside its transaction.
 type RunFunc[In, Out any] func(ctx context.Context, c *Call, in In) (Out, error)
@@ -67,7 +75,7 @@ type Handler struct {
 	Module string
 
 	decode func([]byte) (any, error)
-	target func(context.Context, postgres.Querier, iam.Principal, any) (Target, error)
+	target func(context.Context, Lookup, any) (Target, error)
 	run    func(context.Context, *Call, any) (any, error)
 	typeOK func(any) bool
 }
@@ -76,8 +84,8 @@ type Handler struct {
 func (h *Handler) Decode(body []byte) (any, error) { return h.decode(body) }
 
 // Target finds what the call acts on.
-func (h *Handler) Target(ctx context.Context, q postgres.Querier, p iam.Principal, in any) (Target, error) {
-	return h.target(ctx, q, p, in)
+func (h *Handler) Target(ctx context.Context, l Lookup, in any) (Target, error) {
+	return h.target(ctx, l, in)
 }
 
 // Run carries out the call.
@@ -94,8 +102,8 @@ func Handle[In, Out any](r *Registry, m api.Method[In, Out], target TargetFunc[I
 		return
 	}
 	if target == nil {
-		target = func(_ context.Context, _ postgres.Querier, p iam.Principal, in In) (Target, error) {
-			return TenantTarget(p, TenantOf(in)), nil
+		target = func(_ context.Context, l Lookup, in In) (Target, error) {
+			return TenantTarget(l.Principal, TenantOf(in)), nil
 		}
 	}
 	h := &Handler{
@@ -107,8 +115,8 @@ func Handle[In, Out any](r *Registry, m api.Method[In, Out], target TargetFunc[I
 			}
 			return in, nil
 		},
-		target: func(ctx context.Context, q postgres.Querier, p iam.Principal, in any) (Target, error) {
-			return target(ctx, q, p, in.(In))
+		target: func(ctx context.Context, l Lookup, in any) (Target, error) {
+			return target(ctx, l, in.(In))
 		},
 		run: func(ctx context.Context, c *Call, in any) (any, error) {
 			return run(ctx, c, in.(In))
@@ -152,3 +160,11 @@ func (w Worker) RunsIn(mode string) bool { return mode == "all" || slices.Contai
 // DecodeJSON decodes one JSON value into v, refusing unknown fields and anything after it, with
 // errors that say what was wrong.
 func DecodeJSON(b []byte, v any) error { return decodeStrict(b, v) }
+
+// ErrRetry marks an error after which the whole call may safely run again in a new transaction:
+// a race the database refereed (an exclusion or unique violation) that a fresh snapshot avoids.
+// The envelope retries such calls a few times before answering with the underlying error.
+var ErrRetry = errors.New("retry")
+
+// Retry wraps err with ErrRetry.
+func Retry(err error) error { return fmt.Errorf("%w: %w", ErrRetry, err) }

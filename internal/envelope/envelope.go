@@ -116,7 +116,7 @@ func (e *Envelope) invoke(ctx context.Context, p iam.Principal, h *modules.Handl
 	if len(key) > api.MaxIdempotencyKey {
 		return Result{}, api.InvalidField(api.IdempotencyKeyHeader, "is %d characters long; the limit is %d", len(key), api.MaxIdempotencyKey)
 	}
-	target, err := h.Target(ctx, e.rt.DB.Pool, p, in)
+	target, err := h.Target(ctx, modules.Lookup{Q: e.rt.DB.Pool, Principal: p, IAM: e.rt.IAM}, in)
 	if err != nil {
 		return Result{}, e.mapError(ctx, h, err)
 	}
@@ -215,7 +215,8 @@ func (e *Envelope) transact(ctx context.Context, p iam.Principal, h *modules.Han
 			return nil
 		})
 		code := postgres.ErrorCode(err)
-		if (code == postgres.DeadlockDetected || code == postgres.SerializationFailure) && attempt < 4 {
+		retry := code == postgres.DeadlockDetected || code == postgres.SerializationFailure || errors.Is(err, modules.ErrRetry)
+		if retry && attempt < 4 && ctx.Err() == nil {
 			continue
 		}
 		if err != nil {

@@ -48,11 +48,7 @@ func (Module) Register(r *modules.Registry) error {
 		iam.ResourceType{Name: api.ResourcePool, Description: "A pool of nodes that capacity is requested from."},
 		iam.ResourceType{Name: api.ResourceNode, Description: "A server that runs bcd."},
 	)
-	r.Actions(modules.ActionsFor(
-		api.SitesCreate.Info(), api.SitesGet.Info(), api.SitesList.Info(), api.SitesUpdate.Info(), api.SitesDelete.Info(),
-		api.PoolsCreate.Info(), api.PoolsGet.Info(), api.PoolsList.Info(), api.PoolsUpdate.Info(), api.PoolsDelete.Info(),
-		api.NodesGet.Info(), api.NodesList.Info(),
-	)...)
+	r.Actions(modules.ActionsFor(api.FleetMethods()...)...)
 	registerSites(r)
 	registerPools(r)
 	registerNodes(r)

@@ -8,7 +8,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/better-compute/compute/api"
-	"github.com/better-compute/compute/iam"
 	"github.com/better-compute/compute/modules"
 	"github.com/better-compute/compute/postgres"
 )
@@ -23,7 +22,8 @@ func scanNode(row pgx.Row) (api.Node, error) {
 
 func registerNodes(r *modules.Registry) {
 	modules.Handle(r, api.NodesGet,
-		func(ctx context.Context, q postgres.Querier, p iam.Principal, in api.GetNode) (modules.Target, error) {
+		func(ctx context.Context, l modules.Lookup, in api.GetNode) (modules.Target, error) {
+			q, p := l.Q, l.Principal
 			if in.Pool == "" || IsID(in.Node) {
 				if !IsID(in.Node) {
 					return modules.Target{}, api.InvalidField("pool", "is required to find node %q by name", in.Node)

@@ -8,7 +8,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/better-compute/compute/api"
-	"github.com/better-compute/compute/iam"
 	"github.com/better-compute/compute/modules"
 	"github.com/better-compute/compute/postgres"
 )
@@ -23,9 +22,9 @@ func scanPool(row pgx.Row) (api.Pool, error) {
 }
 
 func poolTarget[In any](get func(In) (tenant, pool string)) modules.TargetFunc[In] {
-	return func(ctx context.Context, q postgres.Querier, p iam.Principal, in In) (modules.Target, error) {
+	return func(ctx context.Context, l modules.Lookup, in In) (modules.Target, error) {
 		tenant, pool := get(in)
-		return poolRef.inTenant(ctx, q, p, tenant, pool)
+		return poolRef.inTenant(ctx, l.Q, l.Principal, tenant, pool)
 	}
 }
 

@@ -7,7 +7,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/better-compute/compute/api"
-	"github.com/better-compute/compute/iam"
 	"github.com/better-compute/compute/modules"
 	"github.com/better-compute/compute/postgres"
 )
@@ -21,9 +20,9 @@ func scanSite(row pgx.Row) (api.Site, error) {
 }
 
 func siteTarget[In any](get func(In) (tenant, site string)) modules.TargetFunc[In] {
-	return func(ctx context.Context, q postgres.Querier, p iam.Principal, in In) (modules.Target, error) {
+	return func(ctx context.Context, l modules.Lookup, in In) (modules.Target, error) {
 		tenant, site := get(in)
-		return siteRef.inTenant(ctx, q, p, tenant, site)
+		return siteRef.inTenant(ctx, l.Q, l.Principal, tenant, site)
 	}
 }
 

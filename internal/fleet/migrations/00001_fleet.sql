@@ -1,4 +1,4 @@
--- The fleet: sites, pools, nodes and their devices. Every row belongs to one tenant, and a row
+-- The fleet: sites, pools and nodes (their devices and capacity belong to capacity). Every row belongs to one tenant, and a row
 -- that refers to another (a pool's site, a node's pool) must belong to the same tenant: the
 -- composite foreign keys on (id, tenant_id) make that a constraint, not a convention.
 
@@ -50,25 +50,7 @@ CREATE TABLE compute.nodes (
 );
 CREATE INDEX nodes_tenant ON compute.nodes (tenant_id, id);
 
-CREATE TABLE compute.devices (
-  id            uuid PRIMARY KEY,
-  node_id       uuid NOT NULL REFERENCES compute.nodes (id) ON DELETE CASCADE,
-  kind          text NOT NULL CHECK (kind IN ('gpu')),
-  index         integer NOT NULL CHECK (index >= 0),
-  uuid          text NOT NULL CHECK (length(uuid) BETWEEN 1 AND 128),
-  model         text NOT NULL CHECK (length(model) BETWEEN 1 AND 128),
-  memory_mib    bigint NOT NULL CHECK (memory_mib >= 0),
-  pci_address   text NOT NULL DEFAULT '',
-  nvlink_domain text NOT NULL DEFAULT '',
-  health        text NOT NULL DEFAULT 'unknown' CHECK (health IN ('unknown', 'healthy', 'degraded', 'unhealthy')),
-  created_at    timestamptz NOT NULL DEFAULT compute.compute_now(),
-  updated_at    timestamptz NOT NULL DEFAULT compute.compute_now(),
-  UNIQUE (node_id, kind, index),
-  UNIQUE (uuid)
-);
-
 -- +goose Down
-DROP TABLE compute.devices;
 DROP TABLE compute.nodes;
 DROP TABLE compute.pools;
 DROP TABLE compute.sites;

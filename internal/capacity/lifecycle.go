@@ -1,0 +1,276 @@
+package capacity
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/internal/events"
+	"github.com/better-compute/compute/postgres"
+)
+
+// applyQuota adds (sign +1) or removes (sign -1) a reservation's claims from the quotas of its
+// tenant in its pool. Each quota row is changed under its row lock, so concurrent bookings are
+// counted one after the other; adding over a limit is a quota_exceeded error.
+func applyQuota(ctx context.Context, tx pgx.Tx, tenant, pool string, cl claims, sign int) error {
+	type item struct {
+		resource, model string
+		n               int
+	}
+	var items []item
+	for m, n := range cl.GPUs {
+		items = append(items, item{api.QuotaGPUs, m, n})
+	}
+	if cl.VCPUs > 0 {
+		items = append(items, item{api.QuotaVCPUs, "", cl.VCPUs})
+	}
+	if cl.MemoryGiB > 0 {
+		items = append(items, item{api.QuotaMemoryGiB, "", cl.MemoryGiB})
+	}
+	for _, it := range items {
+		rows, err := tx.Query(ctx, `UPDATE compute.quotas SET used = greatest(used + $5, 0), updated_at = compute.compute_now()
+			WHERE tenant_id = $1 AND pool_id = $2 AND resource = $3 AND (model = '' OR model = $4)
+			RETURNING model, "limit", used`, tenant, pool, it.resource, it.model, sign*it.n)
+		if err != nil {
+			return err
+		}
+		var model string
+		var limit, used int
+		_, err = pgx.ForEachRow(rows, []any{&model, &limit, &used}, func() error {
+			if sign > 0 && used > limit {
+				what := it.resource
+				if it.resource == api.QuotaGPUs {
+					what = "GPUs"
+					if model != "" {
+						what = model + " GPUs"
+					}
+				}
+				return &api.Error{Code: api.CodeQuotaExceeded,
+					Message: fmt.Sprintf("quota exceeded: tenant %s may hold %d %s in this pool; it holds %d and asks for %d more", tenant, limit, what, used-it.n, it.n),
+					Details: map[string]any{"resource": it.resource, "model": model, "limit": limit, "used": used - it.n, "requested": it.n}}
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// liveReservation is a pending or active reservation, locked.
+type liveReservation struct {
+	ID, TenantID, PoolID, State string
+	Spot                        bool
+	StartsAt                    time.Time
+	EndsAt                      *time.Time
+	EndReason                   *string
+	Claims                      claims
+}
+
+func lockReservation(ctx context.Context, tx pgx.Tx, id, tenant string) (liveReservation, error) {
+	var r liveReservation
+	err := tx.QueryRow(ctx, `SELECT id::text, tenant_id, pool_id::text, state, spot, starts_at, ends_at, end_reason, claims
+		FROM compute.reservations WHERE id = $1 AND tenant_id = $2 FOR UPDATE`, id, tenant).
+		Scan(&r.ID, &r.TenantID, &r.PoolID, &r.State, &r.Spot, &r.StartsAt, &r.EndsAt, &r.EndReason, &r.Claims)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return r, api.NotFound("reservation", id)
+	}
+	return r, err
+}
+
+// truncateBookings ends the bookings of reservations at t: those that start at or after t are
+// deleted, the others end at t. It returns the nodes touched.
+func truncateBookings(ctx context.Context, q postgres.Querier, ids []string, t time.Time) ([]string, error) {
+	rows, err := q.Query(ctx, `WITH d AS (
+		  DELETE FROM compute.bookings WHERE reservation_id = ANY($1::uuid[]) AND lower(during) >= $2 RETURNING node_id
+		), u AS (
+		  UPDATE compute.bookings SET during = tstzrange(lower(during), $2, '[)')
+		  WHERE reservation_id = ANY($1::uuid[]) AND lower(during) < $2 AND (upper_inf(during) OR upper(during) > $2)
+		  RETURNING node_id
+		)
+		SELECT DISTINCT node_id::text FROM (SELECT node_id FROM d UNION ALL SELECT node_id FROM u) x ORDER BY 1`, ids, t)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+// preemptSpot ends spot reservations at t, because normal booking by now needs their atoms from
+// t on. One that has not started by t is preempted at once; one that has is preempted at t
+// (now, or later by the worker, which finishes what is decided here).
+func preemptSpot(ctx context.Context, tx pgx.Tx, ids []string, t, now time.Time, by string) ([]string, error) {
+	nodes, err := truncateBookings(ctx, tx, ids, t)
+	if err != nil {
+		return nil, fmt.Errorf("capacity: preempt: %w", err)
+	}
+	rows, err := tx.Query(ctx, `UPDATE compute.reservations SET
+		  state = CASE WHEN starts_at >= $2 OR $2 <= $3 THEN 'preempted' ELSE state END,
+		  ends_at = CASE WHEN starts_at >= $2 THEN ends_at ELSE $2 END,
+		  end_reason = 'preempted',
+		  ended_at = CASE WHEN starts_at >= $2 THEN $3 WHEN $2 <= $3 THEN $2 END,
+		  updated_at = $3
+		WHERE id = ANY($1::uuid[]) AND spot AND state IN ('pending', 'active')
+		RETURNING id::text, tenant_id, pool_id::text, state, claims`, ids, t, now)
+	if err != nil {
+		return nil, fmt.Errorf("capacity: preempt: %w", err)
+	}
+	type ended struct {
+		id, tenant, pool, state string
+		cl                      claims
+	}
+	var all []ended
+	var e ended
+	if _, err := pgx.ForEachRow(rows, []any{&e.id, &e.tenant, &e.pool, &e.state, &e.cl}, func() error {
+		all = append(all, e)
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	for _, e := range all {
+		if e.state == api.ReservationPreempted {
+			if err := applyQuota(ctx, tx, e.tenant, e.pool, e.cl, -1); err != nil {
+				return nil, err
+			}
+		}
+		if err := events.Emit(ctx, tx, "reservation.preempted", e.tenant, e.id, map[string]any{"at": t, "by": by}); err != nil {
+			return nil, err
+		}
+	}
+	return nodes, nil
+}
+
+// release ends an active reservation now.
+func release(ctx context.Context, tx pgx.Tx, id, tenant string) error {
+	r, err := lockReservation(ctx, tx, id, tenant)
+	if err != nil {
+		return err
+	}
+	if r.State != api.ReservationActive {
+		return notLive(r, "released", "only an active reservation is released; a pending one is cancelled")
+	}
+	now, err := dbNow(ctx, tx)
+	if err != nil {
+		return err
+	}
+	nodes, err := truncateBookings(ctx, tx, []string{r.ID}, now)
+	if err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, `UPDATE compute.reservations SET state = 'released', ended_at = $2, updated_at = $2 WHERE id = $1`, r.ID, now); err != nil {
+		return err
+	}
+	return finish(ctx, tx, r, "reservation.released", nodes)
+}
+
+// cancel ends a pending reservation before it starts.
+func cancel(ctx context.Context, tx pgx.Tx, id, tenant string) error {
+	r, err := lockReservation(ctx, tx, id, tenant)
+	if err != nil {
+		return err
+	}
+	if r.State != api.ReservationPending {
+		return notLive(r, "cancelled", "only a pending reservation is cancelled; an active one is released")
+	}
+	now, err := dbNow(ctx, tx)
+	if err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, `DELETE FROM compute.bookings WHERE reservation_id = $1`, r.ID); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, `UPDATE compute.reservations SET state = 'cancelled', ended_at = $2, updated_at = $2 WHERE id = $1`, r.ID, now); err != nil {
+		return err
+	}
+	return finish(ctx, tx, r, "reservation.cancelled", nil)
+}
+
+// finish releases an ended reservation's quota, refreshes its nodes and writes its event.
+func finish(ctx context.Context, tx pgx.Tx, r liveReservation, event string, nodes []string) error {
+	if err := applyQuota(ctx, tx, r.TenantID, r.PoolID, r.Claims, -1); err != nil {
+		return err
+	}
+	if err := RefreshNodes(ctx, tx, nodes...); err != nil {
+		return err
+	}
+	return events.Emit(ctx, tx, event, r.TenantID, r.ID, nil)
+}
+
+func notLive(r liveReservation, verb, hint string) error {
+	return &api.Error{Code: api.CodeFailedPrecondition,
+		Message: fmt.Sprintf("reservation %s is %s and cannot be %s: %s", r.ID, r.State, verb, hint),
+		Details: map[string]any{"reason": "state", "state": r.State}}
+}
+
+// extend moves a reservation's end later. The spot bookings in the way are preempted; a normal
+// booking in the way makes the database refuse it.
+func extend(ctx context.Context, tx pgx.Tx, in api.ExtendReservation, tenant string) error {
+	r, err := lockReservation(ctx, tx, in.Reservation, tenant)
+	if err != nil {
+		return err
+	}
+	switch {
+	case r.State != api.ReservationPending && r.State != api.ReservationActive:
+		return notLive(r, "extended", "it has ended")
+	case r.EndsAt == nil:
+		return &api.Error{Code: api.CodeFailedPrecondition, Message: fmt.Sprintf("reservation %s holds until released; there is no end to move", r.ID),
+			Details: map[string]any{"reason": "unbounded"}}
+	case r.EndReason != nil:
+		return &api.Error{Code: api.CodeFailedPrecondition, Message: fmt.Sprintf("reservation %s is being preempted at %s", r.ID, r.EndsAt.Format(time.RFC3339)),
+			Details: map[string]any{"reason": "preempted"}}
+	}
+	oldEnd := *r.EndsAt
+	var newEnd time.Time
+	if in.End != nil {
+		newEnd = *in.End
+	} else {
+		d, _ := api.ParseDuration("by", in.By)
+		newEnd = oldEnd.Add(d)
+	}
+	if !newEnd.After(oldEnd) {
+		return api.InvalidField("end", "%s is not after the current end %s", newEnd.Format(time.RFC3339), oldEnd.Format(time.RFC3339))
+	}
+	now, err := dbNow(ctx, tx)
+	if err != nil {
+		return err
+	}
+	if !r.Spot {
+		rows, err := tx.Query(ctx, `SELECT DISTINCT s.reservation_id::text FROM compute.bookings b
+			JOIN compute.bookings s ON s.node_id = b.node_id AND s.resource = b.resource AND s.atoms && b.atoms AND s.spot
+			  AND s.during && tstzrange($2, $3, '[)')
+			WHERE b.reservation_id = $1`, r.ID, oldEnd, newEnd)
+		if err != nil {
+			return err
+		}
+		spot, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return err
+		}
+		if len(spot) > 0 {
+			nodes, err := preemptSpot(ctx, tx, spot, oldEnd, now, r.ID)
+			if err != nil {
+				return err
+			}
+			if err := RefreshNodes(ctx, tx, nodes...); err != nil {
+				return err
+			}
+		}
+	}
+	_, err = tx.Exec(ctx, `UPDATE compute.bookings SET during = tstzrange(lower(during), $2, '[)') WHERE reservation_id = $1`, r.ID, newEnd)
+	if postgres.ErrorCode(err) == postgres.ExclusionViolation {
+		return &api.Error{Code: api.CodeConflict,
+			Message: fmt.Sprintf("reservation %s cannot be extended to %s: what it holds is booked by another reservation before then", r.ID, newEnd.Format(time.RFC3339)),
+			Details: map[string]any{"reason": "booked", "end": newEnd}}
+	}
+	if err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, `UPDATE compute.reservations SET ends_at = $2, updated_at = $3 WHERE id = $1`, r.ID, newEnd, now); err != nil {
+		return err
+	}
+	return events.Emit(ctx, tx, "reservation.extended", r.TenantID, r.ID, map[string]any{"from": oldEnd, "to": newEnd})
+}

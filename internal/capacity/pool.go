@@ -1,0 +1,43 @@
+package capacity
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/iam"
+	"github.com/better-compute/compute/internal/fleet"
+	"github.com/better-compute/compute/postgres"
+)
+
+// poolRef is a pool as capacity sees it: one of the tenant's own, or one of an ancestor's (a
+// platform's pool shared down the tenant tree).
+type poolRef struct {
+	ID       string
+	TenantID string
+	Name     string
+}
+
+// resolvePool finds ref (an id or a name) among the pools of tenant and its ancestors, the
+// nearest tenant's first.
+func resolvePool(ctx context.Context, q postgres.Querier, port iam.Port, tenant, ref string) (poolRef, error) {
+	path, err := port.TenantPath(ctx, tenant)
+	if err != nil {
+		return poolRef{}, fmt.Errorf("capacity: tenant path: %w", err)
+	}
+	var p poolRef
+	if fleet.IsID(ref) {
+		err = q.QueryRow(ctx, `SELECT id::text, tenant_id, name FROM compute.pools WHERE id = $1 AND tenant_id = ANY($2)`, ref, path).
+			Scan(&p.ID, &p.TenantID, &p.Name)
+	} else {
+		err = q.QueryRow(ctx, `SELECT id::text, tenant_id, name FROM compute.pools WHERE name = $1 AND tenant_id = ANY($2)
+			ORDER BY array_position($2, tenant_id) LIMIT 1`, ref, path).Scan(&p.ID, &p.TenantID, &p.Name)
+	}
+	if errors.Is(err, pgx.ErrNoRows) {
+		return p, api.NotFound("pool", ref)
+	}
+	return p, err
+}

@@ -1,0 +1,64 @@
+// Package events owns the event outbox (compute.events): every change worth telling anyone
+// about is written there in the same transaction as the change.
+package events
+
+import (
+	"context"
+	"embed"
+	"io/fs"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/better-compute/compute/postgres"
+)
+
+//go:embed migrations/*.sql
+var migrationsFS embed.FS
+
+// Migrations is the outbox's schema.
+var Migrations = postgres.MigrationSet{Name: "events", Schema: "compute", FS: mustSub(migrationsFS, "migrations")}
+
+func mustSub(f fs.FS, dir string) fs.FS {
+	s, err := fs.Sub(f, dir)
+	if err != nil {
+		panic(err)
+	}
+	return s
+}
+
+// Event is one entry of the outbox.
+type Event struct {
+	ID        int64          `json:"id"`
+	Type      string         `json:"type"` // e.g. reservation.preempted
+	TenantID  string         `json:"tenantId"`
+	Subject   string         `json:"subject"`
+	Data      map[string]any `json:"data"`
+	CreatedAt time.Time      `json:"createdAt"`
+}
+
+// Emit writes an event in the caller's transaction.
+func Emit(ctx context.Context, q postgres.Querier, typ, tenant, subject string, data map[string]any) error {
+	if data == nil {
+		data = map[string]any{}
+	}
+	_, err := q.Exec(ctx, `INSERT INTO compute.events (type, tenant_id, subject, data) VALUES ($1, $2, $3, $4)`, typ, tenant, subject, data)
+	return err
+}
+
+// QueueEmit adds an event to a batch, to be sent with the statements around it.
+func QueueEmit(b *pgx.Batch, typ, tenant, subject string, data map[string]any) {
+	if data == nil {
+		data = map[string]any{}
+	}
+	b.Queue(`INSERT INTO compute.events (type, tenant_id, subject, data) VALUES ($1, $2, $3, $4)`, typ, tenant, subject, data)
+}
+
+// About returns the events about subject, oldest first.
+func About(ctx context.Context, q postgres.Querier, subject string) ([]Event, error) {
+	rows, err := q.Query(ctx, `SELECT id, type, tenant_id, subject, data, created_at FROM compute.events WHERE subject = $1 ORDER BY id`, subject)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[Event])
+}
