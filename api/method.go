@@ -36,7 +36,9 @@ type Method[In, Out any] struct {
 func (m Method[In, Out]) Info() MethodInfo { return m.MethodInfo }
 
 // Types returns the method's input and output types.
-func (m Method[In, Out]) Types() (in, out reflect.Type) { return reflect.TypeFor[In](), reflect.TypeFor[Out]() }
+func (m Method[In, Out]) Types() (in, out reflect.Type) {
+	return reflect.TypeFor[In](), reflect.TypeFor[Out]()
+}
 
 // Describer is any Method: its description and its types.
 type Describer interface {

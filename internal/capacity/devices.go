@@ -97,4 +97,3 @@ func setGPUMode(ctx context.Context, tx pgx.Tx, deviceID string, in api.SetGPUMo
 	}
 	return d, RefreshNodes(ctx, tx, node)
 }
-

@@ -235,7 +235,7 @@ FROM compute.node_capacity nc JOIN compute.nodes n ON n.id = nc.node_id
 WHERE nc.pool_id = $1 AND n.state = 'active' AND n.status = 'online' AND n.health <> 'unhealthy'
   AND n.labels @> $7
   AND NOT EXISTS (SELECT 1 FROM jsonb_each_text($8) a WHERE n.labels ->> a.key = a.value)
-  AND NOT nc.node_id = ANY($9::uuid[])
+  AND NOT nc.node_id = ANY(coalesce($9::uuid[], '{}'))
   AND CASE $11::text
       WHEN 'gpu' THEN ($2 = '' OR nc.gpu_model = $2 OR nc.gpu_model = 'mixed') AND nc.gpus_total >= $3
         AND (NOT $10 OR nc.gpus_free + CASE WHEN $4 THEN 0 ELSE nc.gpus_spot END >= $3)

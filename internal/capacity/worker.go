@@ -157,13 +157,13 @@ func Bill(ctx context.Context, db *postgres.DB, port iam.Biller) (BillResult, er
 		return res, err
 	}
 	type booking struct {
-		id                                  int64
-		tenant, identity, res, pool, node   string
-		kind, model                         string
-		units                               float64
-		from, lower                         time.Time
-		upper                               *time.Time
-		spot                                bool
+		id                                int64
+		tenant, identity, res, pool, node string
+		kind, model                       string
+		units                             float64
+		from, lower                       time.Time
+		upper                             *time.Time
+		spot                              bool
 	}
 	var todo []booking
 	var b booking
