@@ -99,6 +99,12 @@ func reserve(ctx context.Context, c *modules.Call, in api.CreateReservation) (ap
 	}
 	r := request{tenant: c.Target.TenantID, pool: pool.ID, principal: c.Principal.ID, in: in, w: w, now: now, id: fleet.NewID()}
 
+	// Quota rows are locked before any node: a transaction never holds nodes while it queues on
+	// its tenant's quota, which would starve other tenants' placements.
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM compute.quotas WHERE tenant_id = $1 AND pool_id = $2 ORDER BY resource, model FOR UPDATE`, r.tenant, r.pool); err != nil {
+		return api.Reservation{}, err
+	}
+
 	// Place every member first: a gang is booked whole or not at all.
 	var plans []memberPlan
 	used := []string{}
@@ -169,8 +175,11 @@ func reserve(ctx context.Context, c *modules.Call, in api.CreateReservation) (ap
 			touched[p.node.NodeID] = true
 		}
 	}
-	for _, n := range sortedKeys(touched) {
-		b.Queue(refreshSQL, n)
+	if nodes := sortedKeys(touched); len(nodes) > 0 {
+		b.Queue(lockSQL, nodes)
+		for _, n := range nodes {
+			b.Queue(refreshSQL, n)
+		}
 	}
 	events.QueueEmit(b, "reservation.created", r.tenant, r.id, map[string]any{"pool": r.pool, "state": state, "spot": in.Spot})
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
@@ -199,14 +208,19 @@ type memberPlan struct {
 // placeMember finds a node for one member: it locks candidates one at a time (SKIP LOCKED, so
 // concurrent placers take different nodes instead of queueing), reads the locked node's exact
 // state over the window and plans on it. A candidate that does not fit is passed over, keeping its
-// lock until the transaction ends. nil means no candidate fits.
+// lock until the transaction ends. When every candidate is locked by another placer, it waits for
+// the best one rather than answer that there is no room. nil means no candidate fits.
 func (r request) placeMember(ctx context.Context, tx pgx.Tx, used []string) (*memberPlan, error) {
-	tried := append([]string(nil), used...)
+	tried := append([]string{}, used...)
 	nowPath := !r.w.start.After(r.now)
 	for range maxCandidates {
 		var nodeID, name string
-		err := tx.QueryRow(ctx, candidateSQL, r.pool, r.in.Model, r.in.GPUs, r.in.Spot, r.in.VCPUs, r.in.MemoryGiB,
-			labelsOrEmpty(r.in.RequireLabels), labelsOrEmpty(r.in.AvoidLabels), tried, nowPath, shapeKind(r.in.Shape)).Scan(&nodeID, &name)
+		args := []any{r.pool, r.in.Model, r.in.GPUs, r.in.Spot, r.in.VCPUs, r.in.MemoryGiB,
+			labelsOrEmpty(r.in.RequireLabels), labelsOrEmpty(r.in.AvoidLabels), tried, nowPath, shapeKind(r.in.Shape)}
+		err := tx.QueryRow(ctx, candidateSQL+" SKIP LOCKED", args...).Scan(&nodeID, &name)
+		if err == pgx.ErrNoRows {
+			err = tx.QueryRow(ctx, candidateSQL, args...).Scan(&nodeID, &name)
+		}
 		if err == pgx.ErrNoRows {
 			return nil, nil
 		}
@@ -251,7 +265,7 @@ ORDER BY
   CASE WHEN $10 THEN nc.vcpus_total - nc.vcpus_used ELSE 0 END,
   nc.node_id
 LIMIT 1
-FOR UPDATE OF nc SKIP LOCKED`
+FOR UPDATE OF nc`
 
 func shapeKind(s api.Shape) string {
 	switch {

@@ -49,8 +49,21 @@ ON CONFLICT (node_id) DO UPDATE SET pool_id = excluded.pool_id, gpu_model = excl
   vcpus_total = excluded.vcpus_total, vcpus_used = excluded.vcpus_used, vcpus_spot = excluded.vcpus_spot,
   memory_total = excluded.memory_total, memory_used = excluded.memory_used, memory_spot = excluded.memory_spot`
 
+// lockSQL takes the rollup rows of nodes, in a fixed order. Every transaction that changes a
+// node's bookings refreshes its rollup under this lock, in a later statement than the one that
+// took it: under READ COMMITTED that statement's snapshot then includes every other change to the
+// node, whose transactions held the lock before us. Computing first and locking second would let
+// a concurrent booking's count be overwritten.
+const lockSQL = `SELECT node_id FROM compute.node_capacity WHERE node_id = ANY($1::uuid[]) ORDER BY node_id FOR UPDATE`
+
 // RefreshNodes recomputes the rollups of nodes, in the caller's transaction.
 func RefreshNodes(ctx context.Context, q postgres.Querier, nodeIDs ...string) error {
+	if len(nodeIDs) == 0 {
+		return nil
+	}
+	if _, err := q.Exec(ctx, lockSQL, nodeIDs); err != nil {
+		return fmt.Errorf("capacity: lock rollups: %w", err)
+	}
 	for _, id := range nodeIDs {
 		if _, err := q.Exec(ctx, refreshSQL, id); err != nil {
 			return fmt.Errorf("capacity: refresh the rollup of node %s: %w", id, err)
