@@ -9,7 +9,7 @@
 //	err = c.Start(ctx); defer c.Stop(ctx)   // background work of the process mode
 package compute
 
-//go:generate go run ./internal/apigen
+//go:generate go run ./internal/cmd/apigen
 
 import (
 	"context"

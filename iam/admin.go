@@ -156,6 +156,7 @@ func (l *Local) RevokeAPIKey(ctx context.Context, keyID string) error {
 	if tag.RowsAffected() == 0 {
 		return fmt.Errorf("iam: API key %q: %w", keyID, ErrNotFound)
 	}
+	l.auth.clear()
 	return nil
 }
 
@@ -176,6 +177,7 @@ func (l *Local) CreateRole(ctx context.Context, tenantID, name string, policy Po
 	if err != nil {
 		return Role{}, err
 	}
+	defer l.policyCache.clear()
 	r := Role{ID: newID("rol"), TenantID: tenantID, Name: name, Policy: policy}
 	_, err = l.db.Pool.Exec(ctx, `INSERT INTO iam.roles (id, tenant_id, name, policy) VALUES ($1, $2, $3, $4)`, r.ID, tenantID, name, doc)
 	switch postgres.ErrorCode(err) {
@@ -189,6 +191,7 @@ func (l *Local) CreateRole(ctx context.Context, tenantID, name string, policy Po
 
 // Bind gives identity the role in tenant and all its descendants.
 func (l *Local) Bind(ctx context.Context, identityID, roleID, tenantID string) error {
+	defer l.policyCache.clear()
 	_, err := l.db.Pool.Exec(ctx, `INSERT INTO iam.bindings (id, identity_id, role_id, tenant_id) VALUES ($1, $2, $3, $4)
 		ON CONFLICT (identity_id, role_id, tenant_id) DO NOTHING`, newID("bnd"), identityID, roleID, tenantID)
 	if postgres.ErrorCode(err) == postgres.ForeignKeyViolation {
@@ -204,6 +207,7 @@ var AdminPolicy = Policy{Version: 1, Statements: []Statement{{Sid: "all", Effect
 // administrator role of that tenant and returns a new key for it. The devserver and tests use it;
 // a production deployment grants narrower roles.
 func (l *Local) CreateAdminKey(ctx context.Context, tenantID, name string) (APIKey, error) {
+	defer l.policyCache.clear()
 	var identityID, roleID string
 	err := l.db.Tx(ctx, func(tx pgx.Tx) error {
 		doc, _ := json.Marshal(AdminPolicy)

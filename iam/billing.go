@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"regexp"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -75,6 +76,18 @@ func (l *Local) UsageTotal(ctx context.Context, tenantID, meter string) (float64
 
 // TenantPath implements Port.
 func (l *Local) TenantPath(ctx context.Context, tenant string) ([]string, error) {
+	path, gen, ok := l.pathCache.get(tenant)
+	if ok {
+		return path, nil
+	}
+	path, err := l.readTenantPath(ctx, tenant)
+	if err == nil && len(path) > 0 {
+		l.pathCache.put(tenant, path, gen, time.Time{})
+	}
+	return path, err
+}
+
+func (l *Local) readTenantPath(ctx context.Context, tenant string) ([]string, error) {
 	rows, err := l.db.Pool.Query(ctx, `
 		WITH RECURSIVE up (id, parent_id, depth) AS (
 		  SELECT id, parent_id, 0 FROM iam.tenants WHERE id = $1

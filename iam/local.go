@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -32,6 +33,11 @@ type EmbeddedOptions struct {
 	RootTenantID string
 	// RootTenantName is its display name; default "root".
 	RootTenantName string
+	// CacheTTL is how long an authenticated API key and an identity's policies are reused before
+	// they are read again; default DefaultEmbeddedCacheTTL, negative turns caching off. Changes
+	// made through this Local (revoking a key, a new role or binding) clear the caches at once;
+	// changes made by another process are seen within CacheTTL.
+	CacheTTL time.Duration
 }
 
 // Local is Better IAM run in-process on Better Compute's own database: the Port, plus the admin
@@ -39,7 +45,18 @@ type EmbeddedOptions struct {
 type Local struct {
 	db   *postgres.DB
 	opts EmbeddedOptions
+
+	auth        *ttlCache[string, authEntry]        // by token hash
+	policyCache *ttlCache[policyKey, []namedPolicy] // by identity and tenant
+	pathCache   *ttlCache[string, []string]         // tenant paths, by tenant
 }
+
+type authEntry struct {
+	p                Principal
+	expired, revoked bool
+}
+
+type policyKey struct{ identity, tenant string }
 
 var _ interface {
 	Port
@@ -60,7 +77,14 @@ func Embedded(db *postgres.DB, opts EmbeddedOptions) (*Local, error) {
 	if opts.RootTenantName == "" {
 		opts.RootTenantName = "root"
 	}
-	return &Local{db: db, opts: opts}, nil
+	if opts.CacheTTL == 0 {
+		opts.CacheTTL = DefaultEmbeddedCacheTTL
+	}
+	return &Local{db: db, opts: opts,
+		auth:        newTTLCache[string, authEntry](opts.CacheTTL, 100_000),
+		policyCache: newTTLCache[policyKey, []namedPolicy](opts.CacheTTL, 100_000),
+		pathCache:   newTTLCache[string, []string](opts.CacheTTL, 100_000),
+	}, nil
 }
 
 // Initialize applies the IAM's migrations and creates the root tenant when it is missing.
@@ -98,15 +122,27 @@ func (l *Local) Authenticate(ctx context.Context, credential string) (Principal,
 	if kind != TokenAPIKey {
 		return Principal{}, fmt.Errorf("%w: %s tokens are not accepted by the embedded IAM; use an API key (biam_key_…)", ErrUnauthenticated, kind)
 	}
-	var p Principal
-	var expired, revoked bool
-	err = l.db.Pool.QueryRow(ctx, `
-		SELECT i.id, i.kind, i.tenant_id, i.name, k.id,
-		       k.expires_at IS NOT NULL AND k.expires_at <= compute.compute_now(),
-		       k.revoked_at IS NOT NULL
-		FROM iam.api_keys k JOIN iam.identities i ON i.id = k.identity_id
-		WHERE k.token_hash = $1`, HashToken(credential)).
-		Scan(&p.ID, &p.Kind, &p.TenantID, &p.Name, &p.KeyID, &expired, &revoked)
+	hash := string(HashToken(credential))
+	e, gen, cached := l.auth.get(hash)
+	p, expired, revoked := e.p, e.expired, e.revoked
+	if !cached {
+		var left *float64 // seconds until the key expires, by the database's clock
+		err = l.db.Pool.QueryRow(ctx, `
+			SELECT i.id, i.kind, i.tenant_id, i.name, k.id,
+			       k.expires_at IS NOT NULL AND k.expires_at <= compute.compute_now(),
+			       k.revoked_at IS NOT NULL, extract(epoch FROM k.expires_at - compute.compute_now())::float8
+			FROM iam.api_keys k JOIN iam.identities i ON i.id = k.identity_id
+			WHERE k.token_hash = $1`, []byte(hash)).
+			Scan(&p.ID, &p.Kind, &p.TenantID, &p.Name, &p.KeyID, &expired, &revoked, &left)
+		if err == nil && !expired && !revoked {
+			// A key is reused until it would expire, and never past the TTL.
+			var until time.Time
+			if left != nil {
+				until = time.Now().Add(time.Duration(*left * float64(time.Second)))
+			}
+			l.auth.put(hash, authEntry{p: p}, gen, until)
+		}
+	}
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return Principal{}, fmt.Errorf("%w: unknown API key", ErrUnauthenticated)
@@ -151,6 +187,19 @@ func (l *Local) AuthorizeMany(ctx context.Context, p Principal, rs []Request) ([
 
 // policies returns the policies bound to identity in tenant or any of its ancestors.
 func (l *Local) policies(ctx context.Context, identity, tenant string) ([]namedPolicy, error) {
+	k := policyKey{identity, tenant}
+	if pols, _, ok := l.policyCache.get(k); ok {
+		return pols, nil
+	}
+	_, gen, _ := l.policyCache.get(k)
+	pols, err := l.readPolicies(ctx, identity, tenant)
+	if err == nil {
+		l.policyCache.put(k, pols, gen, time.Time{})
+	}
+	return pols, err
+}
+
+func (l *Local) readPolicies(ctx context.Context, identity, tenant string) ([]namedPolicy, error) {
 	rows, err := l.db.Pool.Query(ctx, `
 		WITH RECURSIVE up (id, parent_id) AS (
 		  SELECT id, parent_id FROM iam.tenants WHERE id = $2

@@ -16,7 +16,8 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 func newLocal(t *testing.T) (*iam.Local, *postgres.DB) {
 	t.Helper()
 	db := pgtest.New(t, postgres.Core, iam.Migrations)
-	l, err := iam.Embedded(db, iam.EmbeddedOptions{RootTenantID: "root"})
+	// These tests travel in time, which a cache keyed to the wall clock would not see.
+	l, err := iam.Embedded(db, iam.EmbeddedOptions{RootTenantID: "root", CacheTTL: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,5 +138,42 @@ func TestBindingsFollowTheTenantTree(t *testing.T) {
 	}
 	if got, _ := l.TenantWithin(ctx, "nope", "nope"); got {
 		t.Error("a missing tenant is within itself")
+	}
+}
+
+// TestCacheIsClearedByChanges checks that the caches never outlive a revocation or a new binding
+// made through the same Local.
+func TestCacheIsClearedByChanges(t *testing.T) {
+	db := pgtest.New(t, postgres.Core, iam.Migrations)
+	l, err := iam.Embedded(db, iam.EmbeddedOptions{RootTenantID: "root", CacheTTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := l.Initialize(ctx); err != nil {
+		t.Fatal(err)
+	}
+	svc, _ := l.CreateIdentity(ctx, "root", iam.KindService, "svc")
+	key, _ := l.CreateAPIKey(ctx, svc.ID, "", time.Time{})
+	p, err := l.Authenticate(ctx, key.Token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := iam.Request{TenantID: "root", Action: "compute:pools:create", Resource: iam.Resource{Type: "compute-pool", ID: "*"}}
+	if d, _ := l.Authorize(ctx, p, req); d.Allowed {
+		t.Fatal("allowed with no role")
+	}
+	role, _ := l.CreateRole(ctx, "root", "pools", iam.Policy{Version: 1, Statements: []iam.Statement{{Effect: iam.Allow, Actions: []string{"compute:pools:*"}, Resources: []string{"*"}}}})
+	if err := l.Bind(ctx, svc.ID, role.ID, "root"); err != nil {
+		t.Fatal(err)
+	}
+	if d, _ := l.Authorize(ctx, p, req); !d.Allowed {
+		t.Fatalf("a new binding is not seen at once: %+v", d)
+	}
+	if err := l.RevokeAPIKey(ctx, key.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Authenticate(ctx, key.Token); !errors.Is(err, iam.ErrUnauthenticated) {
+		t.Fatalf("a revoked key still authenticates from the cache: %v", err)
 	}
 }

@@ -78,6 +78,7 @@ type Handler struct {
 	target func(context.Context, Lookup, any) (Target, error)
 	run    func(context.Context, *Call, any) (any, error)
 	typeOK func(any) bool
+	batch  *batching
 }
 
 // Decode parses a JSON input, refusing unknown fields and trailing data.

@@ -76,7 +76,7 @@ func (m Module) Register(r *modules.Registry) error {
 		return t, err
 	}
 
-	modules.Handle(r, api.ReservationsCreate, nil, reserve)
+	modules.HandleBatched(r, api.ReservationsCreate, nil, reserve, batchKey, reserveBatch)
 	modules.Handle(r, api.ReservationsGet,
 		func(ctx context.Context, l modules.Lookup, in api.GetReservation) (modules.Target, error) {
 			return reservationTarget(ctx, l, in.Reservation)

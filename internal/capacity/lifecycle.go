@@ -62,6 +62,75 @@ func applyQuota(ctx context.Context, tx pgx.Tx, tenant, pool string, cl claims, 
 	return nil
 }
 
+// quotaRows are a tenant's quotas in a pool, locked, as the booking transaction read them.
+type quotaRows []api.Quota
+
+// lockQuotas locks and reads a tenant's quotas in a pool, in a fixed order.
+func lockQuotas(ctx context.Context, tx pgx.Tx, tenant, pool string) (quotaRows, error) {
+	rows, err := tx.Query(ctx, `SELECT tenant_id, pool_id::text, resource, model, "limit", used FROM compute.quotas
+		WHERE tenant_id = $1 AND pool_id = $2 ORDER BY resource, model FOR UPDATE`, tenant, pool)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[api.Quota])
+}
+
+// amount is how much of quota q's resource cl claims.
+func amount(q api.Quota, cl claims) int {
+	switch q.Resource {
+	case api.QuotaGPUs:
+		n := 0
+		for m, c := range cl.GPUs {
+			if q.Model == "" || q.Model == m {
+				n += c
+			}
+		}
+		return n
+	case api.QuotaVCPUs:
+		return cl.VCPUs
+	default:
+		return cl.MemoryGiB
+	}
+}
+
+// check refuses claims that would take any quota over its limit.
+func (qs quotaRows) check(tenant string, cl claims) error {
+	for _, q := range qs {
+		n := amount(q, cl)
+		if n == 0 || q.Used+n <= q.Limit {
+			continue
+		}
+		what := q.Resource
+		if q.Resource == api.QuotaGPUs {
+			what = "GPUs"
+			if q.Model != "" {
+				what = q.Model + " GPUs"
+			}
+		}
+		return &api.Error{Code: api.CodeQuotaExceeded,
+			Message: fmt.Sprintf("quota exceeded: tenant %s may hold %d %s in this pool; it holds %d and asks for %d more", tenant, q.Limit, what, q.Used, n),
+			Details: map[string]any{"resource": q.Resource, "model": q.Model, "limit": q.Limit, "used": q.Used, "requested": n}}
+	}
+	return nil
+}
+
+// add counts claims in the rows read, for the next check in the same transaction.
+func (qs quotaRows) add(cl claims) {
+	for i := range qs {
+		qs[i].Used += amount(qs[i], cl)
+	}
+}
+
+// queue adds the claims to the locked quotas, in b.
+func (qs quotaRows) queue(b *pgx.Batch, tenant, pool string, cl claims) {
+	for _, q := range qs {
+		if n := amount(q, cl); n > 0 {
+			b.Queue(`UPDATE compute.quotas SET used = used + $5, updated_at = compute.compute_now()
+				WHERE tenant_id = $1 AND pool_id = $2 AND resource = $3 AND model = $4`, tenant, pool, q.Resource, q.Model, n)
+		}
+	}
+}
+
 // liveReservation is a pending or active reservation, locked.
 type liveReservation struct {
 	ID, TenantID, PoolID, State string

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -19,6 +20,7 @@ type poolRef struct {
 	ID       string
 	TenantID string
 	Name     string
+	Now      time.Time // compute_now(), read with it to save a round trip
 }
 
 // resolvePool finds ref (an id or a name) among the pools of tenant and its ancestors, the
@@ -30,11 +32,11 @@ func resolvePool(ctx context.Context, q postgres.Querier, port iam.Port, tenant,
 	}
 	var p poolRef
 	if fleet.IsID(ref) {
-		err = q.QueryRow(ctx, `SELECT id::text, tenant_id, name FROM compute.pools WHERE id = $1 AND tenant_id = ANY($2)`, ref, path).
-			Scan(&p.ID, &p.TenantID, &p.Name)
+		err = q.QueryRow(ctx, `SELECT id::text, tenant_id, name, compute.compute_now() FROM compute.pools WHERE id = $1 AND tenant_id = ANY($2)`, ref, path).
+			Scan(&p.ID, &p.TenantID, &p.Name, &p.Now)
 	} else {
-		err = q.QueryRow(ctx, `SELECT id::text, tenant_id, name FROM compute.pools WHERE name = $1 AND tenant_id = ANY($2)
-			ORDER BY array_position($2, tenant_id) LIMIT 1`, ref, path).Scan(&p.ID, &p.TenantID, &p.Name)
+		err = q.QueryRow(ctx, `SELECT id::text, tenant_id, name, compute.compute_now() FROM compute.pools WHERE name = $1 AND tenant_id = ANY($2)
+			ORDER BY array_position($2, tenant_id) LIMIT 1`, ref, path).Scan(&p.ID, &p.TenantID, &p.Name, &p.Now)
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return p, api.NotFound("pool", ref)

@@ -89,10 +89,7 @@ func reserve(ctx context.Context, c *modules.Call, in api.CreateReservation) (ap
 			return api.Reservation{}, migProfileError(in.Model, in.MIGProfile)
 		}
 	}
-	now, err := dbNow(ctx, tx)
-	if err != nil {
-		return api.Reservation{}, err
-	}
+	now := pool.Now
 	w, err := requestWindow(now, in.Start, in.Duration, in.End)
 	if err != nil {
 		return api.Reservation{}, err
@@ -101,7 +98,8 @@ func reserve(ctx context.Context, c *modules.Call, in api.CreateReservation) (ap
 
 	// Quota rows are locked before any node: a transaction never holds nodes while it queues on
 	// its tenant's quota, which would starve other tenants' placements.
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM compute.quotas WHERE tenant_id = $1 AND pool_id = $2 ORDER BY resource, model FOR UPDATE`, r.tenant, r.pool); err != nil {
+	quotas, err := lockQuotas(ctx, tx, r.tenant, r.pool)
+	if err != nil {
 		return api.Reservation{}, err
 	}
 
@@ -140,14 +138,7 @@ func reserve(ctx context.Context, c *modules.Call, in api.CreateReservation) (ap
 	if labels == nil {
 		labels = map[string]string{}
 	}
-	var createdAt time.Time
-	err = tx.QueryRow(ctx, `INSERT INTO compute.reservations (id, tenant_id, pool_id, state, spot, shape, members, claims, starts_at, ends_at, labels, created_by)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) RETURNING created_at`,
-		r.id, r.tenant, r.pool, state, in.Spot, in.Shape, len(plans), cl, w.start, w.end, labels, r.principal).Scan(&createdAt)
-	if err != nil {
-		return api.Reservation{}, err
-	}
-	if err := applyQuota(ctx, tx, r.tenant, r.pool, cl, +1); err != nil {
+	if err := quotas.check(r.tenant, cl); err != nil {
 		return api.Reservation{}, err
 	}
 
@@ -169,9 +160,18 @@ func reserve(ctx context.Context, c *modules.Call, in api.CreateReservation) (ap
 	}
 
 	b := &pgx.Batch{}
+	b.Queue(`INSERT INTO compute.reservations (id, tenant_id, pool_id, state, spot, shape, members, claims, starts_at, ends_at, labels, created_by, created_at, updated_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13)`,
+		r.id, r.tenant, r.pool, state, in.Spot, in.Shape, len(plans), cl, w.start, w.end, labels, r.principal, now)
+	quotas.queue(b, r.tenant, r.pool, cl)
 	for m, p := range plans {
 		queueBookings(b, r.id, m, p.node.NodeID, p.plan.Picks, w, in.Spot)
-		if active {
+		switch {
+		case !active:
+		case len(preempt) == 0 && !in.Spot:
+			// Free atoms taken now, under the node's lock: the rollup changes by exactly this.
+			b.Queue(takeSQL, p.node.NodeID, wholeGPUs(p.plan.Picks), in.VCPUs, in.MemoryGiB)
+		default:
 			touched[p.node.NodeID] = true
 		}
 	}
@@ -192,7 +192,7 @@ func reserve(ctx context.Context, c *modules.Call, in api.CreateReservation) (ap
 
 	res := api.Reservation{
 		ID: r.id, TenantID: r.tenant, PoolID: r.pool, State: state, Spot: in.Spot, Shape: in.Shape, Members: len(plans),
-		StartsAt: w.start, EndsAt: w.end, Labels: labels, CreatedBy: r.principal, CreatedAt: createdAt, UpdatedAt: createdAt,
+		StartsAt: w.start, EndsAt: w.end, Labels: labels, CreatedBy: r.principal, CreatedAt: now, UpdatedAt: now,
 	}
 	for _, p := range plans {
 		res.Allocations = append(res.Allocations, allocation(p.node.NodeID, p.node.Name, in.Shape, p.plan.Picks, p.node.GPUs))
@@ -213,13 +213,35 @@ type memberPlan struct {
 func (r request) placeMember(ctx context.Context, tx pgx.Tx, used []string) (*memberPlan, error) {
 	tried := append([]string{}, used...)
 	nowPath := !r.w.start.After(r.now)
+	// The index walk serves whole GPUs now, without labels or vCPUs: first without touching spot
+	// holders, then (for a normal request) counting them.
+	simple := nowPath && r.in.GPUs > 0 && r.in.VCPUs == 0 && r.in.MemoryGiB == 0 && len(r.in.RequireLabels) == 0 && len(r.in.AvoidLabels) == 0
+	passes := []bool{false}
+	if simple && !r.in.Spot {
+		passes = append(passes, true)
+	}
+	pass := 0
 	for range maxCandidates {
 		var nodeID, name string
-		args := []any{r.pool, r.in.Model, r.in.GPUs, r.in.Spot, r.in.VCPUs, r.in.MemoryGiB,
-			labelsOrEmpty(r.in.RequireLabels), labelsOrEmpty(r.in.AvoidLabels), tried, nowPath, shapeKind(r.in.Shape)}
-		err := tx.QueryRow(ctx, candidateSQL+" SKIP LOCKED", args...).Scan(&nodeID, &name)
+		var q string
+		var args []any
+		if simple {
+			q = fitAnySQL
+			if r.in.Model != "" {
+				q = fitModelSQL
+			}
+			args = []any{r.pool, r.in.Model, r.in.GPUs, passes[pass], tried}
+		} else {
+			q, args = candidateSQL, []any{r.pool, r.in.Model, r.in.GPUs, r.in.Spot, r.in.VCPUs, r.in.MemoryGiB,
+				labelsOrEmpty(r.in.RequireLabels), labelsOrEmpty(r.in.AvoidLabels), tried, nowPath, shapeKind(r.in.Shape)}
+		}
+		err := tx.QueryRow(ctx, q+" SKIP LOCKED", args...).Scan(&nodeID, &name)
 		if err == pgx.ErrNoRows {
-			err = tx.QueryRow(ctx, candidateSQL, args...).Scan(&nodeID, &name)
+			err = tx.QueryRow(ctx, q, args...).Scan(&nodeID, &name)
+		}
+		if err == pgx.ErrNoRows && simple && pass+1 < len(passes) {
+			pass++
+			continue
 		}
 		if err == pgx.ErrNoRows {
 			return nil, nil
@@ -239,14 +261,34 @@ func (r request) placeMember(ctx context.Context, tx pgx.Tx, used []string) (*me
 	return nil, nil
 }
 
-// candidateSQL picks and locks one node that may fit a member. On the "now" path it reads the
-// rollups: nodes whose free GPUs suffice without preempting come first, then the tightest fit, so
-// that large free blocks stay whole. A future window only has static filters; the exact check is
-// the snapshot's.
+// fitSQL is the common case, N whole GPUs now with no label filter: an index walk over the pool's
+// schedulable nodes in best-fit order (fewest free GPUs first, so large free blocks stay whole),
+// stopping at the first unlocked node that fits. $4 true lets GPUs held by spot bookings count,
+// for the second pass of a normal request. %s is the model condition: two statements, not one
+// with an OR, so that a prepared statement's generic plan still walks the index in order.
+const fitSQL = `
+SELECT nc.node_id::text, n.name
+FROM compute.node_capacity nc JOIN compute.nodes n ON n.id = nc.node_id
+WHERE nc.pool_id = $1 AND nc.schedulable AND %s
+  AND nc.gpus_free + CASE WHEN $4 THEN nc.gpus_spot ELSE 0 END >= $3
+  AND NOT nc.node_id = ANY(coalesce($5::uuid[], '{}'))
+ORDER BY %s nc.gpus_free, nc.node_id
+LIMIT 1
+FOR UPDATE OF nc`
+
+var (
+	fitModelSQL = fmt.Sprintf(fitSQL, "nc.gpu_model = $2", "nc.gpu_model,")
+	fitAnySQL   = fmt.Sprintf(fitSQL, "$2 = ''", "")
+)
+
+// candidateSQL picks and locks one node that may fit a member, for every other case. On the
+// "now" path it reads the rollups: nodes whose free GPUs suffice without preempting come first,
+// then the tightest fit. A future window only has static filters; the exact check is the
+// snapshot's.
 const candidateSQL = `
 SELECT nc.node_id::text, n.name
 FROM compute.node_capacity nc JOIN compute.nodes n ON n.id = nc.node_id
-WHERE nc.pool_id = $1 AND n.state = 'active' AND n.status = 'online' AND n.health <> 'unhealthy'
+WHERE nc.pool_id = $1 AND nc.schedulable
   AND n.labels @> $7
   AND NOT EXISTS (SELECT 1 FROM jsonb_each_text($8) a WHERE n.labels ->> a.key = a.value)
   AND NOT nc.node_id = ANY(coalesce($9::uuid[], '{}'))
@@ -418,4 +460,14 @@ func sortedKeys(m map[string]bool) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+func wholeGPUs(picks []Pick) int {
+	n := 0
+	for _, p := range picks {
+		if p.Kind == "gpu" {
+			n += int(p.Units)
+		}
+	}
+	return n
 }

@@ -30,9 +30,9 @@ u AS (
     coalesce(sum(upper(atoms) - lower(atoms)) FILTER (WHERE resource = 'memory' AND spot), 0) AS memory_spot
   FROM b
 )
-INSERT INTO compute.node_capacity AS nc (node_id, pool_id, gpu_model, gpus_total, gpus_free, gpus_spot, mig_gpus, ts_gpus,
+INSERT INTO compute.node_capacity AS nc (node_id, pool_id, schedulable, gpu_model, gpus_total, gpus_free, gpus_spot, mig_gpus, ts_gpus,
   vcpus_total, vcpus_used, vcpus_spot, memory_total, memory_used, memory_spot)
-SELECT n.id, n.pool_id,
+SELECT n.id, n.pool_id, n.state = 'active' AND n.status = 'online' AND n.health <> 'unhealthy',
   coalesce((SELECT CASE WHEN count(DISTINCT model) > 1 THEN 'mixed' ELSE min(model) END FROM g WHERE mode = 'whole' AND ok), ''),
   (SELECT count(*) FROM g WHERE mode = 'whole' AND ok),
   (SELECT count(*) FROM g WHERE mode = 'whole' AND ok AND NOT held AND NOT spot_held),
@@ -43,7 +43,7 @@ SELECT n.id, n.pool_id,
   coalesce(r.memory_gib, 0), least(u.memory_used, coalesce(r.memory_gib, 0)), least(u.memory_spot, greatest(coalesce(r.memory_gib, 0) - u.memory_used, 0))
 FROM compute.nodes n LEFT JOIN compute.node_resources r ON r.node_id = n.id, u
 WHERE n.id = $1
-ON CONFLICT (node_id) DO UPDATE SET pool_id = excluded.pool_id, gpu_model = excluded.gpu_model,
+ON CONFLICT (node_id) DO UPDATE SET pool_id = excluded.pool_id, schedulable = excluded.schedulable, gpu_model = excluded.gpu_model,
   gpus_total = excluded.gpus_total, gpus_free = excluded.gpus_free, gpus_spot = excluded.gpus_spot,
   mig_gpus = excluded.mig_gpus, ts_gpus = excluded.ts_gpus,
   vcpus_total = excluded.vcpus_total, vcpus_used = excluded.vcpus_used, vcpus_spot = excluded.vcpus_spot,
@@ -71,3 +71,8 @@ func RefreshNodes(ctx context.Context, q postgres.Querier, nodeIDs ...string) er
 	}
 	return nil
 }
+
+// takeSQL is the rollup change of a booking that starts now on atoms that were free: a placer
+// that holds the node's lock and preempted nothing applies it instead of a full refresh.
+const takeSQL = `UPDATE compute.node_capacity SET gpus_free = gpus_free - $2, vcpus_used = vcpus_used + $3, memory_used = memory_used + $4
+WHERE node_id = $1`

@@ -53,6 +53,7 @@ type Config struct {
 
 // Envelope dispatches API calls.
 type Envelope struct {
+	batch   batchers
 	reg     *modules.Registry
 	rt      *modules.Runtime
 	cache   *iam.DecisionCache
@@ -172,8 +173,8 @@ func (e *Envelope) decide(ctx context.Context, p iam.Principal, h *modules.Handl
 		Details: map[string]any{"action": req.Action, "resource": req.Resource.String(), "tenantId": req.TenantID, "reason": d.Reason}}
 }
 
-// transact runs the call in one transaction, retried when PostgreSQL reports a deadlock or a
-// serialization failure, which are safe to retry.
+// transact runs the call in one transaction of its own, or, for a method that batches, in a
+// transaction it shares with concurrent calls of the same key.
 func (e *Envelope) transact(ctx context.Context, p iam.Principal, h *modules.Handler, t modules.Target, key string, in any) (Result, error) {
 	var hash []byte
 	if key != "" {
@@ -184,6 +185,15 @@ func (e *Envelope) transact(ctx context.Context, p iam.Principal, h *modules.Han
 		sum := sha256.Sum256(b)
 		hash = sum[:]
 	}
+	if bkey := h.BatchKey(t, in); bkey != "" {
+		return e.batched(ctx, h, bkey, &pending{ctx: ctx, p: p, t: t, key: key, hash: hash, in: in})
+	}
+	return e.transactAlone(ctx, p, h, t, key, hash, in)
+}
+
+// transactAlone runs one call in one transaction, retried when PostgreSQL reports a deadlock or
+// a serialization failure, or the method asks for it (modules.ErrRetry): all safe to retry.
+func (e *Envelope) transactAlone(ctx context.Context, p iam.Principal, h *modules.Handler, t modules.Target, key string, hash []byte, in any) (Result, error) {
 	opts := pgx.TxOptions{}
 	if !h.Info.Mutating {
 		opts.AccessMode = pgx.ReadOnly
@@ -192,8 +202,8 @@ func (e *Envelope) transact(ctx context.Context, p iam.Principal, h *modules.Han
 		var res Result
 		err := pgx.BeginTxFunc(ctx, e.rt.DB.Pool, opts, func(tx pgx.Tx) error {
 			if key != "" {
-				replay, err := claimKey(ctx, tx, p.ID, h.Info.FullName(), key, hash)
-				if err != nil || replay != nil {
+				replay, found, err := claimKey(ctx, tx, p.ID, h.Info.FullName(), key, hash)
+				if err != nil || found {
 					res.Replay = replay
 					return err
 				}
@@ -204,13 +214,7 @@ func (e *Envelope) transact(ctx context.Context, p iam.Principal, h *modules.Han
 			}
 			res.Value = out
 			if key != "" {
-				b, err := json.Marshal(out)
-				if err != nil {
-					return err
-				}
-				_, err = tx.Exec(ctx, `UPDATE compute.idempotency_keys SET response = $4
-					WHERE principal_id = $1 AND method = $2 AND key = $3`, p.ID, h.Info.FullName(), key, b)
-				return err
+				return storeResponse(ctx, tx, p.ID, h.Info.FullName(), key, out)
 			}
 			return nil
 		})
@@ -226,25 +230,41 @@ func (e *Envelope) transact(ctx context.Context, p iam.Principal, h *modules.Han
 	}
 }
 
-// claimKey records key for this call, or returns the answer an earlier call with it committed.
-// A concurrent call with the same key waits on the row until the first commits or rolls back.
-func claimKey(ctx context.Context, tx pgx.Tx, principal, method, key string, hash []byte) ([]byte, error) {
+func storeResponse(ctx context.Context, tx pgx.Tx, principal, method, key string, out any) error {
+	b, err := json.Marshal(out)
+	if err != nil {
+		return err
+	}
+	_, err = tx.Exec(ctx, `UPDATE compute.idempotency_keys SET response = $4
+		WHERE principal_id = $1 AND method = $2 AND key = $3`, principal, method, key, b)
+	return err
+}
+
+func isAPIError(err error) bool {
+	var ae *api.Error
+	return errors.As(err, &ae)
+}
+
+// claimKey records key for this call, or, found, returns the answer an earlier call with it
+// committed (nil if that call is in this very transaction). A concurrent call with the same key
+// waits on the row until the first commits or rolls back.
+func claimKey(ctx context.Context, tx pgx.Tx, principal, method, key string, hash []byte) (replay []byte, found bool, err error) {
 	tag, err := tx.Exec(ctx, `INSERT INTO compute.idempotency_keys (principal_id, method, key, request_hash)
 		VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING`, principal, method, key, hash)
 	if err != nil || tag.RowsAffected() == 1 {
-		return nil, err
+		return nil, false, err
 	}
 	var stored, response []byte
 	if err := tx.QueryRow(ctx, `SELECT request_hash, response FROM compute.idempotency_keys
 		WHERE principal_id = $1 AND method = $2 AND key = $3`, principal, method, key).Scan(&stored, &response); err != nil {
-		return nil, err
+		return nil, true, err
 	}
 	if !bytes.Equal(stored, hash) {
-		return nil, &api.Error{Code: api.CodeConflict,
+		return nil, true, &api.Error{Code: api.CodeConflict,
 			Message: fmt.Sprintf("idempotency key %q was already used for %s with a different input", key, method),
 			Details: map[string]any{"reason": "idempotency_key_reused"}}
 	}
-	return response, nil
+	return response, true, nil
 }
 
 // mapError turns what a handler returned into an *api.Error. Constraint violations that a

@@ -39,6 +39,7 @@ CREATE TABLE compute.node_resources (
 CREATE TABLE compute.node_capacity (
   node_id      uuid PRIMARY KEY REFERENCES compute.nodes (id) ON DELETE CASCADE,
   pool_id      uuid NOT NULL,
+  schedulable  boolean NOT NULL DEFAULT false, -- the node is active, online and not unhealthy
   gpu_model    text NOT NULL DEFAULT '', -- the model of its whole-mode GPUs; 'mixed' if several
   gpus_total   integer NOT NULL DEFAULT 0,
   gpus_free    integer NOT NULL DEFAULT 0, -- no booking now
@@ -54,7 +55,9 @@ CREATE TABLE compute.node_capacity (
   CHECK (gpus_free >= 0 AND gpus_spot >= 0 AND gpus_free + gpus_spot <= gpus_total),
   CHECK (vcpus_used + vcpus_spot <= vcpus_total AND memory_used + memory_spot <= memory_total)
 );
-CREATE INDEX node_capacity_gpus ON compute.node_capacity (pool_id, gpu_model, gpus_free);
+-- The placer walks these in best-fit order and stops at the first unlocked node that fits.
+CREATE INDEX node_capacity_model_fit ON compute.node_capacity (pool_id, gpu_model, gpus_free, node_id) WHERE schedulable;
+CREATE INDEX node_capacity_fit ON compute.node_capacity (pool_id, gpus_free, node_id) WHERE schedulable;
 CREATE INDEX node_capacity_pool ON compute.node_capacity (pool_id);
 
 CREATE TABLE compute.reservations (

@@ -1,0 +1,221 @@
+// Command placebench measures placements: reservations of one whole GPU, "now", through the
+// in-process API (authentication, the IAM decision, the placer's transaction), on a pool of
+// -nodes nodes × 8 GPUs at 0%, 50% and 90% utilisation, with 1, 8 and 32 concurrent clients. In
+// the same run it measures the physical limit placements compete with: single-row inserts into a
+// bare EXCLUDE-guarded table on the same database, with the same clients. It prints a Markdown
+// table.
+//
+//	go run ./internal/cmd/placebench [-nodes 1000] [-n 1000]
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"os"
+	"runtime"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/better-compute/compute"
+	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/iam"
+	"github.com/better-compute/compute/internal/capacity"
+	"github.com/better-compute/compute/internal/fleet"
+	"github.com/better-compute/compute/postgres"
+	"github.com/better-compute/compute/postgres/embedded"
+)
+
+func main() {
+	nodes := flag.Int("nodes", 1000, "nodes in the pool (8 GPUs each)")
+	n := flag.Int("n", 1000, "placements per measurement (at most half the free GPUs)")
+	clientsFlag := flag.String("clients", "1,8,32", "client counts")
+	traceFlag := flag.Bool("trace", false, "print where the time of each statement goes, then exit after the first row")
+	flag.Parse()
+	trace = traceFlag
+	ctx := context.Background()
+
+	cluster, err := embedded.Start(ctx, embedded.Options{DataDir: os.Getenv("PB_DIR"), Settings: map[string]string{"max_connections": "200", "session_preload_libraries": os.Getenv("PB_PRELOAD"), "auto_explain.log_min_duration": "2ms", "auto_explain.log_analyze": "on"}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer cluster.Stop(ctx)
+	cfg, _ := pgxpool.ParseConfig(cluster.URL("postgres"))
+	cfg.MaxConns = 64
+	if *trace {
+		cfg.ConnConfig.Tracer = tracer
+	}
+	db, err := postgres.OpenConfig(ctx, cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	port, _ := iam.Embedded(db, iam.EmbeddedOptions{RootTenantID: "root"})
+	c, err := compute.New(compute.Options{Database: db, Secret: "placebench-secret-0123456789abcdef", BaseURL: "http://bench.test",
+		RootTenantID: "root", IAM: port, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := c.Initialize(ctx); err != nil {
+		log.Fatal(err)
+	}
+	key, _ := port.CreateAdminKey(ctx, "root", "bench")
+	pool, err := c.API.Pools.Create(ctx, key.Token, api.CreatePool{Name: "h100"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Fprintf(os.Stderr, "placebench: building %d nodes × 8 GPUs\n", *nodes)
+	var ids []string
+	for i := range *nodes {
+		node, err := fleet.InsertNode(ctx, db.Pool, fleet.NewNode{PoolID: pool.ID, Name: fmt.Sprintf("gpu-%05d", i)})
+		if err != nil {
+			log.Fatal(err)
+		}
+		if _, err := db.Pool.Exec(ctx, `UPDATE compute.nodes SET status = 'online', health = 'healthy' WHERE id = $1`, node.ID); err != nil {
+			log.Fatal(err)
+		}
+		inv := capacity.Inventory{VCPUs: 192, MemoryGiB: 2048}
+		for g := range 8 {
+			inv.GPUs = append(inv.GPUs, capacity.GPU{Index: g, UUID: fmt.Sprintf("GPU-%05d-%d", i, g), Name: "NVIDIA H100 80GB HBM3",
+				MemoryMiB: 81559, NVLinkDomain: fmt.Sprintf("nv-%05d", i)})
+		}
+		if err := capacity.SetInventory(ctx, db.Pool, node.ID, inv); err != nil {
+			log.Fatal(err)
+		}
+		ids = append(ids, node.ID)
+	}
+	if _, err := db.Pool.Exec(ctx, `CREATE SCHEMA bench; CREATE TABLE bench.raw (
+		  node int NOT NULL, resource text NOT NULL, atoms int4range NOT NULL, during tstzrange NOT NULL,
+		  EXCLUDE USING gist (node WITH =, resource WITH =, atoms WITH &&, during WITH &&))`); err != nil {
+		log.Fatal(err)
+	}
+
+	var clients []int
+	for _, s := range splitInts(*clientsFlag) {
+		clients = append(clients, s)
+	}
+	fmt.Printf("| clients | utilisation | placements/s | p50 | p99 | raw inserts/s | raw p99 | placements ÷ raw |\n")
+	fmt.Printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	for _, util := range []int{0, 50, 90} {
+		for _, cl := range clients {
+			if err := fill(ctx, db, pool.ID, ids, util); err != nil {
+				log.Fatal(err)
+			}
+			free := *nodes * 8 * (100 - util) / 100
+			count := min(*n, free/2)
+			rate, p50, p99, fails := measure(cl, count, func() error {
+				_, err := c.API.Reservations.Create(ctx, key.Token, api.CreateReservation{Pool: "h100", Shape: api.Shape{GPUs: 1, Model: "h100"}})
+				return err
+			})
+			if fails > 0 {
+				fmt.Fprintf(os.Stderr, "placebench: %d of %d placements failed\n", fails, count)
+			}
+			var next atomic.Int64
+			rawRate, _, rawP99, _ := measure(cl, count, func() error {
+				i := next.Add(1)
+				_, err := db.Pool.Exec(ctx, `INSERT INTO bench.raw (node, resource, atoms, during)
+					VALUES ($1, 'gpu', int4range($2, $2 + 64), tstzrange(now(), NULL))`, i%int64(*nodes), (i/int64(*nodes))*64)
+				return err
+			})
+			if _, err := db.Pool.Exec(ctx, `TRUNCATE bench.raw`); err != nil {
+				log.Fatal(err)
+			}
+			fmt.Printf("| %d | %d%% | %.0f | %s | %s | %.0f | %s | %.2f |\n", cl, util, rate, ms(p50), ms(p99), rawRate, ms(rawP99), rate/rawRate)
+			if *trace {
+				tracer.report(count)
+				return
+			}
+		}
+	}
+	fmt.Printf("\n%d nodes × 8 GPUs; %d placements of 1 GPU per row (fewer where free capacity is short); %s, GOMAXPROCS %d; PostgreSQL in the same machine, fsync off.\n",
+		*nodes, *n, runtime.GOOS+"/"+runtime.GOARCH, runtime.GOMAXPROCS(0))
+}
+
+// fill empties the pool, then books util% of every node's GPUs with one background reservation
+// per node, written directly (the fill is not what is measured).
+func fill(ctx context.Context, db *postgres.DB, pool string, nodes []string, util int) error {
+	if _, err := db.Pool.Exec(ctx, `DELETE FROM compute.reservations`); err != nil {
+		return err
+	}
+	gpus := 8 * util / 100
+	if gpus > 0 {
+		_, err := db.Pool.Exec(ctx, `WITH r AS (
+			  INSERT INTO compute.reservations (id, tenant_id, pool_id, state, shape, members, starts_at, created_by)
+			  SELECT gen_random_uuid(), 'root', $1, 'active', '{}', 1, now() - interval '1 minute', 'fill' FROM unnest($2::uuid[]) n
+			  RETURNING id
+			), pairs AS (
+			  SELECT r.id, n FROM (SELECT id, row_number() OVER () AS k FROM r) r
+			  JOIN (SELECT n, row_number() OVER () AS k FROM unnest($2::uuid[]) n) nn ON nn.k = r.k
+			)
+			INSERT INTO compute.bookings (reservation_id, member, node_id, resource, kind, model, units, atoms, during)
+			SELECT id, 0, n, 'gpu', 'gpu', 'h100', $3::int, int4range(0, $3::int * 64), tstzrange(now() - interval '1 minute', NULL) FROM pairs`,
+			pool, nodes, gpus)
+		if err != nil {
+			return err
+		}
+	}
+	if err := capacity.RefreshNodes(ctx, db.Pool, nodes...); err != nil {
+		return err
+	}
+	// What autovacuum would do after a bulk change: fresh statistics for the planner.
+	_, err := db.Pool.Exec(ctx, `ANALYZE compute.node_capacity, compute.bookings, compute.reservations, compute.nodes`)
+	return err
+}
+
+// measure runs count operations from clients goroutines and returns the rate and latencies.
+func measure(clients, count int, op func() error) (rate float64, p50, p99 time.Duration, fails int) {
+	var next atomic.Int64
+	lat := make([]time.Duration, count)
+	var failed atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= count {
+					return
+				}
+				t := time.Now()
+				if err := op(); err != nil {
+					failed.Add(1)
+					if failed.Load() == 1 {
+						fmt.Fprintln(os.Stderr, "placebench:", err)
+					}
+				}
+				lat[i] = time.Since(t)
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	return float64(count) / elapsed.Seconds(), lat[count/2], lat[count*99/100], int(failed.Load())
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000) }
+
+func splitInts(s string) []int {
+	var out []int
+	var cur, has = 0, false
+	for _, r := range s + "," {
+		if r >= '0' && r <= '9' {
+			cur, has = cur*10+int(r-'0'), true
+			continue
+		}
+		if has {
+			out = append(out, cur)
+		}
+		cur, has = 0, false
+	}
+	return out
+}

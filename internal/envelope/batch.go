@@ -1,0 +1,190 @@
+package envelope
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/better-compute/compute/iam"
+	"github.com/better-compute/compute/modules"
+)
+
+// MaxBatch bounds how many calls share one transaction.
+const MaxBatch = 64
+
+// Group commit without a goroutine of its own: the first call to arrive when no batch of its
+// key is running becomes the leader and runs, one transaction at a time, every call that queued
+// meanwhile (its own first); the others wait for their results. With one caller a batch is one
+// call; under load batches grow by themselves.
+
+type batchers struct {
+	mu sync.Mutex
+	m  map[string]*batcher
+}
+
+type batcher struct {
+	mu      sync.Mutex
+	pending []*pending
+	running bool
+}
+
+type pending struct {
+	ctx  context.Context
+	p    iam.Principal
+	t    modules.Target
+	key  string
+	hash []byte
+	in   any
+	done chan outcome
+}
+
+type outcome struct {
+	res Result
+	err error
+}
+
+func (e *Envelope) batched(ctx context.Context, h *modules.Handler, bkey string, c *pending) (Result, error) {
+	name := h.Info.FullName() + "\x00" + bkey
+	e.batch.mu.Lock()
+	if e.batch.m == nil {
+		e.batch.m = map[string]*batcher{}
+	}
+	b := e.batch.m[name]
+	if b == nil {
+		b = &batcher{}
+		e.batch.m[name] = b
+	}
+	e.batch.mu.Unlock()
+
+	c.done = make(chan outcome, 1)
+	b.mu.Lock()
+	b.pending = append(b.pending, c)
+	if !b.running {
+		b.running = true
+		for len(b.pending) > 0 {
+			n := min(len(b.pending), MaxBatch)
+			calls := b.pending[:n:n]
+			b.pending = b.pending[n:]
+			b.mu.Unlock()
+			e.runBatch(h, calls)
+			b.mu.Lock()
+		}
+		b.running = false
+		e.batch.mu.Lock()
+		if len(b.pending) == 0 && e.batch.m[name] == b {
+			delete(e.batch.m, name)
+		}
+		e.batch.mu.Unlock()
+	}
+	b.mu.Unlock()
+	select {
+	case o := <-c.done:
+		return o.res, o.err
+	case <-ctx.Done():
+		// The batch goes on; this caller stops waiting. What it wrote, if anything, stands.
+		return Result{}, e.mapError(ctx, h, ctx.Err())
+	}
+}
+
+// runBatch runs calls in one transaction and delivers every call's outcome. Calls the batch
+// could not carry out by themselves, and all of them if the transaction fails, run alone.
+func (e *Envelope) runBatch(h *modules.Handler, calls []*pending) {
+	// The leader's cancellation must not fail the others' calls.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(calls[0].ctx), 30*time.Second)
+	defer cancel()
+	out := make([]*outcome, len(calls))
+	var alone []int
+	err := pgx.BeginFunc(ctx, e.rt.DB.Pool, func(tx pgx.Tx) error {
+		out = make([]*outcome, len(calls))
+		alone = nil
+		var live []int
+		for i, c := range calls {
+			if c.ctx.Err() != nil {
+				out[i] = &outcome{err: e.mapError(c.ctx, h, c.ctx.Err())}
+				continue
+			}
+			if c.key != "" {
+				replay, found, err := claimKey(ctx, tx, c.p.ID, h.Info.FullName(), c.key, c.hash)
+				switch {
+				case err != nil && isAPIError(err):
+					out[i] = &outcome{err: err}
+					continue
+				case err != nil:
+					return err
+				case found && replay == nil:
+					alone = append(alone, i) // the same key twice in one batch: the repeat waits
+					continue
+				case found:
+					out[i] = &outcome{res: Result{Replay: replay}}
+					continue
+				}
+			}
+			live = append(live, i)
+		}
+		if len(live) == 0 {
+			return nil
+		}
+		mcalls := make([]*modules.Call, len(live))
+		ins := make([]any, len(live))
+		for j, i := range live {
+			mcalls[j] = &modules.Call{Principal: calls[i].p, Target: calls[i].t, Runtime: e.rt}
+			ins[j] = calls[i].in
+		}
+		res, err := h.RunBatch(ctx, tx, e.rt, mcalls, ins)
+		if err != nil {
+			return err
+		}
+		for j, i := range live {
+			c, r := calls[i], res[j]
+			switch {
+			case r.Alone:
+				alone = append(alone, i)
+				err = releaseKey(ctx, tx, c, h)
+			case r.Err != nil:
+				out[i] = &outcome{err: e.mapError(ctx, h, r.Err)}
+				err = releaseKey(ctx, tx, c, h)
+			default:
+				out[i] = &outcome{res: Result{Value: r.Out}}
+				if c.key != "" {
+					err = storeResponse(ctx, tx, c.p.ID, h.Info.FullName(), c.key, r.Out)
+				}
+			}
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		// The batch as a whole failed (a race the database refereed, a deadlock): nothing of it
+		// was written, so every call that has no answer yet runs alone.
+		alone = alone[:0]
+		for i := range calls {
+			if calls[i].ctx.Err() == nil {
+				out[i] = nil
+				alone = append(alone, i)
+			} else {
+				out[i] = &outcome{err: e.mapError(calls[i].ctx, h, calls[i].ctx.Err())}
+			}
+		}
+	}
+	for _, i := range alone {
+		c := calls[i]
+		res, err := e.transactAlone(c.ctx, c.p, h, c.t, c.key, c.hash, c.in)
+		out[i] = &outcome{res: res, err: err}
+	}
+	for i, c := range calls {
+		c.done <- *out[i]
+	}
+}
+
+func releaseKey(ctx context.Context, tx pgx.Tx, c *pending, h *modules.Handler) error {
+	if c.key == "" {
+		return nil
+	}
+	_, err := tx.Exec(ctx, `DELETE FROM compute.idempotency_keys WHERE principal_id = $1 AND method = $2 AND key = $3`,
+		c.p.ID, h.Info.FullName(), c.key)
+	return err
+}
