@@ -299,3 +299,48 @@ func TestBadRequestsBookNothing(t *testing.T) {
 	}
 	_ = fmt.Sprint
 }
+
+// TestOneDecisionPerReservationMutation: each mutation, batched or not, asks IAM exactly once,
+// with its own action; the lifecycle worker and billing never ask.
+func TestOneDecisionPerReservationMutation(t *testing.T) {
+	f := newFleet(t, fleetSpec{nodes: 2, gpus: 8})
+	check := func(what, action string, run func() error) {
+		t.Helper()
+		f.Counter.Reset()
+		if err := run(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		ds := f.Counter.Decisions()
+		if len(ds) != 1 || ds[0].Action != action {
+			t.Fatalf("%s made decisions %+v, want exactly one %s", what, ds, action)
+		}
+	}
+	var r api.Reservation
+	check("create (batched path)", "compute:reservations:create", func() (err error) {
+		r, err = f.reserve(api.CreateReservation{Shape: api.Shape{GPUs: 2}, Duration: "1h"})
+		return err
+	})
+	check("create (alone path)", "compute:reservations:create", func() error {
+		_, err := f.reserve(api.CreateReservation{Shape: api.Shape{GPUs: 1, VCPUs: 0}, Start: ptr(t0.Add(time.Hour))})
+		return err
+	})
+	check("extend", "compute:reservations:extend", func() error {
+		_, err := f.Compute.API.Reservations.Extend(f.ctx, f.RootKey, api.ExtendReservation{Reservation: r.ID, By: "1h"})
+		return err
+	})
+	check("release", "compute:reservations:release", func() error {
+		_, err := f.Compute.API.Reservations.Release(f.ctx, f.RootKey, api.ReleaseReservation{Reservation: r.ID})
+		return err
+	})
+	f.Counter.Reset()
+	f.DB.SetNow(t0.Add(5 * time.Hour))
+	if _, err := capacity.Tick(f.ctx, f.DB); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := capacity.Bill(f.ctx, f.DB, f.IAM); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(f.Counter.Decisions()) + f.Counter.Authentications(); n != 0 {
+		t.Fatalf("the worker paths asked IAM %d times, want none", n)
+	}
+}

@@ -97,10 +97,7 @@ func main() {
 		log.Fatal(err)
 	}
 
-	var clients []int
-	for _, s := range splitInts(*clientsFlag) {
-		clients = append(clients, s)
-	}
+	clients := splitInts(*clientsFlag)
 	fmt.Printf("| clients | utilisation | placements/s | p50 | p99 | raw inserts/s | raw p99 | placements ÷ raw |\n")
 	fmt.Printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, util := range []int{0, 50, 90} {
