@@ -17,10 +17,12 @@ type API struct {
 	Capacity     CapacityGroup
 	Quotas       QuotasGroup
 	Devices      DevicesGroup
+	JoinTokens   JoinTokensGroup
+	Commands     CommandsGroup
 }
 
 func newAPI(c *Compute) API {
-	return API{Sites: SitesGroup{c}, Pools: PoolsGroup{c}, Nodes: NodesGroup{c}, Reservations: ReservationsGroup{c}, Capacity: CapacityGroup{c}, Quotas: QuotasGroup{c}, Devices: DevicesGroup{c}}
+	return API{Sites: SitesGroup{c}, Pools: PoolsGroup{c}, Nodes: NodesGroup{c}, Reservations: ReservationsGroup{c}, Capacity: CapacityGroup{c}, Quotas: QuotasGroup{c}, Devices: DevicesGroup{c}, JoinTokens: JoinTokensGroup{c}, Commands: CommandsGroup{c}}
 }
 
 // SitesGroup is the sites group.
@@ -90,6 +92,31 @@ func (g NodesGroup) Get(ctx context.Context, cred string, in api.GetNode) (api.N
 // List calls nodes.list: List nodes, by pool and state.
 func (g NodesGroup) List(ctx context.Context, cred string, in api.ListNodes) (api.Page[api.Node], error) {
 	return Invoke(ctx, g.c, cred, api.NodesList, in)
+}
+
+// Cordon calls nodes.cordon: Stop new bookings on a node.
+func (g NodesGroup) Cordon(ctx context.Context, cred string, in api.CordonNode) (api.Node, error) {
+	return Invoke(ctx, g.c, cred, api.NodesCordon, in)
+}
+
+// Uncordon calls nodes.uncordon: Let a cordoned or draining node be booked again.
+func (g NodesGroup) Uncordon(ctx context.Context, cred string, in api.UncordonNode) (api.Node, error) {
+	return Invoke(ctx, g.c, cred, api.NodesUncordon, in)
+}
+
+// Drain calls nodes.drain: Stop new bookings and end the existing ones, or let them run out.
+func (g NodesGroup) Drain(ctx context.Context, cred string, in api.DrainNode) (api.Node, error) {
+	return Invoke(ctx, g.c, cred, api.NodesDrain, in)
+}
+
+// Retire calls nodes.retire: Retire a node that holds nothing; its certificates are revoked.
+func (g NodesGroup) Retire(ctx context.Context, cred string, in api.RetireNode) (api.Node, error) {
+	return Invoke(ctx, g.c, cred, api.NodesRetire, in)
+}
+
+// SetLabels calls nodes.setLabels: Replace a node's labels.
+func (g NodesGroup) SetLabels(ctx context.Context, cred string, in api.SetNodeLabels) (api.Node, error) {
+	return Invoke(ctx, g.c, cred, api.NodesSetLabels, in)
 }
 
 // ReservationsGroup is the reservations group.
@@ -172,4 +199,45 @@ func (g DevicesGroup) List(ctx context.Context, cred string, in api.ListDevices)
 // SetMode calls devices.setMode: Switch a GPU between whole, MIG and time-slice mode while nothing holds it.
 func (g DevicesGroup) SetMode(ctx context.Context, cred string, in api.SetGPUMode) (api.Device, error) {
 	return Invoke(ctx, g.c, cred, api.DevicesSetMode, in)
+}
+
+// JoinTokensGroup is the joinTokens group.
+type JoinTokensGroup struct{ c *Compute }
+
+// Create calls joinTokens.create: Make a token that admits machines into a pool, shown once.
+func (g JoinTokensGroup) Create(ctx context.Context, cred string, in api.CreateJoinToken) (api.JoinToken, error) {
+	return Invoke(ctx, g.c, cred, api.JoinTokensCreate, in)
+}
+
+// List calls joinTokens.list: List join tokens.
+func (g JoinTokensGroup) List(ctx context.Context, cred string, in api.ListJoinTokens) (api.Page[api.JoinToken], error) {
+	return Invoke(ctx, g.c, cred, api.JoinTokensList, in)
+}
+
+// Revoke calls joinTokens.revoke: Revoke a join token.
+func (g JoinTokensGroup) Revoke(ctx context.Context, cred string, in api.RevokeJoinToken) (api.JoinToken, error) {
+	return Invoke(ctx, g.c, cred, api.JoinTokensRevoke, in)
+}
+
+// CommandsGroup is the commands group.
+type CommandsGroup struct{ c *Compute }
+
+// Create calls commands.create: Send one-shot work to a node.
+func (g CommandsGroup) Create(ctx context.Context, cred string, in api.CreateCommand) (api.Command, error) {
+	return Invoke(ctx, g.c, cred, api.CommandsCreate, in)
+}
+
+// Get calls commands.get: Get a command and its result.
+func (g CommandsGroup) Get(ctx context.Context, cred string, in api.GetCommand) (api.Command, error) {
+	return Invoke(ctx, g.c, cred, api.CommandsGet, in)
+}
+
+// List calls commands.list: List commands.
+func (g CommandsGroup) List(ctx context.Context, cred string, in api.ListCommands) (api.Page[api.Command], error) {
+	return Invoke(ctx, g.c, cred, api.CommandsList, in)
+}
+
+// Cancel calls commands.cancel: Cancel a command that has not finished.
+func (g CommandsGroup) Cancel(ctx context.Context, cred string, in api.CancelCommand) (api.Command, error) {
+	return Invoke(ctx, g.c, cred, api.CommandsCancel, in)
 }

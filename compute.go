@@ -13,6 +13,7 @@ package compute
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net/http"
@@ -20,11 +21,18 @@ import (
 	"sync/atomic"
 	"time"
 
+	"connectrpc.com/connect"
+	"google.golang.org/grpc"
+
+	agentv1 "github.com/better-compute/compute/agent/v1"
+	"github.com/better-compute/compute/agent/v1/agentv1connect"
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/iam"
 	"github.com/better-compute/compute/internal/capacity"
 	"github.com/better-compute/compute/internal/envelope"
 	"github.com/better-compute/compute/internal/fleet"
+	"github.com/better-compute/compute/internal/gateway"
+	"github.com/better-compute/compute/internal/nodes"
 	"github.com/better-compute/compute/modules"
 	"github.com/better-compute/compute/postgres"
 )
@@ -36,14 +44,19 @@ type Compute struct {
 	API *API
 	// Handler serves the public API: POST /api/compute/{group}/{method}.
 	Handler http.Handler
-	// NodeHandler serves the node protocol to bcd (behind mutual TLS). Not served yet: it answers
-	// unavailable until the gateway is built.
+	// NodeHandler serves the node protocol's sessions (gRPC, through Connect) to bcd. Serve it
+	// over TLS configured by GatewayTLS: nodes are known by their client certificates.
 	NodeHandler http.Handler
+	// JoinHandler serves JoinService: nodes trade a join token for a certificate. Mount it at
+	// JoinPath beside the API.
+	JoinHandler http.Handler
 
-	opts Options
-	reg  *modules.Registry
-	rt   *modules.Runtime
-	env  *envelope.Envelope
+	opts    Options
+	reg     *modules.Registry
+	rt      *modules.Runtime
+	env     *envelope.Envelope
+	nodes   *nodes.Module
+	gateway *gateway.Gateway
 
 	ready atomic.Bool
 
@@ -60,11 +73,13 @@ func New(opts Options) (*Compute, error) {
 	if err != nil {
 		return nil, err
 	}
-	reg, err := registry(o.Modules)
+	nm := nodes.New(nodes.Config{GatewayAddresses: o.GatewayAddresses, CertLifetime: o.NodeCertLifetime})
+	gw := gateway.New(nm, gateway.Config{HeartbeatInterval: o.HeartbeatInterval})
+	reg, err := registry(append([]Module{nm, gatewayModule{gw}}, o.Modules...))
 	if err != nil {
 		return nil, err
 	}
-	c := &Compute{opts: o, reg: reg}
+	c := &Compute{opts: o, reg: reg, nodes: nm, gateway: gw}
 	c.rt = &modules.Runtime{DB: o.Database, IAM: o.IAM, Logger: o.Logger, Secret: o.Secret}
 	var cache *iam.DecisionCache
 	if o.DecisionCacheTTL > 0 {
@@ -80,8 +95,62 @@ func New(opts Options) (*Compute, error) {
 		}
 		c.env.ServeHTTP(w, r)
 	})
-	c.NodeHandler = envelope.Unavailable("the node protocol")
+	c.NodeHandler = gw.Handler()
+	_, join := agentv1connect.NewJoinServiceHandler(joinService{nm})
+	c.JoinHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !c.ready.Load() {
+			envelope.Unavailable("JoinService (Initialize has not completed)").ServeHTTP(w, r)
+			return
+		}
+		join.ServeHTTP(w, r)
+	})
 	return c, nil
+}
+
+// JoinPath is where JoinHandler expects to be mounted.
+const JoinPath = agentv1connect.JoinServiceName + "/"
+
+// GatewayServices registers the node protocol's session service on a host's grpc.Server, as an
+// alternative to NodeHandler. The server's credentials must come from GatewayTLS.
+func (c *Compute) GatewayServices(s grpc.ServiceRegistrar) { c.gateway.Register(s) }
+
+// GatewayTLS returns the TLS configuration of a gateway listener: a server certificate from the
+// machine CA for hosts (names or IP addresses nodes dial), TLS 1.3, client certificates required
+// and checked against revocation on every handshake. Initialize must have completed.
+func (c *Compute) GatewayTLS(ctx context.Context, hosts ...string) (*tls.Config, error) {
+	auth, err := c.nodes.Authority()
+	if err != nil {
+		return nil, fmt.Errorf("compute: GatewayTLS before Initialize: %w", err)
+	}
+	if len(hosts) == 0 {
+		return nil, errors.New("compute: GatewayTLS needs the hosts nodes dial")
+	}
+	cert, err := auth.IssueGateway(ctx, c.gateway.ID(), hosts)
+	if err != nil {
+		return nil, err
+	}
+	return auth.ServerTLS(cert), nil
+}
+
+// joinService adapts the nodes module to Connect.
+type joinService struct{ m *nodes.Module }
+
+func (j joinService) Join(ctx context.Context, req *connect.Request[agentv1.JoinRequest]) (*connect.Response[agentv1.JoinResponse], error) {
+	resp, err := j.m.Join(ctx, req.Msg)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// gatewayModule runs the gateway in the gateway process mode.
+type gatewayModule struct{ gw *gateway.Gateway }
+
+func (gatewayModule) Name() string { return "gateway" }
+
+func (m gatewayModule) Register(r *modules.Registry) error {
+	r.Worker(modules.Worker{Name: "gateway", Modes: []string{string(ModeGateway)}, Run: m.gw.Run})
+	return nil
 }
 
 // registry registers the core, then mods, and checks the whole.
@@ -101,7 +170,7 @@ func registry(mods []Module) (*modules.Registry, error) {
 // MigrationSets returns every migration set the core and mods own, in the order Initialize
 // applies them. Test helpers use it to build template databases.
 func MigrationSets(mods ...Module) ([]postgres.MigrationSet, error) {
-	reg, err := registry(mods)
+	reg, err := registry(append([]Module{nodes.New(nodes.Config{})}, mods...))
 	if err != nil {
 		return nil, err
 	}

@@ -3,6 +3,7 @@ package compute
 import (
 	"fmt"
 	"log/slog"
+	"net"
 	"net/url"
 	"time"
 
@@ -60,6 +61,15 @@ type Options struct {
 	// DecisionCacheTTL is how long a read's IAM decision may be reused. Default
 	// DefaultDecisionCacheTTL; negative turns the cache off. Mutations always decide afresh.
 	DecisionCacheTTL time.Duration
+
+	// GatewayAddresses (host:port) are handed to nodes when they join.
+	GatewayAddresses []string
+	// NodeCertLifetime is how long a node's client certificate is valid; nodes renew it over
+	// their session after half of it. Default 24h.
+	NodeCertLifetime time.Duration
+	// HeartbeatInterval fixes the interval gateways ask of nodes. Default: spread a budget of 100
+	// heartbeats a second per gateway over its sessions, between 5s and 60s.
+	HeartbeatInterval time.Duration
 }
 
 // OptionError is the error of New for an invalid Options field.
@@ -117,6 +127,14 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.DecisionCacheTTL == 0 {
 		o.DecisionCacheTTL = DefaultDecisionCacheTTL
+	}
+	for i, a := range o.GatewayAddresses {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return bad("GatewayAddresses", "[%d] %q is not host:port", i, a)
+		}
+	}
+	if o.NodeCertLifetime < 0 || o.HeartbeatInterval < 0 {
+		return bad("NodeCertLifetime", "and HeartbeatInterval must not be negative")
 	}
 	o.Modules = append([]Module(nil), o.Modules...)
 	return o, nil

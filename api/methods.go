@@ -23,7 +23,7 @@ var (
 func Methods() []MethodInfo { return infos(Table()) }
 
 // Table returns the core methods with their types, for code generators.
-func Table() []Describer { return append(fleetTable(), capacityTable()...) }
+func Table() []Describer { return append(append(fleetTable(), capacityTable()...), nodeTable()...) }
 
 // FleetMethods returns the fleet part of the method table.
 func FleetMethods() []MethodInfo { return infos(fleetTable()) }
@@ -75,5 +75,34 @@ func capacityTable() []Describer {
 		CapacitySummary, CapacitySearch,
 		QuotasSet, QuotasList, QuotasDelete,
 		DevicesList, DevicesSetMode,
+	}
+}
+
+// The node groups: joining, lifecycle and commands.
+var (
+	JoinTokensCreate = NewMethod[CreateJoinToken, JoinToken]("joinTokens", "create", true, ResourceJoinToken, "v0.1", "Make a token that admits machines into a pool, shown once.")
+	JoinTokensList   = NewMethod[ListJoinTokens, Page[JoinToken]]("joinTokens", "list", false, ResourceJoinToken, "v0.1", "List join tokens.")
+	JoinTokensRevoke = NewMethod[RevokeJoinToken, JoinToken]("joinTokens", "revoke", true, ResourceJoinToken, "v0.1", "Revoke a join token.")
+
+	NodesCordon    = NewMethod[CordonNode, Node]("nodes", "cordon", true, ResourceNode, "v0.1", "Stop new bookings on a node.")
+	NodesUncordon  = NewMethod[UncordonNode, Node]("nodes", "uncordon", true, ResourceNode, "v0.1", "Let a cordoned or draining node be booked again.")
+	NodesDrain     = NewMethod[DrainNode, Node]("nodes", "drain", true, ResourceNode, "v0.1", "Stop new bookings and end the existing ones, or let them run out.")
+	NodesRetire    = NewMethod[RetireNode, Node]("nodes", "retire", true, ResourceNode, "v0.1", "Retire a node that holds nothing; its certificates are revoked.")
+	NodesSetLabels = NewMethod[SetNodeLabels, Node]("nodes", "setLabels", true, ResourceNode, "v0.1", "Replace a node's labels.")
+
+	CommandsCreate = NewMethod[CreateCommand, Command]("commands", "create", true, ResourceCommand, "v0.1", "Send one-shot work to a node.")
+	CommandsGet    = NewMethod[GetCommand, Command]("commands", "get", false, ResourceCommand, "v0.1", "Get a command and its result.")
+	CommandsList   = NewMethod[ListCommands, Page[Command]]("commands", "list", false, ResourceCommand, "v0.1", "List commands.")
+	CommandsCancel = NewMethod[CancelCommand, Command]("commands", "cancel", true, ResourceCommand, "v0.1", "Cancel a command that has not finished.")
+)
+
+// NodeMethods returns the node part of the method table.
+func NodeMethods() []MethodInfo { return infos(nodeTable()) }
+
+func nodeTable() []Describer {
+	return []Describer{
+		JoinTokensCreate, JoinTokensList, JoinTokensRevoke,
+		NodesCordon, NodesUncordon, NodesDrain, NodesRetire, NodesSetLabels,
+		CommandsCreate, CommandsGet, CommandsList, CommandsCancel,
 	}
 }

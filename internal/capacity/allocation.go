@@ -121,3 +121,38 @@ func loadAllocations(ctx context.Context, q postgres.Querier, shapes map[string]
 	}
 	return out, nil
 }
+
+// NodeHolds returns what each holder (reservation) holds on a node now, by holder, for the
+// node's desired state.
+func NodeHolds(ctx context.Context, q postgres.Querier, nodeID string) (map[string]api.Allocation, error) {
+	rows, err := q.Query(ctx, `SELECT b.reservation_id::text, r.shape FROM compute.bookings b JOIN compute.reservations r ON r.id = b.reservation_id
+		WHERE b.node_id = $1 AND b.during @> compute.compute_now() AND r.state = 'active'`, nodeID)
+	if err != nil {
+		return nil, err
+	}
+	shapes := map[string]api.Shape{}
+	var id string
+	var shape api.Shape
+	if _, err := pgx.ForEachRow(rows, []any{&id, &shape}, func() error {
+		shapes[id] = shape
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	out := map[string]api.Allocation{}
+	if len(shapes) == 0 {
+		return out, nil
+	}
+	all, err := loadAllocations(ctx, q, shapes)
+	if err != nil {
+		return nil, err
+	}
+	for res, allocs := range all {
+		for _, a := range allocs {
+			if a.NodeID == nodeID {
+				out[res] = a
+			}
+		}
+	}
+	return out, nil
+}

@@ -343,3 +343,41 @@ func extend(ctx context.Context, tx pgx.Tx, in api.ExtendReservation, tenant str
 	}
 	return events.Emit(ctx, tx, "reservation.extended", r.TenantID, r.ID, map[string]any{"from": oldEnd, "to": newEnd})
 }
+
+// EndOnNode ends every live reservation that holds something on a node (a drain that does not
+// wait): active ones are released, pending ones cancelled, whole, even when they span other nodes.
+func EndOnNode(ctx context.Context, tx pgx.Tx, nodeID string) (int, error) {
+	rows, err := tx.Query(ctx, `SELECT DISTINCT r.id::text, r.tenant_id, r.state FROM compute.reservations r
+		JOIN compute.bookings b ON b.reservation_id = r.id
+		WHERE b.node_id = $1 AND r.state IN ('pending', 'active') ORDER BY 1`, nodeID)
+	if err != nil {
+		return 0, err
+	}
+	type live struct{ id, tenant, state string }
+	all, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (live, error) {
+		var l live
+		return l, r.Scan(&l.id, &l.tenant, &l.state)
+	})
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range all {
+		if l.state == api.ReservationActive {
+			err = release(ctx, tx, l.id, l.tenant)
+		} else {
+			err = cancel(ctx, tx, l.id, l.tenant)
+		}
+		if err != nil {
+			return 0, fmt.Errorf("capacity: end reservation %s on node %s: %w", l.id, nodeID, err)
+		}
+	}
+	return len(all), nil
+}
+
+// HoldsOnNode reports whether anything is booked on a node now or later.
+func HoldsOnNode(ctx context.Context, q postgres.Querier, nodeID string) (bool, error) {
+	var held bool
+	err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM compute.bookings WHERE node_id = $1
+		AND (upper_inf(during) OR upper(during) > compute.compute_now()))`, nodeID).Scan(&held)
+	return held, err
+}

@@ -134,6 +134,17 @@ func decodeCursor(c string) (*string, error) {
 	return &id, nil
 }
 
+// PoolID resolves a pool by id or name among a tenant's pools.
+func PoolID(ctx context.Context, q postgres.Querier, tenant, ref string) (string, error) {
+	return poolRef.idIn(ctx, q, tenant, ref)
+}
+
+// Paginate runs a keyset-paginated list query, as the fleet's own lists do: q selects rows
+// ordered by id, with $1 the cursor (NULL for the first page) and $2 the limit plus one.
+func Paginate[T any](ctx context.Context, tx pgx.Tx, req api.PageRequest, scan func(pgx.Row) (T, error), id func(T) string, q string, args ...any) (api.Page[T], error) {
+	return page(ctx, tx, req, scan, id, q, args...)
+}
+
 // page runs a keyset-paginated list query: q must select rows ordered by id, with $1 the cursor
 // (NULL for the first page) and $2 the limit plus one.
 func page[T any](ctx context.Context, tx pgx.Tx, req api.PageRequest, scan func(pgx.Row) (T, error), id func(T) string, q string, args ...any) (api.Page[T], error) {

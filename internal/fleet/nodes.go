@@ -23,20 +23,7 @@ func scanNode(row pgx.Row) (api.Node, error) {
 func registerNodes(r *modules.Registry) {
 	modules.Handle(r, api.NodesGet,
 		func(ctx context.Context, l modules.Lookup, in api.GetNode) (modules.Target, error) {
-			q, p := l.Q, l.Principal
-			if in.Pool == "" || IsID(in.Node) {
-				if !IsID(in.Node) {
-					return modules.Target{}, api.InvalidField("pool", "is required to find node %q by name", in.Node)
-				}
-				return nodeRef.resolve(ctx, q, "", in.Node)
-			}
-			pool, err := poolRef.inTenant(ctx, q, p, in.TenantID, in.Pool)
-			if err != nil {
-				return pool, err
-			}
-			t, err := nodeRef.resolve(ctx, q, pool.ResourceID, in.Node)
-			t.Ref = in.Pool + "/" + in.Node
-			return t, err
+			return NodeTarget(ctx, l, api.NodeRef{TenantID: in.TenantID, Node: in.Node, Pool: in.Pool})
 		},
 		func(ctx context.Context, c *modules.Call, in api.GetNode) (api.Node, error) {
 			n, err := scanNode(c.Tx.QueryRow(ctx, `SELECT `+nodeColumns+` FROM compute.nodes WHERE id = $1 AND tenant_id = $2`,
@@ -66,6 +53,33 @@ func registerNodes(r *modules.Registry) {
 			   AND ($1::uuid IS NULL OR id > $1)
 			 ORDER BY id LIMIT $2`, c.Target.TenantID, poolID, state)
 	})
+}
+
+// NodeTarget resolves a node named by id, or by name within a pool (of the input's tenant, or
+// the caller's).
+func NodeTarget(ctx context.Context, l modules.Lookup, ref api.NodeRef) (modules.Target, error) {
+	if ref.Pool == "" || IsID(ref.Node) {
+		if !IsID(ref.Node) {
+			return modules.Target{}, api.InvalidField("pool", "is required to find node %q by name", ref.Node)
+		}
+		return nodeRef.resolve(ctx, l.Q, "", ref.Node)
+	}
+	pool, err := poolRef.inTenant(ctx, l.Q, l.Principal, ref.TenantID, ref.Pool)
+	if err != nil {
+		return pool, err
+	}
+	t, err := nodeRef.resolve(ctx, l.Q, pool.ResourceID, ref.Node)
+	t.Ref = ref.Pool + "/" + ref.Node
+	return t, err
+}
+
+// GetNode reads a node of a tenant.
+func GetNode(ctx context.Context, q postgres.Querier, id, tenant string) (api.Node, error) {
+	n, err := scanNode(q.QueryRow(ctx, `SELECT `+nodeColumns+` FROM compute.nodes WHERE id = $1 AND tenant_id = $2`, id, tenant))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return n, api.NotFound("node", id)
+	}
+	return n, err
 }
 
 // NewNode is a node as a join creates it.

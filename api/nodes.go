@@ -1,0 +1,246 @@
+package api
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// IAM resource types of the node groups.
+const (
+	ResourceJoinToken = "compute-join-token"
+	ResourceCommand   = "compute-command"
+)
+
+// JoinToken admits machines into a pool. Token is set only in the answer of joinTokens.create:
+// it is shown once and stored hashed.
+type JoinToken struct {
+	ID          string     `json:"id"`
+	TenantID    string     `json:"tenantId"`
+	PoolID      string     `json:"poolId"`
+	Description string     `json:"description,omitempty"`
+	Hint        string     `json:"hint"` // the token's last characters
+	MaxUses     int        `json:"maxUses"`
+	UsesLeft    int        `json:"usesLeft"`
+	ExpiresAt   time.Time  `json:"expiresAt"`
+	RevokedAt   *time.Time `json:"revokedAt,omitempty"`
+	CreatedBy   string     `json:"createdBy"`
+	CreatedAt   time.Time  `json:"createdAt"`
+	Token       string     `json:"token,omitempty"`
+}
+
+// Limits of join tokens.
+const (
+	DefaultJoinTokenTTL = 24 * time.Hour
+	MaxJoinTokenTTL     = 30 * 24 * time.Hour
+	MaxJoinTokenUses    = 100_000
+)
+
+// CreateJoinToken is the input of joinTokens.create.
+type CreateJoinToken struct {
+	TenantID    string `json:"tenantId,omitempty"`
+	Pool        string `json:"pool"`
+	MaxUses     int    `json:"maxUses,omitempty"` // default 1: single use
+	TTL         string `json:"ttl,omitempty"`     // default 24h, at most 720h
+	Description string `json:"description,omitempty"`
+}
+
+// Validate implements the input check.
+func (in CreateJoinToken) Validate() error {
+	if err := ValidateRef("pool", in.Pool); err != nil {
+		return err
+	}
+	if in.MaxUses < 0 || in.MaxUses > MaxJoinTokenUses {
+		return InvalidField("maxUses", "must be between 1 and %d, got %d", MaxJoinTokenUses, in.MaxUses)
+	}
+	if in.TTL != "" {
+		d, err := ParseDuration("ttl", in.TTL)
+		if err != nil {
+			return err
+		}
+		if d > MaxJoinTokenTTL {
+			return InvalidField("ttl", "must be at most %s, got %s", MaxJoinTokenTTL, in.TTL)
+		}
+	}
+	return ValidateText("description", in.Description, MaxDescription)
+}
+
+// ListJoinTokens is the input of joinTokens.list.
+type ListJoinTokens struct {
+	TenantID string `json:"tenantId,omitempty"`
+	Pool     string `json:"pool,omitempty"`
+	PageRequest
+}
+
+// RevokeJoinToken is the input of joinTokens.revoke.
+type RevokeJoinToken struct {
+	TenantID string `json:"tenantId,omitempty"`
+	Token    string `json:"token"` // the token's id
+}
+
+// Validate implements the input check.
+func (in RevokeJoinToken) Validate() error { return ValidateRef("token", in.Token) }
+
+// NodeRef names a node: by id, or by name within a pool.
+type NodeRef struct {
+	TenantID string `json:"tenantId,omitempty"`
+	Node     string `json:"node"`
+	Pool     string `json:"pool,omitempty"`
+}
+
+// Validate implements the input check.
+func (in NodeRef) Validate() error { return ValidateRef("node", in.Node) }
+
+// CordonNode is the input of nodes.cordon: no new bookings.
+type CordonNode struct{ NodeRef }
+
+// UncordonNode is the input of nodes.uncordon: bookable again.
+type UncordonNode struct{ NodeRef }
+
+// DrainNode is the input of nodes.drain: no new bookings, and the existing ones are ended at
+// once (End) or left to run out.
+type DrainNode struct {
+	NodeRef
+	End bool `json:"end,omitempty"`
+}
+
+// RetireNode is the input of nodes.retire: the node leaves for good. It must hold nothing; its
+// certificates are revoked.
+type RetireNode struct{ NodeRef }
+
+// SetNodeLabels is the input of nodes.setLabels: the labels are replaced.
+type SetNodeLabels struct {
+	NodeRef
+	Labels map[string]string `json:"labels"`
+}
+
+// Validate implements the input check.
+func (in SetNodeLabels) Validate() error {
+	if err := in.NodeRef.Validate(); err != nil {
+		return err
+	}
+	return ValidateLabels("labels", in.Labels)
+}
+
+// Command kinds a node carries out.
+const (
+	CommandInventoryRefresh = "inventory.refresh"
+	CommandGPUReset         = "gpu.reset"
+	CommandHealthCheck      = "health.check"
+	CommandDiagRun          = "diag.run"
+)
+
+// Command states. A command past its deadline is failed, not lost.
+const (
+	CommandPending    = "pending"
+	CommandDispatched = "dispatched"
+	CommandSucceeded  = "succeeded"
+	CommandFailed     = "failed"
+	CommandCancelled  = "cancelled"
+)
+
+// Limits of commands.
+const (
+	DefaultCommandDeadline = 5 * time.Minute
+	MaxCommandDeadline     = 24 * time.Hour
+)
+
+// Command is one-shot work for a node.
+type Command struct {
+	ID           string          `json:"id"`
+	TenantID     string          `json:"tenantId"`
+	NodeID       string          `json:"nodeId"`
+	Kind         string          `json:"kind"`
+	Args         json.RawMessage `json:"args"`
+	State        string          `json:"state"`
+	Deadline     time.Time       `json:"deadline"`
+	Result       json.RawMessage `json:"result,omitempty"`
+	Error        string          `json:"error,omitempty"`
+	Attempts     int             `json:"attempts"`
+	CreatedBy    string          `json:"createdBy"`
+	CreatedAt    time.Time       `json:"createdAt"`
+	DispatchedAt *time.Time      `json:"dispatchedAt,omitempty"`
+	FinishedAt   *time.Time      `json:"finishedAt,omitempty"`
+}
+
+// CreateCommand is the input of commands.create. Args by kind: gpu.reset {"gpu": index, "force":
+// bool}; diag.run {"test": name, "seconds": n}; the others take none.
+type CreateCommand struct {
+	NodeRef
+	Kind     string          `json:"kind"`
+	Args     json.RawMessage `json:"args,omitempty"`
+	Deadline string          `json:"deadline,omitempty"` // from now; default 5m, at most 24h
+}
+
+// Validate implements the input check.
+func (in CreateCommand) Validate() error {
+	if err := in.NodeRef.Validate(); err != nil {
+		return err
+	}
+	switch in.Kind {
+	case CommandInventoryRefresh, CommandGPUReset, CommandHealthCheck, CommandDiagRun:
+	default:
+		return InvalidField("kind", "%q is not a command kind: use inventory.refresh, gpu.reset, health.check or diag.run", in.Kind)
+	}
+	if len(in.Args) > 0 {
+		var obj map[string]any
+		if err := json.Unmarshal(in.Args, &obj); err != nil || obj == nil {
+			return InvalidField("args", "must be a JSON object")
+		}
+		if len(in.Args) > 16<<10 {
+			return InvalidField("args", "is larger than 16 KiB")
+		}
+	}
+	if in.Kind == CommandGPUReset {
+		var a GPUResetArgs
+		if err := json.Unmarshal(orEmpty(in.Args), &a); err != nil || a.GPU == nil {
+			return InvalidField("args", "gpu.reset needs {\"gpu\": <index>}")
+		}
+	}
+	if in.Deadline != "" {
+		d, err := ParseDuration("deadline", in.Deadline)
+		if err != nil {
+			return err
+		}
+		if d > MaxCommandDeadline {
+			return InvalidField("deadline", "must be at most %s", MaxCommandDeadline)
+		}
+	}
+	return nil
+}
+
+// GPUResetArgs are the arguments of gpu.reset.
+type GPUResetArgs struct {
+	GPU   *int `json:"gpu"`
+	Force bool `json:"force,omitempty"` // reset even while the GPU is held
+}
+
+func orEmpty(b json.RawMessage) []byte {
+	if len(b) == 0 {
+		return []byte("{}")
+	}
+	return b
+}
+
+// GetCommand is the input of commands.get.
+type GetCommand struct {
+	Command string `json:"command"`
+}
+
+// Validate implements the input check.
+func (in GetCommand) Validate() error { return ValidateRef("command", in.Command) }
+
+// ListCommands is the input of commands.list.
+type ListCommands struct {
+	TenantID string `json:"tenantId,omitempty"`
+	Node     string `json:"node,omitempty"` // id
+	State    string `json:"state,omitempty"`
+	PageRequest
+}
+
+// CancelCommand is the input of commands.cancel.
+type CancelCommand struct {
+	Command string `json:"command"`
+}
+
+// Validate implements the input check.
+func (in CancelCommand) Validate() error { return ValidateRef("command", in.Command) }

@@ -1,0 +1,93 @@
+package gateway
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"net/http"
+
+	"connectrpc.com/connect"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	agentv1 "github.com/better-compute/compute/agent/v1"
+	"github.com/better-compute/compute/agent/v1/agentv1connect"
+)
+
+type nodeKey struct{}
+
+// Handler serves SessionService with Connect (which speaks gRPC) as an http.Handler, for a
+// server with TLS whose client certificates are verified against the machine CA (see
+// pki.Authority.ServerTLS). The node is identified by its certificate.
+func (g *Gateway) Handler() http.Handler {
+	path, h := agentv1connect.NewSessionServiceHandler(connectSessions{g})
+	mux := http.NewServeMux()
+	mux.Handle(path, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
+			http.Error(w, "a node session needs a client certificate from the machine CA", http.StatusUnauthorized)
+			return
+		}
+		node, err := g.identify(r.Context(), r.TLS.PeerCertificates[0])
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusForbidden)
+			return
+		}
+		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), nodeKey{}, node)))
+	}))
+	return mux
+}
+
+func (g *Gateway) identify(ctx context.Context, cert *x509.Certificate) (string, error) {
+	auth, err := g.mod.Authority()
+	if err != nil {
+		return "", err
+	}
+	return auth.Check(ctx, cert)
+}
+
+type connectSessions struct{ g *Gateway }
+
+func (c connectSessions) Connect(ctx context.Context, bs *connect.BidiStream[agentv1.NodeMessage, agentv1.ServerMessage]) error {
+	node, _ := ctx.Value(nodeKey{}).(string)
+	if node == "" {
+		return connect.NewError(connect.CodeUnauthenticated, errors.New("no node certificate"))
+	}
+	return c.g.Serve(ctx, node, connectStream{bs})
+}
+
+type connectStream struct {
+	bs *connect.BidiStream[agentv1.NodeMessage, agentv1.ServerMessage]
+}
+
+func (s connectStream) Send(m *agentv1.ServerMessage) error  { return s.bs.Send(m) }
+func (s connectStream) Recv() (*agentv1.NodeMessage, error) { return s.bs.Receive() }
+
+// Register registers SessionService on a host's grpc.Server, which must use TLS credentials that
+// verify client certificates against the machine CA (pki.Authority.ServerTLS).
+func (g *Gateway) Register(s grpc.ServiceRegistrar) {
+	agentv1.RegisterSessionServiceServer(s, grpcSessions{g: g})
+}
+
+type grpcSessions struct {
+	agentv1.UnimplementedSessionServiceServer
+	g *Gateway
+}
+
+func (s grpcSessions) Connect(st grpc.BidiStreamingServer[agentv1.NodeMessage, agentv1.ServerMessage]) error {
+	p, ok := peer.FromContext(st.Context())
+	if !ok {
+		return status.Error(codes.Unauthenticated, "no peer")
+	}
+	info, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(info.State.PeerCertificates) == 0 {
+		return status.Error(codes.Unauthenticated, "a node session needs a client certificate from the machine CA")
+	}
+	node, err := s.g.identify(st.Context(), info.State.PeerCertificates[0])
+	if err != nil {
+		return status.Error(codes.PermissionDenied, err.Error())
+	}
+	return s.g.Serve(st.Context(), node, st)
+}

@@ -1,0 +1,97 @@
+package gateway
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+
+	agentv1 "github.com/better-compute/compute/agent/v1"
+	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/internal/capacity"
+	"github.com/better-compute/compute/internal/events"
+	"github.com/better-compute/compute/postgres"
+)
+
+// inventory turns a node's report into devices, node resources and atoms.
+func (g *Gateway) inventory(ctx context.Context, node string, inv *agentv1.Inventory) error {
+	in := capacity.Inventory{VCPUs: int(inv.GetVcpus()), MemoryGiB: int(inv.GetMemoryGib())}
+	for _, d := range inv.GetGpus() {
+		in.GPUs = append(in.GPUs, capacity.GPU{
+			Index: int(d.GetIndex()), UUID: d.GetUuid(), Name: d.GetName(), MemoryMiB: d.GetMemoryMib(),
+			PCIAddress: d.GetPciAddress(), NVLinkDomain: d.GetNvlinkDomain(), Health: d.GetHealth(),
+		})
+	}
+	return g.rt.DB.Tx(ctx, func(tx pgx.Tx) error {
+		if err := capacity.SetInventory(ctx, tx, node, in); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `UPDATE compute.nodes SET facts = facts || jsonb_build_object('gpuStatus', $2::text), updated_at = compute.compute_now()
+			WHERE id = $1`, node, inv.GetGpuStatus())
+		return err
+	})
+}
+
+// criticalXIDs are the XID errors after which a GPU needs a reset before it is trusted again
+// (NVIDIA's XID catalogue: double-bit ECC, row remapping, NVLink, fallen off the bus, contained
+// and uncontained ECC, GSP).
+var criticalXIDs = map[int32]bool{48: true, 63: true, 64: true, 74: true, 79: true, 92: true, 94: true, 95: true, 119: true, 120: true}
+
+// health turns GPU events into device health that placement respects, and host pressure into the
+// node's health.
+func (g *Gateway) health(ctx context.Context, node string, h *agentv1.HealthReport) error {
+	return g.rt.DB.Tx(ctx, func(tx pgx.Tx) error {
+		for _, e := range h.GetGpuEvents() {
+			health := ""
+			switch {
+			case e.GetKind() == "xid" && criticalXIDs[e.GetXid()], e.GetKind() == "ecc":
+				health = api.HealthUnhealthy
+			case e.GetKind() == "thermal", e.GetKind() == "xid":
+				health = api.HealthDegraded
+			default:
+				continue
+			}
+			if err := capacity.SetGPUHealth(ctx, tx, node, int(e.GetIndex()), health); err != nil {
+				return err
+			}
+			var tenant string
+			if err := tx.QueryRow(ctx, `SELECT tenant_id FROM compute.nodes WHERE id = $1`, node).Scan(&tenant); err != nil {
+				return err
+			}
+			if err := events.Emit(ctx, tx, "gpu.health", tenant, node, map[string]any{
+				"gpu": e.GetIndex(), "uuid": e.GetUuid(), "kind": e.GetKind(), "xid": e.GetXid(), "detail": e.GetDetail(), "health": health,
+			}); err != nil {
+				return err
+			}
+		}
+		if p := h.GetHost(); p != nil {
+			return setNodeHealth(ctx, tx, node, pressureHealth(p))
+		}
+		return nil
+	})
+}
+
+func (g *Gateway) hostPressure(ctx context.Context, node string, p *agentv1.HostPressure) error {
+	return setNodeHealth(ctx, g.rt.DB.Pool, node, pressureHealth(p))
+}
+
+// pressureHealth: a host nearly out of memory or disk is degraded; one out of either is unhealthy.
+func pressureHealth(p *agentv1.HostPressure) string {
+	worst := max(p.GetMemoryUsed(), p.GetDiskUsed())
+	switch {
+	case worst >= 0.98:
+		return api.HealthUnhealthy
+	case worst >= 0.90:
+		return api.HealthDegraded
+	}
+	return api.HealthHealthy
+}
+
+// setNodeHealth changes a node's health when it differs, and refreshes its rollup: an unhealthy
+// node takes no bookings.
+func setNodeHealth(ctx context.Context, q postgres.Querier, node, health string) error {
+	tag, err := q.Exec(ctx, `UPDATE compute.nodes SET health = $2, updated_at = compute.compute_now() WHERE id = $1 AND health <> $2`, node, health)
+	if err != nil || tag.RowsAffected() == 0 {
+		return err
+	}
+	return capacity.RefreshNodes(ctx, q, node)
+}

@@ -1,0 +1,358 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+
+	"connectrpc.com/connect"
+	"github.com/jackc/pgx/v5"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	agentv1 "github.com/better-compute/compute/agent/v1"
+	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/internal/capacity"
+	"github.com/better-compute/compute/internal/events"
+	"github.com/better-compute/compute/internal/nodes"
+)
+
+// stream is what gRPC's and Connect's bidirectional streams have in common.
+type stream interface {
+	Send(*agentv1.ServerMessage) error
+	Recv() (*agentv1.NodeMessage, error)
+}
+
+// session is one node's live session on this gateway.
+type session struct {
+	g     *Gateway
+	node  string
+	epoch int64
+	out   chan *agentv1.ServerMessage
+	kick  chan struct{}
+	done  chan struct{}
+
+	mu           sync.Mutex
+	wantCommands bool
+	wantDesired  bool
+	resend       bool // the first dispatch of a session resends what was dispatched before
+	sent         int64
+	closed       bool
+}
+
+func (s *session) wake(commands, desired bool) {
+	s.mu.Lock()
+	s.wantCommands = s.wantCommands || commands
+	s.wantDesired = s.wantDesired || desired
+	s.mu.Unlock()
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (s *session) sentGeneration() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sent
+}
+
+// send queues a message for the writer; it gives up when the session ends.
+func (s *session) send(ctx context.Context, m *agentv1.ServerMessage) bool {
+	select {
+	case s.out <- m:
+		return true
+	case <-s.done:
+	case <-ctx.Done():
+	}
+	return false
+}
+
+// close ends the session, telling the node why.
+func (s *session) close(reason string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
+	s.closed = true
+	select {
+	case s.out <- &agentv1.ServerMessage{Body: &agentv1.ServerMessage_Goodbye{Goodbye: &agentv1.Goodbye{Reason: reason}}}:
+	default:
+	}
+	close(s.done)
+}
+
+// ErrNotRunning is the error of a session that arrives while the gateway is not running.
+var ErrNotRunning = errors.New("gateway: not running")
+
+// Serve runs a node's session on st until it ends: the node is nodeID, whose certificate the
+// caller has checked.
+func (g *Gateway) Serve(ctx context.Context, nodeID string, st stream) error {
+	g.mu.Lock()
+	running := g.running
+	g.mu.Unlock()
+	if !running {
+		return connect.NewError(connect.CodeUnavailable, ErrNotRunning)
+	}
+	first, err := st.Recv()
+	if err != nil {
+		return err
+	}
+	hello := first.GetHello()
+	if hello == nil {
+		return connect.NewError(connect.CodeInvalidArgument, errors.New("the first message of a session must be a hello"))
+	}
+	epoch, err := g.claim(ctx, nodeID, hello)
+	if err != nil {
+		return err
+	}
+	s := &session{g: g, node: nodeID, epoch: epoch, out: make(chan *agentv1.ServerMessage, 64),
+		kick: make(chan struct{}, 1), done: make(chan struct{}), resend: true, sent: -1}
+	g.mu.Lock()
+	if old := g.sessions[nodeID]; old != nil {
+		old.close("a newer connection of the same node arrived")
+	}
+	g.sessions[nodeID] = s
+	g.mu.Unlock()
+	defer func() {
+		g.mu.Lock()
+		if g.sessions[nodeID] == s {
+			delete(g.sessions, nodeID)
+		}
+		g.mu.Unlock()
+		s.close("session ended")
+	}()
+	g.touch(nodeID, epoch, func(t *touch) { t.applied, t.ack = hello.GetAppliedGeneration(), true })
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Add(2)
+	go func() { // the writer: the one goroutine that sends on the stream
+		defer wg.Done()
+		defer cancel()
+		for {
+			select {
+			case m := <-s.out:
+				if err := st.Send(m); err != nil {
+					return
+				}
+				if m.GetGoodbye() != nil {
+					return
+				}
+			case <-s.done:
+				// Send the goodbye, if one is queued, then stop.
+				select {
+				case m := <-s.out:
+					_ = st.Send(m)
+				default:
+				}
+				return
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	go func() { // desired state and commands, as they are announced
+		defer wg.Done()
+		s.work(ctx)
+	}()
+	s.send(ctx, &agentv1.ServerMessage{Body: &agentv1.ServerMessage_Welcome{Welcome: &agentv1.Welcome{
+		NodeId: nodeID, Epoch: epoch, HeartbeatInterval: durationpb.New(g.heartbeatInterval())}}})
+	s.wake(true, true)
+
+	msgs := make(chan *agentv1.NodeMessage)
+	recvErr := make(chan error, 1)
+	go func() { // the reader; it ends when the stream does, right after Serve returns
+		for {
+			m, err := st.Recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			select {
+			case msgs <- m:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	for {
+		select {
+		case m := <-msgs:
+			if err := s.handle(ctx, m); err != nil {
+				g.log.WarnContext(ctx, "gateway: node message", "node", nodeID, "error", err)
+			}
+		case err := <-recvErr:
+			return err
+		case <-s.done:
+			return nil
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+// claim records this gateway as the session's holder at the next epoch, puts the node online and
+// tells any other gateway that held it to let go.
+func (g *Gateway) claim(ctx context.Context, nodeID string, hello *agentv1.Hello) (int64, error) {
+	var epoch int64
+	err := g.rt.DB.Tx(ctx, func(tx pgx.Tx) error {
+		var state, tenant, status string
+		err := tx.QueryRow(ctx, `SELECT state, tenant_id, status FROM compute.nodes WHERE id = $1 FOR UPDATE`, nodeID).Scan(&state, &tenant, &status)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("node %s does not exist", nodeID))
+		}
+		if err != nil {
+			return err
+		}
+		if state == api.NodeRetired {
+			return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("node %s is retired", nodeID))
+		}
+		err = tx.QueryRow(ctx, `INSERT INTO compute.node_sessions (node_id, gateway_id, epoch, agent_version, connected_at, last_seen_at, offline_after)
+			VALUES ($1, $2, 1, $3, compute.compute_now(), compute.compute_now(), compute.compute_now() + make_interval(secs => $4))
+			ON CONFLICT (node_id) DO UPDATE SET gateway_id = excluded.gateway_id, epoch = compute.node_sessions.epoch + 1,
+			  agent_version = excluded.agent_version, connected_at = excluded.connected_at, last_seen_at = excluded.last_seen_at,
+			  offline_after = excluded.offline_after
+			RETURNING epoch`, nodeID, g.cfg.ID, hello.GetAgentVersion(), g.grace().Seconds()).Scan(&epoch)
+		if err != nil {
+			return err
+		}
+		if status != api.NodeOnline {
+			if _, err := tx.Exec(ctx, `UPDATE compute.nodes SET status = 'online', last_seen_at = compute.compute_now(), updated_at = compute.compute_now() WHERE id = $1`, nodeID); err != nil {
+				return err
+			}
+			if err := capacity.RefreshNodes(ctx, tx, nodeID); err != nil {
+				return err
+			}
+			if err := events.Emit(ctx, tx, "node.online", tenant, nodeID, map[string]any{"gateway": g.cfg.ID}); err != nil {
+				return err
+			}
+		}
+		_, err = tx.Exec(ctx, `SELECT pg_catalog.pg_notify($1, $2)`, SessionsChannel, fmt.Sprintf("%s:%d", nodeID, epoch))
+		return err
+	})
+	return epoch, err
+}
+
+// work pushes desired state and commands when woken.
+func (s *session) work(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.done:
+			return
+		case <-s.kick:
+		}
+		s.mu.Lock()
+		commands, desired, resend := s.wantCommands, s.wantDesired, s.resend
+		s.wantCommands, s.wantDesired = false, false
+		if commands {
+			s.resend = false
+		}
+		s.mu.Unlock()
+		if desired {
+			if err := s.pushDesired(ctx); err != nil && ctx.Err() == nil {
+				s.g.log.WarnContext(ctx, "gateway: desired state", "node", s.node, "error", err)
+				s.wake(false, true)
+			}
+		}
+		if commands {
+			if err := s.pushCommands(ctx, resend); err != nil && ctx.Err() == nil {
+				s.g.log.WarnContext(ctx, "gateway: commands", "node", s.node, "error", err)
+				s.wake(true, false)
+			}
+		}
+	}
+}
+
+func (s *session) pushDesired(ctx context.Context) error {
+	ds, err := nodes.Desired(ctx, s.g.rt.DB.Pool, s.node)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	stale := ds.Generation <= s.sent
+	if !stale {
+		s.sent = ds.Generation
+	}
+	s.mu.Unlock()
+	if stale {
+		return nil
+	}
+	s.send(ctx, &agentv1.ServerMessage{Body: &agentv1.ServerMessage_Desired{Desired: ds}})
+	return nil
+}
+
+func (s *session) pushCommands(ctx context.Context, resend bool) error {
+	cmds, err := nodes.Dispatch(ctx, s.g.rt.DB.Pool, s.node, resend)
+	if err != nil {
+		return err
+	}
+	for _, c := range cmds {
+		var args map[string]any
+		_ = json.Unmarshal(c.Args, &args)
+		st, err := structpb.NewStruct(args)
+		if err != nil {
+			st = &structpb.Struct{}
+		}
+		s.send(ctx, &agentv1.ServerMessage{Body: &agentv1.ServerMessage_Command{Command: &agentv1.Command{
+			Id: c.ID, Kind: c.Kind, Args: st, Deadline: timestamppb.New(c.Deadline)}}})
+	}
+	return nil
+}
+
+// handle takes one message from the node. None of it calls IAM.
+func (s *session) handle(ctx context.Context, m *agentv1.NodeMessage) error {
+	g := s.g
+	switch b := m.Body.(type) {
+	case *agentv1.NodeMessage_Heartbeat:
+		g.touch(s.node, s.epoch, func(t *touch) { t.applied, t.ack = max(t.applied, b.Heartbeat.GetAppliedGeneration()), true })
+		if p := b.Heartbeat.GetPressure(); p != nil {
+			return g.hostPressure(ctx, s.node, p)
+		}
+	case *agentv1.NodeMessage_Inventory:
+		g.touch(s.node, s.epoch, nil)
+		return g.inventory(ctx, s.node, b.Inventory)
+	case *agentv1.NodeMessage_Health:
+		g.touch(s.node, s.epoch, nil)
+		return g.health(ctx, s.node, b.Health)
+	case *agentv1.NodeMessage_Ack:
+		g.touch(s.node, s.epoch, func(t *touch) {
+			t.applied, t.errText, t.ack = max(t.applied, b.Ack.GetGeneration()), b.Ack.GetError(), true
+		})
+	case *agentv1.NodeMessage_Result:
+		g.touch(s.node, s.epoch, nil)
+		r := b.Result
+		out, _ := r.GetOutput().MarshalJSON()
+		if r.GetOutput() == nil {
+			out = nil
+		}
+		if _, err := nodes.Complete(ctx, g.rt.DB.Pool, s.node, r.GetCommandId(), r.GetOk(), r.GetError(), out); err != nil {
+			return err
+		}
+		// Acknowledged whether first or repeated, so the node can forget it.
+		s.send(ctx, &agentv1.ServerMessage{Body: &agentv1.ServerMessage_ResultAck{ResultAck: &agentv1.ResultAck{CommandId: r.GetCommandId()}}})
+	case *agentv1.NodeMessage_Renew:
+		auth, err := g.mod.Authority()
+		if err != nil {
+			return err
+		}
+		der, notAfter, err := auth.IssueNode(ctx, g.rt.DB.Pool, s.node, b.Renew.GetCsrDer(), g.mod.CertLifetime())
+		if err != nil {
+			return err
+		}
+		s.send(ctx, &agentv1.ServerMessage{Body: &agentv1.ServerMessage_Renewed{Renewed: &agentv1.Renewed{
+			CertificateDer: der, NotAfter: timestamppb.New(notAfter)}}})
+	case *agentv1.NodeMessage_Hello:
+		return errors.New("a second hello in one session")
+	}
+	return nil
+}
+

@@ -1,0 +1,490 @@
+package nodeagent
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	agentv1 "github.com/better-compute/compute/agent/v1"
+)
+
+// Config configures an agent.
+type Config struct {
+	Store     Store
+	Hardware  Hardware
+	Converger Converger
+	Logger    *slog.Logger
+	Version   string
+	Facts     *agentv1.MachineFacts
+	// Gateway overrides the gateway addresses of the identity (host:port).
+	Gateway string
+	// MaxBackoff bounds the wait between reconnects; default 30s.
+	MaxBackoff time.Duration
+}
+
+// Agent runs a node's session, reconnecting until stopped.
+type Agent struct {
+	cfg Config
+
+	mu     sync.Mutex
+	status Status
+}
+
+// Status is what `bcd status` shows.
+type Status struct {
+	NodeID            string    `json:"nodeId"`
+	NodeName          string    `json:"nodeName"`
+	Connected         bool      `json:"connected"`
+	Gateway           string    `json:"gateway,omitempty"`
+	Epoch             int64     `json:"epoch,omitempty"`
+	AppliedGeneration int64     `json:"appliedGeneration"`
+	Holds             int       `json:"holds"`
+	PendingResults    int       `json:"pendingResults"`
+	CertNotAfter      time.Time `json:"certNotAfter"`
+	LastError         string    `json:"lastError,omitempty"`
+	Sessions          int       `json:"sessions"` // sessions opened since start
+}
+
+// New returns an agent; Run runs it.
+func New(cfg Config) (*Agent, error) {
+	if cfg.Store == nil || cfg.Hardware == nil {
+		return nil, errors.New("nodeagent: a store and hardware are required")
+	}
+	if cfg.Converger == nil {
+		cfg.Converger = &RecordingConverger{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.MaxBackoff == 0 {
+		cfg.MaxBackoff = 30 * time.Second
+	}
+	return &Agent{cfg: cfg}, nil
+}
+
+// Status returns the agent's state.
+func (a *Agent) Status() Status {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.status
+}
+
+func (a *Agent) setStatus(f func(*Status)) {
+	a.mu.Lock()
+	f(&a.status)
+	a.mu.Unlock()
+}
+
+// Run keeps a session up until ctx ends, reconnecting with jittered exponential backoff. It
+// returns an error only for what reconnecting cannot cure: no identity, or a node the control
+// plane has retired.
+func (a *Agent) Run(ctx context.Context) error {
+	backoff := 500 * time.Millisecond
+	for ctx.Err() == nil {
+		id, ok, err := a.cfg.Store.Identity()
+		if err != nil {
+			return fmt.Errorf("nodeagent: read identity: %w", err)
+		}
+		if !ok {
+			return errors.New("nodeagent: the node has not joined: run bcd join first")
+		}
+		start := time.Now()
+		err = a.session(ctx, id)
+		if ctx.Err() != nil {
+			return nil
+		}
+		a.setStatus(func(s *Status) { s.Connected, s.LastError = false, errString(err) })
+		if permanent(err) {
+			return err
+		}
+		if time.Since(start) > time.Minute {
+			backoff = 500 * time.Millisecond // it was up a while: start over
+		}
+		wait := backoff/2 + rand.N(backoff/2+1)
+		a.cfg.Logger.Info("nodeagent: session ended; reconnecting", "error", err, "in", wait.Round(time.Millisecond))
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+		backoff = min(backoff*2, a.cfg.MaxBackoff)
+	}
+	return nil
+}
+
+// ErrRetired is returned by Run when the control plane refuses the node for good.
+var ErrRetired = errors.New("nodeagent: the control plane refuses this node (retired, or its certificate revoked)")
+
+func permanent(err error) bool { return errors.Is(err, ErrRetired) }
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// tlsConfig is the client side of mutual TLS: the node's certificate, the machine CA as the only
+// root, TLS 1.3.
+func tlsConfig(id Identity) (*tls.Config, error) {
+	key, err := x509.ParsePKCS8PrivateKey(id.KeyDER)
+	if err != nil {
+		return nil, fmt.Errorf("nodeagent: the node's key: %w", err)
+	}
+	pool := x509.NewCertPool()
+	for _, der := range id.CADER {
+		c, err := x509.ParseCertificate(der)
+		if err != nil {
+			return nil, fmt.Errorf("nodeagent: the CA certificate: %w", err)
+		}
+		pool.AddCert(c)
+	}
+	return &tls.Config{
+		MinVersion:   tls.VersionTLS13,
+		RootCAs:      pool,
+		Certificates: []tls.Certificate{{Certificate: [][]byte{id.CertDER}, PrivateKey: key}},
+	}, nil
+}
+
+// session runs one connection's session.
+func (a *Agent) session(ctx context.Context, id Identity) error {
+	addr := a.cfg.Gateway
+	if addr == "" && len(id.Gateways) > 0 {
+		addr = id.Gateways[rand.N(len(id.Gateways))]
+	}
+	if addr == "" {
+		return errors.New("nodeagent: no gateway address: the join gave none; pass --gateway")
+	}
+	tc, err := tlsConfig(id)
+	if err != nil {
+		return err
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(tc)))
+	if err != nil {
+		return fmt.Errorf("nodeagent: dial %s: %w", addr, err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := agentv1.NewSessionServiceClient(conn).Connect(ctx)
+	if err != nil {
+		return fmt.Errorf("nodeagent: connect to %s: %w", addr, err)
+	}
+	s := &nodeSession{a: a, id: id, st: st, cancel: cancel}
+	return s.run(ctx, addr)
+}
+
+// nodeSession is one live session, node side.
+type nodeSession struct {
+	a      *Agent
+	id     Identity
+	st     grpc.BidiStreamingClient[agentv1.NodeMessage, agentv1.ServerMessage]
+	cancel context.CancelFunc
+
+	sendMu sync.Mutex
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	applied int64
+	holds   *agentv1.DesiredState
+	renewal []byte // the key of a renewal in flight
+}
+
+func (s *nodeSession) send(m *agentv1.NodeMessage) error {
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
+	return s.st.Send(m)
+}
+
+func (s *nodeSession) run(ctx context.Context, addr string) error {
+	defer s.wg.Wait()
+	defer s.cancel()
+	a := s.a
+	ds, applied, err := a.cfg.Store.Desired()
+	if err != nil {
+		return err
+	}
+	s.applied, s.holds = applied, ds
+	if err := s.send(&agentv1.NodeMessage{Body: &agentv1.NodeMessage_Hello{Hello: &agentv1.Hello{
+		AgentVersion: a.cfg.Version, AppliedGeneration: applied, Facts: a.cfg.Facts}}}); err != nil {
+		return s.classify(err)
+	}
+	first, err := s.st.Recv()
+	if err != nil {
+		return s.classify(err)
+	}
+	w := first.GetWelcome()
+	if w == nil {
+		return errors.New("nodeagent: the gateway did not welcome the session")
+	}
+	a.setStatus(func(st *Status) {
+		st.NodeID, st.NodeName, st.Connected, st.Gateway, st.Epoch = s.id.NodeID, s.id.NodeName, true, addr, w.GetEpoch()
+		st.CertNotAfter, st.LastError, st.AppliedGeneration = s.id.NotAfter, "", applied
+		st.Sessions++
+	})
+	// What the last session left: inventory, and every result not yet acknowledged.
+	if err := s.sendInventory(ctx); err != nil {
+		return err
+	}
+	results, err := a.cfg.Store.Results()
+	if err != nil {
+		return err
+	}
+	for _, r := range results {
+		if err := s.send(&agentv1.NodeMessage{Body: &agentv1.NodeMessage_Result{Result: r}}); err != nil {
+			return s.classify(err)
+		}
+	}
+	s.updatePending()
+	s.maybeRenew()
+	interval := w.GetHeartbeatInterval().AsDuration()
+	if interval <= 0 {
+		interval = 10 * time.Second
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.beat(ctx, interval)
+	}()
+	for {
+		m, err := s.st.Recv()
+		if err != nil {
+			return s.classify(err)
+		}
+		if err := s.handle(ctx, m); err != nil {
+			return err
+		}
+	}
+}
+
+// classify turns what the gateway said into whether reconnecting can help: a node refused by
+// the control plane (PermissionDenied) or a certificate refused at the handshake (a TLS alert,
+// which gRPC reports only as text) will be refused again.
+func (s *nodeSession) classify(err error) error {
+	if err == nil {
+		return nil
+	}
+	if status.Code(err) == codes.PermissionDenied || strings.Contains(err.Error(), "tls: bad certificate") ||
+		strings.Contains(err.Error(), "tls: certificate required") {
+		return fmt.Errorf("%w: %v", ErrRetired, err)
+	}
+	return err
+}
+
+// beat sends heartbeats at the interval the gateway asked for, with ±10% jitter so that a fleet
+// that reconnected at once does not beat in step, and forwards GPU events as they happen.
+func (s *nodeSession) beat(ctx context.Context, interval time.Duration) {
+	events := s.a.cfg.Hardware.Events()
+	for {
+		jitter := time.Duration(rand.Int64N(int64(interval/5)+1)) - interval/10
+		select {
+		case <-ctx.Done():
+			return
+		case e := <-events:
+			if err := s.send(&agentv1.NodeMessage{Body: &agentv1.NodeMessage_Health{Health: &agentv1.HealthReport{GpuEvents: []*agentv1.GPUEvent{e}}}}); err != nil {
+				s.cancel()
+				return
+			}
+		case <-time.After(interval + jitter):
+			s.mu.Lock()
+			applied := s.applied
+			s.mu.Unlock()
+			if err := s.send(&agentv1.NodeMessage{Body: &agentv1.NodeMessage_Heartbeat{Heartbeat: &agentv1.Heartbeat{
+				AppliedGeneration: applied, Pressure: s.a.cfg.Hardware.Pressure()}}}); err != nil {
+				s.cancel()
+				return
+			}
+		}
+	}
+}
+
+func (s *nodeSession) sendInventory(ctx context.Context) error {
+	inv, err := s.a.cfg.Hardware.Inventory(ctx)
+	if err != nil {
+		inv = &agentv1.Inventory{GpuStatus: "inventory failed: " + err.Error()}
+	}
+	return s.classify(s.send(&agentv1.NodeMessage{Body: &agentv1.NodeMessage_Inventory{Inventory: inv}}))
+}
+
+func (s *nodeSession) handle(ctx context.Context, m *agentv1.ServerMessage) error {
+	a := s.a
+	switch b := m.Body.(type) {
+	case *agentv1.ServerMessage_Desired:
+		ds := b.Desired
+		err := a.cfg.Converger.Apply(ctx, ds)
+		applied := ds.GetGeneration()
+		if err != nil {
+			applied = s.currentApplied()
+		}
+		if serr := a.cfg.Store.SetDesired(ds, applied); serr != nil {
+			return serr
+		}
+		s.mu.Lock()
+		s.applied, s.holds = applied, ds
+		s.mu.Unlock()
+		a.setStatus(func(st *Status) { st.AppliedGeneration, st.Holds = applied, len(ds.GetHolds()) })
+		return s.classify(s.send(&agentv1.NodeMessage{Body: &agentv1.NodeMessage_Ack{Ack: &agentv1.DesiredStateAck{
+			Generation: ds.GetGeneration(), Error: errString(err)}}}))
+	case *agentv1.ServerMessage_Command:
+		seen, err := a.cfg.Store.Seen(b.Command.GetId())
+		if err != nil || seen {
+			return err // a repeat: its result, if any, was resent at the session's start
+		}
+		if err := a.cfg.Store.MarkSeen(b.Command.GetId()); err != nil {
+			return err
+		}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.execute(ctx, b.Command)
+		}()
+	case *agentv1.ServerMessage_ResultAck:
+		if err := a.cfg.Store.DeleteResult(b.ResultAck.GetCommandId()); err != nil {
+			return err
+		}
+		s.updatePending()
+	case *agentv1.ServerMessage_Renewed:
+		return s.renewed(b.Renewed)
+	case *agentv1.ServerMessage_Goodbye:
+		return fmt.Errorf("nodeagent: the gateway ended the session: %s", b.Goodbye.GetReason())
+	}
+	return nil
+}
+
+func (s *nodeSession) currentApplied() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.applied
+}
+
+func (s *nodeSession) updatePending() {
+	rs, _ := s.a.cfg.Store.Results()
+	s.a.setStatus(func(st *Status) { st.PendingResults = len(rs) })
+}
+
+// execute runs a command until its deadline and keeps its result in the journal before sending
+// it, so that a restart reports it.
+func (s *nodeSession) execute(ctx context.Context, c *agentv1.Command) {
+	deadline := c.GetDeadline().AsTime()
+	cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
+	defer cancel()
+	out, err := s.carryOut(cctx, c)
+	r := &agentv1.CommandResult{CommandId: c.GetId(), Ok: err == nil, Error: errString(err), FinishedAt: timestamppb.Now()}
+	if out != nil {
+		if st, e := structpb.NewStruct(out); e == nil {
+			r.Output = st
+		}
+	}
+	if err := s.a.cfg.Store.PutResult(r); err != nil {
+		s.a.cfg.Logger.Error("nodeagent: keep a command result", "command", c.GetId(), "error", err)
+		return
+	}
+	s.updatePending()
+	_ = s.send(&agentv1.NodeMessage{Body: &agentv1.NodeMessage_Result{Result: r}})
+}
+
+func (s *nodeSession) carryOut(ctx context.Context, c *agentv1.Command) (map[string]any, error) {
+	hw := s.a.cfg.Hardware
+	args := c.GetArgs().AsMap()
+	switch c.GetKind() {
+	case "inventory.refresh":
+		if err := s.sendInventory(ctx); err != nil {
+			return nil, err
+		}
+		inv, _ := hw.Inventory(ctx)
+		return map[string]any{"gpus": len(inv.GetGpus())}, nil
+	case "gpu.reset":
+		idx, ok := args["gpu"].(float64)
+		if !ok {
+			return nil, errors.New("gpu.reset needs args.gpu")
+		}
+		force, _ := args["force"].(bool)
+		if holder := s.holderOf(int(idx)); holder != "" && !force {
+			return nil, fmt.Errorf("GPU %d is held by %s; refusing to reset it without force", int(idx), holder)
+		}
+		if err := hw.ResetGPU(ctx, int(idx)); err != nil {
+			return nil, err
+		}
+		// The reset cleared the GPU's faults: report it.
+		_ = s.sendInventory(ctx)
+		return map[string]any{"gpu": int(idx), "reset": true}, nil
+	case "health.check":
+		return hw.HealthCheck(ctx)
+	case "diag.run":
+		test, _ := args["test"].(string)
+		if test == "" {
+			test = "quick"
+		}
+		secs, _ := args["seconds"].(float64)
+		return hw.Diag(ctx, test, int(secs))
+	}
+	return nil, fmt.Errorf("unknown command kind %q", c.GetKind())
+}
+
+func (s *nodeSession) holderOf(index int) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, h := range s.holds.GetHolds() {
+		for _, g := range h.GetGpus() {
+			if int(g.GetIndex()) == index {
+				return h.GetHolder()
+			}
+		}
+	}
+	return ""
+}
+
+// maybeRenew asks for a new certificate once half of the current one's life has passed.
+func (s *nodeSession) maybeRenew() {
+	cert, err := x509.ParseCertificate(s.id.CertDER)
+	if err != nil {
+		return
+	}
+	half := cert.NotBefore.Add(cert.NotAfter.Sub(cert.NotBefore) / 2)
+	if time.Now().Before(half) {
+		return
+	}
+	keyDER, csrDER, err := NewKey()
+	if err != nil {
+		return
+	}
+	s.mu.Lock()
+	s.renewal = keyDER
+	s.mu.Unlock()
+	_ = s.send(&agentv1.NodeMessage{Body: &agentv1.NodeMessage_Renew{Renew: &agentv1.RenewRequest{CsrDer: csrDER}}})
+}
+
+// renewed keeps the new certificate with the key made for it; the next connection uses them.
+func (s *nodeSession) renewed(r *agentv1.Renewed) error {
+	s.mu.Lock()
+	key := s.renewal
+	s.renewal = nil
+	s.mu.Unlock()
+	if key == nil {
+		return nil
+	}
+	id, ok, err := s.a.cfg.Store.Identity()
+	if err != nil || !ok {
+		return err
+	}
+	id.KeyDER, id.CertDER, id.NotAfter = key, r.GetCertificateDer(), r.GetNotAfter().AsTime()
+	if err := s.a.cfg.Store.SetIdentity(id); err != nil {
+		return err
+	}
+	s.a.setStatus(func(st *Status) { st.CertNotAfter = id.NotAfter })
+	return nil
+}

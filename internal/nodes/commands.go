@@ -1,0 +1,230 @@
+package nodes
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/internal/capacity"
+	"github.com/better-compute/compute/internal/events"
+	"github.com/better-compute/compute/internal/fleet"
+	"github.com/better-compute/compute/modules"
+	"github.com/better-compute/compute/postgres"
+)
+
+// CommandsChannel is the LISTEN/NOTIFY channel a new command is announced on, with its node's id.
+const CommandsChannel = "compute_commands"
+
+// DesiredChannel announces, with a node's id, that its desired state moved (the triggers of the
+// migration send it).
+const DesiredChannel = "compute_desired"
+
+const commandColumns = `id::text, tenant_id, node_id::text, kind, args, state, deadline, result, error, attempts, created_by, created_at, dispatched_at, finished_at`
+
+func scanCommand(row pgx.Row) (api.Command, error) {
+	var c api.Command
+	var args, result []byte
+	err := row.Scan(&c.ID, &c.TenantID, &c.NodeID, &c.Kind, &args, &c.State, &c.Deadline, &result, &c.Error, &c.Attempts, &c.CreatedBy, &c.CreatedAt, &c.DispatchedAt, &c.FinishedAt)
+	c.Args, c.Result = args, result
+	return c, err
+}
+
+func registerCommands(r *modules.Registry) {
+	modules.Handle(r, api.CommandsCreate,
+		func(ctx context.Context, l modules.Lookup, in api.CreateCommand) (modules.Target, error) {
+			t, err := fleet.NodeTarget(ctx, l, in.NodeRef)
+			t.ResourceID = "*"
+			return t, err
+		},
+		func(ctx context.Context, c *modules.Call, in api.CreateCommand) (api.Command, error) {
+			node, err := fleet.NodeTarget(ctx, modules.Lookup{Q: c.Tx, Principal: c.Principal}, in.NodeRef)
+			if err != nil {
+				return api.Command{}, err
+			}
+			if node.TenantID != c.Target.TenantID {
+				return api.Command{}, api.NotFound("node", in.Node)
+			}
+			if in.Kind == api.CommandGPUReset {
+				if err := checkReset(ctx, c.Tx, node.ResourceID, in.Args); err != nil {
+					return api.Command{}, err
+				}
+			}
+			deadline := api.DefaultCommandDeadline
+			if in.Deadline != "" {
+				deadline, _ = api.ParseDuration("deadline", in.Deadline)
+			}
+			args := in.Args
+			if len(args) == 0 {
+				args = json.RawMessage("{}")
+			}
+			cmd, err := scanCommand(c.Tx.QueryRow(ctx, `INSERT INTO compute.commands (id, tenant_id, node_id, kind, args, deadline, created_by)
+				VALUES ($1, $2, $3, $4, $5, compute.compute_now() + make_interval(secs => $6), $7) RETURNING `+commandColumns,
+				fleet.NewID(), c.Target.TenantID, node.ResourceID, in.Kind, []byte(args), deadline.Seconds(), c.Principal.ID))
+			if err != nil {
+				return cmd, err
+			}
+			// The gateway holding the node's session hears of it as the transaction commits.
+			if _, err := c.Tx.Exec(ctx, `SELECT pg_catalog.pg_notify($1, $2)`, CommandsChannel, node.ResourceID); err != nil {
+				return cmd, err
+			}
+			return cmd, events.Emit(ctx, c.Tx, "command.created", c.Target.TenantID, cmd.ID, map[string]any{"node": node.ResourceID, "kind": in.Kind})
+		})
+
+	commandTarget := func(ctx context.Context, l modules.Lookup, id string) (modules.Target, error) {
+		t := modules.Target{Existing: true, Kind: "command", Ref: id, ResourceID: id}
+		if !fleet.IsID(id) {
+			return t, api.NotFound("command", id)
+		}
+		err := l.Q.QueryRow(ctx, `SELECT tenant_id FROM compute.commands WHERE id = $1`, id).Scan(&t.TenantID)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return t, api.NotFound("command", id)
+		}
+		return t, err
+	}
+	modules.Handle(r, api.CommandsGet,
+		func(ctx context.Context, l modules.Lookup, in api.GetCommand) (modules.Target, error) {
+			return commandTarget(ctx, l, in.Command)
+		},
+		func(ctx context.Context, c *modules.Call, in api.GetCommand) (api.Command, error) {
+			return scanCommand(c.Tx.QueryRow(ctx, `SELECT `+commandColumns+` FROM compute.commands WHERE id = $1 AND tenant_id = $2`, in.Command, c.Target.TenantID))
+		})
+	modules.Handle(r, api.CommandsList, nil, func(ctx context.Context, c *modules.Call, in api.ListCommands) (api.Page[api.Command], error) {
+		var node, state *string
+		if in.Node != "" {
+			if !fleet.IsID(in.Node) {
+				return api.Page[api.Command]{}, api.InvalidField("node", "must be a node id")
+			}
+			node = &in.Node
+		}
+		if in.State != "" {
+			state = &in.State
+		}
+		return fleet.Paginate(ctx, c.Tx, in.PageRequest, scanCommand, func(c api.Command) string { return c.ID },
+			`SELECT `+commandColumns+` FROM compute.commands WHERE tenant_id = $3 AND ($4::uuid IS NULL OR node_id = $4)
+			 AND ($5::text IS NULL OR state = $5) AND ($1::uuid IS NULL OR id > $1) ORDER BY id LIMIT $2`, c.Target.TenantID, node, state)
+	})
+	modules.Handle(r, api.CommandsCancel,
+		func(ctx context.Context, l modules.Lookup, in api.CancelCommand) (modules.Target, error) {
+			return commandTarget(ctx, l, in.Command)
+		},
+		func(ctx context.Context, c *modules.Call, in api.CancelCommand) (api.Command, error) {
+			cmd, err := scanCommand(c.Tx.QueryRow(ctx, `UPDATE compute.commands SET state = 'cancelled', finished_at = compute.compute_now()
+				WHERE id = $1 AND tenant_id = $2 AND state IN ('pending', 'dispatched') RETURNING `+commandColumns, in.Command, c.Target.TenantID))
+			if errors.Is(err, pgx.ErrNoRows) {
+				cur, err := scanCommand(c.Tx.QueryRow(ctx, `SELECT `+commandColumns+` FROM compute.commands WHERE id = $1`, in.Command))
+				if err != nil {
+					return cur, err
+				}
+				return cur, &api.Error{Code: api.CodeFailedPrecondition, Message: fmt.Sprintf("command %s has already %s", cur.ID, cur.State),
+					Details: map[string]any{"reason": "state", "state": cur.State}}
+			}
+			return cmd, err
+		})
+}
+
+// checkReset refuses a reset of a GPU that is held, unless forced: a holder's job would die.
+func checkReset(ctx context.Context, q postgres.Querier, node string, raw json.RawMessage) error {
+	var a api.GPUResetArgs
+	_ = json.Unmarshal(raw, &a)
+	var exists bool
+	if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM compute.devices WHERE node_id = $1 AND index = $2)`, node, *a.GPU).Scan(&exists); err != nil {
+		return err
+	}
+	if !exists {
+		return api.InvalidField("args.gpu", "node has no GPU %d", *a.GPU)
+	}
+	if a.Force {
+		return nil
+	}
+	var holder string
+	span := capacity.GPUSpan(*a.GPU)
+	err := q.QueryRow(ctx, `SELECT reservation_id::text FROM compute.bookings WHERE node_id = $1 AND resource = 'gpu'
+		AND atoms && int4range($2, $3) AND during @> compute.compute_now() LIMIT 1`, node, span.Lo, span.Hi).Scan(&holder)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return &api.Error{Code: api.CodeFailedPrecondition,
+		Message: fmt.Sprintf("GPU %d is held by reservation %s; a reset would kill its work. Pass \"force\": true to reset it anyway", *a.GPU, holder),
+		Details: map[string]any{"reason": "gpu_held", "reservation": holder}}
+}
+
+// Dispatch marks a node's pending commands dispatched and returns them, oldest first. With
+// resend it also returns those dispatched before that never finished: a node that reconnects
+// gets them again and recognises the ones it has seen by their ids.
+func Dispatch(ctx context.Context, q postgres.Querier, nodeID string, resend bool) ([]api.Command, error) {
+	rows, err := q.Query(ctx, `UPDATE compute.commands SET state = 'dispatched',
+		  dispatched_at = coalesce(dispatched_at, compute.compute_now()), attempts = attempts + 1
+		WHERE node_id = $1 AND (state = 'pending' OR ($2 AND state = 'dispatched')) AND deadline > compute.compute_now()
+		RETURNING `+commandColumns, nodeID, resend)
+	if err != nil {
+		return nil, err
+	}
+	cmds, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (api.Command, error) { return scanCommand(r) })
+	if err != nil {
+		return nil, err
+	}
+	sortCommands(cmds)
+	return cmds, nil
+}
+
+func sortCommands(cmds []api.Command) {
+	for i := 1; i < len(cmds); i++ {
+		for j := i; j > 0 && cmds[j].CreatedAt.Before(cmds[j-1].CreatedAt); j-- {
+			cmds[j], cmds[j-1] = cmds[j-1], cmds[j]
+		}
+	}
+}
+
+// Complete records a command's result. It reports false for a result that comes too late (the
+// command was cancelled or failed its deadline) or a second time: it changes nothing then.
+func Complete(ctx context.Context, q postgres.Querier, nodeID, id string, ok bool, errText string, output []byte) (bool, error) {
+	state := api.CommandSucceeded
+	if !ok {
+		state = api.CommandFailed
+	}
+	if output == nil {
+		output = []byte("{}")
+	}
+	tag, err := q.Exec(ctx, `UPDATE compute.commands SET state = $3, result = $4, error = $5, finished_at = compute.compute_now()
+		WHERE id = $1 AND node_id = $2 AND state IN ('pending', 'dispatched')`, id, nodeID, state, output, errText)
+	return tag.RowsAffected() == 1, err
+}
+
+// FailOverdueCommands fails the commands whose deadline passed before a result came.
+func FailOverdueCommands(ctx context.Context, q postgres.Querier) (int64, error) {
+	tag, err := q.Exec(ctx, `UPDATE compute.commands SET state = 'failed', finished_at = compute.compute_now(),
+		  error = CASE WHEN state = 'pending' THEN 'deadline exceeded: the node was not reached' ELSE 'deadline exceeded: the node did not report a result' END
+		WHERE state IN ('pending', 'dispatched') AND deadline <= compute.compute_now()`)
+	return tag.RowsAffected(), err
+}
+
+// MarkOffline takes online nodes whose session has been silent past its grace period offline,
+// and refreshes their rollups so that nothing is placed on them.
+func MarkOffline(ctx context.Context, db *postgres.DB) (int, error) {
+	var ids []string
+	err := db.Tx(ctx, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `UPDATE compute.nodes n SET status = 'offline', updated_at = compute.compute_now()
+			FROM compute.node_sessions s
+			WHERE s.node_id = n.id AND n.status = 'online' AND s.offline_after <= compute.compute_now()
+			RETURNING n.id::text, n.tenant_id`)
+		if err != nil {
+			return err
+		}
+		var id, tenant string
+		if _, err := pgx.ForEachRow(rows, []any{&id, &tenant}, func() error {
+			ids = append(ids, id)
+			return events.Emit(ctx, tx, "node.offline", tenant, id, nil)
+		}); err != nil {
+			return err
+		}
+		return capacity.RefreshNodes(ctx, tx, ids...)
+	})
+	return len(ids), err
+}

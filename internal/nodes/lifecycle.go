@@ -1,0 +1,111 @@
+package nodes
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/internal/capacity"
+	"github.com/better-compute/compute/internal/events"
+	"github.com/better-compute/compute/internal/fleet"
+	"github.com/better-compute/compute/internal/pki"
+	"github.com/better-compute/compute/modules"
+)
+
+// transition moves a node between lifecycle states: allowed lists the states it may come from.
+func transition(ctx context.Context, c *modules.Call, to string, allowed ...string) (api.Node, error) {
+	n, err := lockNode(ctx, c)
+	if err != nil {
+		return n, err
+	}
+	if n.State == to {
+		return n, nil
+	}
+	ok := false
+	for _, a := range allowed {
+		ok = ok || n.State == a
+	}
+	if !ok {
+		return n, &api.Error{Code: api.CodeFailedPrecondition,
+			Message: fmt.Sprintf("node %s is %s and cannot become %s", n.Name, n.State, to),
+			Details: map[string]any{"reason": "state", "state": n.State}}
+	}
+	if _, err := c.Tx.Exec(ctx, `UPDATE compute.nodes SET state = $2, updated_at = compute.compute_now() WHERE id = $1`, n.ID, to); err != nil {
+		return n, err
+	}
+	// Whether the node takes bookings is part of its rollup.
+	if err := capacity.RefreshNodes(ctx, c.Tx, n.ID); err != nil {
+		return n, err
+	}
+	if err := events.Emit(ctx, c.Tx, "node."+to, n.TenantID, n.ID, map[string]any{"from": n.State}); err != nil {
+		return n, err
+	}
+	return fleet.GetNode(ctx, c.Tx, n.ID, n.TenantID)
+}
+
+func lockNode(ctx context.Context, c *modules.Call) (api.Node, error) {
+	if _, err := c.Tx.Exec(ctx, `SELECT 1 FROM compute.nodes WHERE id = $1 FOR UPDATE`, c.Target.ResourceID); err != nil {
+		return api.Node{}, err
+	}
+	return fleet.GetNode(ctx, c.Tx, c.Target.ResourceID, c.Target.TenantID)
+}
+
+func nodeTarget[In any](ref func(In) api.NodeRef) modules.TargetFunc[In] {
+	return func(ctx context.Context, l modules.Lookup, in In) (modules.Target, error) {
+		return fleet.NodeTarget(ctx, l, ref(in))
+	}
+}
+
+func registerLifecycle(r *modules.Registry) {
+	modules.Handle(r, api.NodesCordon, nodeTarget(func(in api.CordonNode) api.NodeRef { return in.NodeRef }),
+		func(ctx context.Context, c *modules.Call, in api.CordonNode) (api.Node, error) {
+			return transition(ctx, c, api.NodeCordoned, api.NodeActive)
+		})
+	modules.Handle(r, api.NodesUncordon, nodeTarget(func(in api.UncordonNode) api.NodeRef { return in.NodeRef }),
+		func(ctx context.Context, c *modules.Call, in api.UncordonNode) (api.Node, error) {
+			return transition(ctx, c, api.NodeActive, api.NodeCordoned, api.NodeDraining)
+		})
+	modules.Handle(r, api.NodesDrain, nodeTarget(func(in api.DrainNode) api.NodeRef { return in.NodeRef }),
+		func(ctx context.Context, c *modules.Call, in api.DrainNode) (api.Node, error) {
+			n, err := transition(ctx, c, api.NodeDraining, api.NodeActive, api.NodeCordoned)
+			if err != nil || !in.End {
+				return n, err
+			}
+			if _, err := capacity.EndOnNode(ctx, c.Tx, n.ID); err != nil {
+				return n, err
+			}
+			return n, nil
+		})
+	modules.Handle(r, api.NodesRetire, nodeTarget(func(in api.RetireNode) api.NodeRef { return in.NodeRef }),
+		func(ctx context.Context, c *modules.Call, in api.RetireNode) (api.Node, error) {
+			n, err := lockNode(ctx, c)
+			if err != nil {
+				return n, err
+			}
+			held, err := capacity.HoldsOnNode(ctx, c.Tx, n.ID)
+			if err != nil {
+				return n, err
+			}
+			if held {
+				return n, &api.Error{Code: api.CodeFailedPrecondition,
+					Message: fmt.Sprintf("node %s still holds bookings, now or later; drain it (end: true) first", n.Name),
+					Details: map[string]any{"reason": "node_holds_bookings"}}
+			}
+			if _, err := pki.RevokeNode(ctx, c.Tx, n.ID); err != nil {
+				return n, err
+			}
+			return transition(ctx, c, api.NodeRetired, api.NodeActive, api.NodeCordoned, api.NodeDraining)
+		})
+	modules.Handle(r, api.NodesSetLabels, nodeTarget(func(in api.SetNodeLabels) api.NodeRef { return in.NodeRef }),
+		func(ctx context.Context, c *modules.Call, in api.SetNodeLabels) (api.Node, error) {
+			labels := in.Labels
+			if labels == nil {
+				labels = map[string]string{}
+			}
+			if _, err := c.Tx.Exec(ctx, `UPDATE compute.nodes SET labels = $3, updated_at = compute.compute_now() WHERE id = $1 AND tenant_id = $2`,
+				c.Target.ResourceID, c.Target.TenantID, labels); err != nil {
+				return api.Node{}, err
+			}
+			return fleet.GetNode(ctx, c.Tx, c.Target.ResourceID, c.Target.TenantID)
+		})
+}

@@ -1,0 +1,131 @@
+// Package nodes is the control plane's side of nodes at work: join tokens and the JoinService,
+// node lifecycle (cordon, drain, retire, labels), commands, desired state, and the sessions table
+// the gateway keeps. It owns the machine PKI's use: the CA is loaded at Initialize.
+package nodes
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"io/fs"
+	"sync/atomic"
+	"time"
+
+	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/iam"
+	"github.com/better-compute/compute/internal/pki"
+	"github.com/better-compute/compute/modules"
+	"github.com/better-compute/compute/postgres"
+)
+
+//go:embed migrations/*.sql
+var migrationsFS embed.FS
+
+// Migrations is the schema of nodes at work. It builds on fleet's and capacity's.
+var Migrations = postgres.MigrationSet{Name: "nodes", Schema: "compute", FS: mustSub(migrationsFS, "migrations")}
+
+func mustSub(f fs.FS, dir string) fs.FS {
+	s, err := fs.Sub(f, dir)
+	if err != nil {
+		panic(err)
+	}
+	return s
+}
+
+// Config configures the nodes module. Zero values mean the defaults.
+type Config struct {
+	// GatewayAddresses are handed to joining nodes (host:port).
+	GatewayAddresses []string
+	// CertLifetime is how long a node certificate is valid; default pki.DefaultNodeLifetime.
+	CertLifetime time.Duration
+	// Tick is how often the worker fails commands past their deadline and marks silent nodes
+	// offline; default 1s.
+	Tick time.Duration
+}
+
+// Module registers the node groups and owns the machine CA once loaded.
+type Module struct {
+	cfg       Config
+	authority atomic.Pointer[pki.Authority]
+	rt        atomic.Pointer[modules.Runtime]
+}
+
+// New returns the nodes module.
+func New(cfg Config) *Module {
+	if cfg.CertLifetime == 0 {
+		cfg.CertLifetime = pki.DefaultNodeLifetime
+	}
+	if cfg.Tick == 0 {
+		cfg.Tick = time.Second
+	}
+	return &Module{cfg: cfg}
+}
+
+// Name implements modules.Module.
+func (*Module) Name() string { return "nodes" }
+
+// Register implements modules.Module.
+func (m *Module) Register(r *modules.Registry) error {
+	r.Migrations(pki.Migrations, Migrations)
+	r.ResourceTypes(
+		iam.ResourceType{Name: api.ResourceJoinToken, Description: "A token that admits machines into a pool."},
+		iam.ResourceType{Name: api.ResourceCommand, Description: "One-shot work for a node."},
+	)
+	r.Actions(modules.ActionsFor(api.NodeMethods()...)...)
+	r.OnInitialize(func(ctx context.Context, rt *modules.Runtime) error {
+		a, err := pki.Load(ctx, rt.DB, rt.Secret)
+		if err != nil {
+			return err
+		}
+		m.authority.Store(a)
+		m.rt.Store(rt)
+		return nil
+	})
+	r.Worker(modules.Worker{Name: "nodes", Modes: []string{"worker"}, Run: m.runWorker})
+	registerJoinTokens(r)
+	registerLifecycle(r)
+	registerCommands(r)
+	return nil
+}
+
+// ErrNotInitialized is returned by the node surfaces before Initialize.
+var ErrNotInitialized = errors.New("nodes: not initialized")
+
+// Authority is the machine CA, once Initialize has loaded it.
+func (m *Module) Authority() (*pki.Authority, error) {
+	a := m.authority.Load()
+	if a == nil {
+		return nil, ErrNotInitialized
+	}
+	return a, nil
+}
+
+// Runtime is the module's runtime, once initialized.
+func (m *Module) Runtime() (*modules.Runtime, error) {
+	rt := m.rt.Load()
+	if rt == nil {
+		return nil, ErrNotInitialized
+	}
+	return rt, nil
+}
+
+// CertLifetime is how long node certificates are valid.
+func (m *Module) CertLifetime() time.Duration { return m.cfg.CertLifetime }
+
+func (m *Module) runWorker(ctx context.Context, rt *modules.Runtime) error {
+	t := time.NewTicker(m.cfg.Tick)
+	defer t.Stop()
+	for {
+		if _, err := FailOverdueCommands(ctx, rt.DB.Pool); err != nil && ctx.Err() == nil {
+			return err
+		}
+		if _, err := MarkOffline(ctx, rt.DB); err != nil && ctx.Err() == nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
