@@ -152,9 +152,21 @@ func lockReservation(ctx context.Context, tx pgx.Tx, id, tenant string) (liveRes
 	return r, err
 }
 
+// lockNodesOf takes the rollup locks of every node the reservations hold something on, in node
+// order: the lock order of every path is rollups first, then bookings (and what their triggers
+// touch), as the placer's is.
+func lockNodesOf(ctx context.Context, q postgres.Querier, ids []string) error {
+	_, err := q.Exec(ctx, `SELECT node_id FROM compute.node_capacity WHERE node_id IN (
+		  SELECT node_id FROM compute.bookings WHERE reservation_id = ANY($1::uuid[])) ORDER BY node_id FOR UPDATE`, ids)
+	return err
+}
+
 // truncateBookings ends the bookings of reservations at t: those that start at or after t are
 // deleted, the others end at t. It returns the nodes touched.
 func truncateBookings(ctx context.Context, q postgres.Querier, ids []string, t time.Time) ([]string, error) {
+	if err := lockNodesOf(ctx, q, ids); err != nil {
+		return nil, err
+	}
 	rows, err := q.Query(ctx, `WITH d AS (
 		  DELETE FROM compute.bookings WHERE reservation_id = ANY($1::uuid[]) AND lower(during) >= $2 RETURNING node_id
 		), u AS (
@@ -249,6 +261,9 @@ func cancel(ctx context.Context, tx pgx.Tx, id, tenant string) error {
 	if err != nil {
 		return err
 	}
+	if err := lockNodesOf(ctx, tx, []string{r.ID}); err != nil {
+		return err
+	}
 	if _, err := tx.Exec(ctx, `DELETE FROM compute.bookings WHERE reservation_id = $1`, r.ID); err != nil {
 		return err
 	}
@@ -328,6 +343,9 @@ func extend(ctx context.Context, tx pgx.Tx, in api.ExtendReservation, tenant str
 				return err
 			}
 		}
+	}
+	if err := lockNodesOf(ctx, tx, []string{r.ID}); err != nil {
+		return err
 	}
 	_, err = tx.Exec(ctx, `UPDATE compute.bookings SET during = tstzrange(lower(during), $2, '[)') WHERE reservation_id = $1`, r.ID, newEnd)
 	if postgres.ErrorCode(err) == postgres.ExclusionViolation {

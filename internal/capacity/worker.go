@@ -41,6 +41,13 @@ func Tick(ctx context.Context, db *postgres.DB) (TickResult, error) {
 func tickBatchOnce(ctx context.Context, db *postgres.DB, res *TickResult) (int, error) {
 	moved := 0
 	err := db.Tx(ctx, func(tx pgx.Tx) error {
+		// Rollups before reservations: their state change touches what the nodes should hold.
+		if _, err := tx.Exec(ctx, `SELECT node_id FROM compute.node_capacity WHERE node_id IN (
+			  SELECT b.node_id FROM compute.bookings b JOIN compute.reservations r ON r.id = b.reservation_id
+			  WHERE r.state IN ('pending', 'active') AND (r.starts_at <= compute.compute_now() AND r.state = 'pending' OR r.ends_at <= compute.compute_now()))
+			ORDER BY node_id FOR UPDATE`); err != nil {
+			return err
+		}
 		rows, err := tx.Query(ctx, `WITH due AS (
 			  SELECT id FROM compute.reservations
 			  WHERE state IN ('pending', 'active') AND (starts_at <= compute.compute_now() AND state = 'pending' OR ends_at <= compute.compute_now())

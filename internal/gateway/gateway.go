@@ -312,4 +312,3 @@ func (g *Gateway) pollLoop(ctx context.Context) error {
 		}
 	}
 }
-

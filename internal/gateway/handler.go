@@ -62,7 +62,7 @@ type connectStream struct {
 	bs *connect.BidiStream[agentv1.NodeMessage, agentv1.ServerMessage]
 }
 
-func (s connectStream) Send(m *agentv1.ServerMessage) error  { return s.bs.Send(m) }
+func (s connectStream) Send(m *agentv1.ServerMessage) error { return s.bs.Send(m) }
 func (s connectStream) Recv() (*agentv1.NodeMessage, error) { return s.bs.Receive() }
 
 // Register registers SessionService on a host's grpc.Server, which must use TLS credentials that

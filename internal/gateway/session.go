@@ -355,4 +355,3 @@ func (s *session) handle(ctx context.Context, m *agentv1.NodeMessage) error {
 	}
 	return nil
 }
-

@@ -43,13 +43,13 @@ type Store interface {
 
 // MemoryStore is a Store in memory, for simulation and tests.
 type MemoryStore struct {
-	mu       sync.Mutex
-	id       *Identity
-	desired  *agentv1.DesiredState
-	applied  int64
-	results  map[string]*agentv1.CommandResult
-	order    []string
-	seen     map[string]bool
+	mu      sync.Mutex
+	id      *Identity
+	desired *agentv1.DesiredState
+	applied int64
+	results map[string]*agentv1.CommandResult
+	order   []string
+	seen    map[string]bool
 }
 
 // NewMemoryStore returns an empty store.
