@@ -14,10 +14,15 @@ package computetest
 import (
 	"context"
 	"io"
+	"log"
 	"log/slog"
+	"net"
+	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/better-compute/compute"
 	"github.com/better-compute/compute/iam"
@@ -67,11 +72,7 @@ func New(t testing.TB, opts Options) *Env {
 	counter := iamtest.NewCounting(local)
 	o := compute.Options{
 		Database: db, Secret: Secret, BaseURL: "http://compute.test", RootTenantID: RootTenantID,
-		IAM: counter, Modules: opts.Modules, Mode: opts.Mode,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	}
-	if testing.Verbose() {
-		o.Logger = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		IAM: counter, Modules: opts.Modules, Mode: opts.Mode, Logger: testLogger(t),
 	}
 	if opts.Configure != nil {
 		opts.Configure(&o)
@@ -107,12 +108,96 @@ func (e *Env) Tenant(t testing.TB, name string) (tenantID, key string) {
 	return ten.ID, k.Token
 }
 
-// Server serves the API over real HTTP on loopback for the rest of the test, and returns its URL.
+// Server serves the API and JoinService over real HTTP on loopback for the rest of the test, and
+// returns its URL.
 func (e *Env) Server(t testing.TB) string {
 	t.Helper()
-	s := httptest.NewServer(e.Compute.Handler)
+	mux := http.NewServeMux()
+	mux.Handle("/api/compute/", e.Compute.Handler)
+	mux.Handle("/"+compute.JoinPath, e.Compute.JoinHandler)
+	s := httptest.NewServer(mux)
 	t.Cleanup(s.Close)
 	return s.URL
+}
+
+// Gateway starts the control plane's background work and serves node sessions on a TLS
+// listener on loopback (addr, or a free port when empty), until the test ends or stop is called.
+// It returns the address nodes dial.
+func (e *Env) Gateway(t testing.TB, addr string) (gatewayAddr string, stop func()) {
+	t.Helper()
+	ctx := context.Background()
+	if err := e.Compute.Start(ctx); err != nil {
+		t.Fatalf("computetest: %v", err)
+	}
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	var ln net.Listener
+	var err error
+	for range 50 { // a restarted gateway may wait a moment for its old port
+		if ln, err = net.Listen("tcp", addr); err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("computetest: gateway listener: %v", err)
+	}
+	cfg, err := e.Compute.GatewayTLS(ctx, "127.0.0.1", "localhost")
+	if err != nil {
+		t.Fatalf("computetest: %v", err)
+	}
+	srv := &http.Server{Handler: e.Compute.NodeHandler, TLSConfig: cfg, ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog: log.New(io.Discard, "", 0)} // refused handshakes are what some tests are about
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.ServeTLS(ln, "", "")
+	}()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			_ = e.Compute.Stop(sctx)
+			_ = srv.Close()
+			<-done
+		})
+	}
+	t.Cleanup(stop)
+	return ln.Addr().String(), stop
+}
+
+// Attach builds a second control plane on env's database, as another process would have: its own
+// Compute (and gateway), the same IAM.
+func Attach(t testing.TB, env *Env, opts Options) *Env {
+	t.Helper()
+	o := compute.Options{
+		Database: env.DB, Secret: Secret, BaseURL: "http://compute.test", RootTenantID: RootTenantID,
+		IAM: env.Counter, Modules: opts.Modules, Mode: opts.Mode, Logger: testLogger(t),
+	}
+	if opts.Configure != nil {
+		opts.Configure(&o)
+	}
+	c, err := compute.New(o)
+	if err != nil {
+		t.Fatalf("computetest: %v", err)
+	}
+	if err := c.Initialize(context.Background()); err != nil {
+		t.Fatalf("computetest: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Stop(context.Background()) })
+	other := *env
+	other.Compute = c
+	return &other
+}
+
+// testLogger discards logs, or with -v writes them to the test's log.
+func testLogger(t testing.TB) *slog.Logger {
+	if testing.Verbose() {
+		return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 
 type testWriter struct{ t testing.TB }

@@ -182,7 +182,7 @@ func (a *Agent) session(ctx context.Context, id Identity) error {
 	defer cancel()
 	st, err := agentv1.NewSessionServiceClient(conn).Connect(ctx)
 	if err != nil {
-		return fmt.Errorf("nodeagent: connect to %s: %w", addr, err)
+		return classify(fmt.Errorf("nodeagent: connect to %s: %w", addr, err))
 	}
 	s := &nodeSession{a: a, id: id, st: st, cancel: cancel}
 	return s.run(ctx, addr)
@@ -274,7 +274,9 @@ func (s *nodeSession) run(ctx context.Context, addr string) error {
 // classify turns what the gateway said into whether reconnecting can help: a node refused by
 // the control plane (PermissionDenied) or a certificate refused at the handshake (a TLS alert,
 // which gRPC reports only as text) will be refused again.
-func (s *nodeSession) classify(err error) error {
+func (s *nodeSession) classify(err error) error { return classify(err) }
+
+func classify(err error) error {
 	if err == nil {
 		return nil
 	}
@@ -300,6 +302,7 @@ func (s *nodeSession) beat(ctx context.Context, interval time.Duration) {
 				return
 			}
 		case <-time.After(interval + jitter):
+			s.maybeRenew()
 			s.mu.Lock()
 			applied := s.applied
 			s.mu.Unlock()
@@ -448,9 +451,16 @@ func (s *nodeSession) holderOf(index int) string {
 	return ""
 }
 
-// maybeRenew asks for a new certificate once half of the current one's life has passed.
+// maybeRenew asks for a new certificate once half of the current one's life has passed, unless
+// a renewal is already in flight.
 func (s *nodeSession) maybeRenew() {
-	cert, err := x509.ParseCertificate(s.id.CertDER)
+	s.mu.Lock()
+	inFlight, certDER := s.renewal != nil, s.id.CertDER
+	s.mu.Unlock()
+	if inFlight {
+		return
+	}
+	cert, err := x509.ParseCertificate(certDER)
 	if err != nil {
 		return
 	}
@@ -485,6 +495,9 @@ func (s *nodeSession) renewed(r *agentv1.Renewed) error {
 	if err := s.a.cfg.Store.SetIdentity(id); err != nil {
 		return err
 	}
+	s.mu.Lock()
+	s.id = id
+	s.mu.Unlock()
 	s.a.setStatus(func(st *Status) { st.CertNotAfter = id.NotAfter })
 	return nil
 }

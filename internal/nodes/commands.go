@@ -218,11 +218,17 @@ func MarkOffline(ctx context.Context, db *postgres.DB) (int, error) {
 			return err
 		}
 		var id, tenant string
+		var tenants []string
 		if _, err := pgx.ForEachRow(rows, []any{&id, &tenant}, func() error {
-			ids = append(ids, id)
-			return events.Emit(ctx, tx, "node.offline", tenant, id, nil)
+			ids, tenants = append(ids, id), append(tenants, tenant)
+			return nil
 		}); err != nil {
 			return err
+		}
+		for i := range ids {
+			if err := events.Emit(ctx, tx, "node.offline", tenants[i], ids[i], nil); err != nil {
+				return err
+			}
 		}
 		return capacity.RefreshNodes(ctx, tx, ids...)
 	})
