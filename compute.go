@@ -297,3 +297,6 @@ func Invoke[In, Out any](ctx context.Context, c *Compute, credential string, m a
 	}
 	return res.Value.(Out), nil
 }
+
+// HeartbeatInterval is the interval this process's gateway asks of its nodes now.
+func (c *Compute) HeartbeatInterval() time.Duration { return c.gateway.HeartbeatInterval() }

@@ -1,7 +1,7 @@
 // Command devserver runs the whole Better Compute control plane on an embedded PostgreSQL, for
 // development:
 //
-//	go run ./examples/devserver [-addr 127.0.0.1:8080] [-data-dir .devdata]
+//	go run ./examples/devserver [-addr 127.0.0.1:8080] [-gateway 127.0.0.1:8443] [-data-dir .devdata]
 //
 // It prints the API's URL and a development API key with every right in the root tenant, and
 // stops cleanly on Ctrl-C. With -data-dir, a restart keeps what was created.
@@ -21,7 +21,8 @@ import (
 )
 
 func main() {
-	addr := flag.String("addr", "127.0.0.1:8080", "address to serve the API on")
+	addr := flag.String("addr", "127.0.0.1:8080", "address to serve the API (and JoinService) on")
+	gateway := flag.String("gateway", "127.0.0.1:8443", "address to serve node sessions on (gRPC over mutual TLS)")
 	dataDir := flag.String("data-dir", "", "keep the database and secret in this directory across restarts (default: a temporary database, deleted on exit)")
 	verbose := flag.Bool("v", false, "log debug messages")
 	flag.Parse()
@@ -34,12 +35,12 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	s, err := devserver.Start(ctx, devserver.Options{Addr: *addr, DataDir: *dataDir, Logger: logger})
+	s, err := devserver.Start(ctx, devserver.Options{Addr: *addr, GatewayAddr: *gateway, DataDir: *dataDir, Logger: logger})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "devserver:", err)
 		os.Exit(1)
 	}
-	fmt.Printf("Better Compute devserver\n  URL:     %s\n  API key: %s\n\n", s.URL, s.APIKey)
+	fmt.Printf("Better Compute devserver\n  URL:     %s\n  Gateway: %s\n  API key: %s\n\n", s.URL, s.Gateway, s.APIKey)
 	fmt.Printf("Try:\n  curl -X POST -H \"Authorization: Bearer %s\" %s/api/compute/pools/list -d '{}'\n\nCtrl-C stops it.\n", s.APIKey, s.URL)
 
 	<-ctx.Done()

@@ -25,7 +25,7 @@ func TestDevserverProcess(t *testing.T) {
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
-	cmd := exec.Command(bin, "-addr", "127.0.0.1:0")
+	cmd := exec.Command(bin, "-addr", "127.0.0.1:0", "-gateway", "127.0.0.1:0")
 	stdout, _ := cmd.StdoutPipe()
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {

@@ -29,23 +29,29 @@ const RootTenantID = "root"
 
 // Options configure a devserver.
 type Options struct {
-	Addr    string // listen address; default 127.0.0.1:8080
-	DataDir string // keep the database here across restarts; empty: a temporary one
-	Logger  *slog.Logger
+	Addr        string // API listen address; default 127.0.0.1:8080
+	GatewayAddr string // node sessions (mutual TLS); default 127.0.0.1:8443
+	DataDir     string // keep the database here across restarts; empty: a temporary one
+	Logger      *slog.Logger
+	// HeartbeatInterval fixes what nodes are asked for; 0: the gateway's default.
+	HeartbeatInterval time.Duration
 }
 
 // Server is a running devserver.
 type Server struct {
-	URL    string // the API's base URL, e.g. http://127.0.0.1:8080
-	APIKey string // a new key with every right in the root tenant
+	URL     string // the API's base URL, e.g. http://127.0.0.1:8080
+	Gateway string // where nodes hold their sessions, host:port
+	APIKey  string // a new key with every right in the root tenant
 
 	Compute *compute.Compute
 	IAM     *iam.Local
 	DB      *postgres.DB
 
 	http     *http.Server
+	gw       *http.Server
 	stopDB   func(context.Context) error
 	served   chan error
+	gwServed chan error
 	logger   *slog.Logger
 	listener net.Listener
 }
@@ -55,10 +61,13 @@ func Start(ctx context.Context, o Options) (_ *Server, err error) {
 	if o.Addr == "" {
 		o.Addr = "127.0.0.1:8080"
 	}
+	if o.GatewayAddr == "" {
+		o.GatewayAddr = "127.0.0.1:8443"
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	s := &Server{logger: o.Logger, served: make(chan error, 1)}
+	s := &Server{logger: o.Logger, served: make(chan error, 1), gwServed: make(chan error, 1)}
 	defer func() {
 		if err != nil {
 			s.Stop(context.Background())
@@ -83,14 +92,23 @@ func Start(ctx context.Context, o Options) (_ *Server, err error) {
 		return nil, fmt.Errorf("devserver: listen on %s: %w", o.Addr, err)
 	}
 	s.URL = "http://" + s.listener.Addr().String()
+	gwListener, err := net.Listen("tcp", o.GatewayAddr)
+	if err != nil {
+		s.listener.Close()
+		return nil, fmt.Errorf("devserver: listen for node sessions on %s: %w", o.GatewayAddr, err)
+	}
+	s.Gateway = gwListener.Addr().String()
 	s.Compute, err = compute.New(compute.Options{
 		Database: s.DB, Secret: secret, BaseURL: s.URL, RootTenantID: RootTenantID, IAM: s.IAM,
-		Mode: compute.ModeAll, Logger: o.Logger,
+		Mode: compute.ModeAll, Logger: o.Logger, GatewayAddresses: []string{s.Gateway},
+		HeartbeatInterval: o.HeartbeatInterval,
 	})
 	if err != nil {
+		gwListener.Close()
 		return nil, err
 	}
 	if err := s.Compute.Initialize(ctx); err != nil {
+		gwListener.Close()
 		return nil, err
 	}
 	key, err := s.IAM.CreateAdminKey(ctx, RootTenantID, "devserver")
@@ -101,8 +119,17 @@ func Start(ctx context.Context, o Options) (_ *Server, err error) {
 	if err := s.Compute.Start(context.WithoutCancel(ctx)); err != nil {
 		return nil, err
 	}
+	host, _, _ := net.SplitHostPort(s.Gateway)
+	tlsCfg, err := s.Compute.GatewayTLS(ctx, host, "localhost")
+	if err != nil {
+		gwListener.Close()
+		return nil, err
+	}
+	s.gw = &http.Server{Handler: s.Compute.NodeHandler, TLSConfig: tlsCfg, ReadHeaderTimeout: 10 * time.Second}
+	go func() { s.gwServed <- s.gw.ServeTLS(gwListener, "", "") }()
 	mux := http.NewServeMux()
 	mux.Handle("/api/compute/", s.Compute.Handler)
+	mux.Handle("/"+compute.JoinPath, s.Compute.JoinHandler)
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() { s.served <- s.http.Serve(s.listener) }()
@@ -119,6 +146,13 @@ func (s *Server) Stop(ctx context.Context) error {
 		}
 	} else if s.listener != nil {
 		s.listener.Close()
+	}
+	if s.gw != nil {
+		// Sessions are long-lived streams: close them rather than wait for them to finish.
+		errs = append(errs, s.gw.Close())
+		if err := <-s.gwServed; !errors.Is(err, http.ErrServerClosed) {
+			errs = append(errs, err)
+		}
 	}
 	if s.Compute != nil {
 		errs = append(errs, s.Compute.Stop(ctx))

@@ -23,7 +23,7 @@ func scanNode(row pgx.Row) (api.Node, error) {
 func registerNodes(r *modules.Registry) {
 	modules.Handle(r, api.NodesGet,
 		func(ctx context.Context, l modules.Lookup, in api.GetNode) (modules.Target, error) {
-			return NodeTarget(ctx, l, api.NodeRef{TenantID: in.TenantID, Node: in.Node, Pool: in.Pool})
+			return NodeTarget(ctx, l, api.NodeRef(in))
 		},
 		func(ctx context.Context, c *modules.Call, in api.GetNode) (api.Node, error) {
 			n, err := scanNode(c.Tx.QueryRow(ctx, `SELECT `+nodeColumns+` FROM compute.nodes WHERE id = $1 AND tenant_id = $2`,

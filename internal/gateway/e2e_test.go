@@ -9,15 +9,18 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
+	"github.com/better-compute/compute"
 	agentv1 "github.com/better-compute/compute/agent/v1"
 	"github.com/better-compute/compute/agent/v1/agentv1connect"
-	"github.com/better-compute/compute"
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/computetest"
 	"github.com/better-compute/compute/internal/nodeagent"
@@ -280,8 +283,7 @@ func TestCommandsRoundTripWithoutIAM(t *testing.T) {
 func TestReconnectAfterGatewayRestartAndOffline(t *testing.T) {
 	p := newPlane(t, nil)
 	f := p.fleet(t, 2, "rs", p.gw)
-	var epoch int
-	epoch = p.count(t, `SELECT max(epoch) FROM compute.node_sessions`)
+	epoch := p.count(t, `SELECT max(epoch) FROM compute.node_sessions`)
 	// The gateway goes away; a new control plane process takes its port.
 	p.stop()
 	other := computetest.Attach(t, p.Env, computetest.Options{Configure: fast})
@@ -405,4 +407,40 @@ func TestXIDMakesAGPUUnhealthy(t *testing.T) {
 		return len(s.Models) == 1 && s.Models[0].Total == 8
 	})
 	_ = fmt.Sprint
+}
+
+// TestGatewayServicesOnAHostGRPCServer serves sessions from the host's own grpc.Server instead of
+// NodeHandler.
+func TestGatewayServicesOnAHostGRPCServer(t *testing.T) {
+	env := computetest.New(t, computetest.Options{Configure: fast})
+	ctx := context.Background()
+	url := env.Server(t)
+	if err := env.Compute.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := env.Compute.GatewayTLS(ctx, "127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(cfg)))
+	env.Compute.GatewayServices(srv)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() { _ = env.Compute.Stop(ctx); srv.Stop() })
+	if _, err := env.Compute.API.Pools.Create(ctx, env.RootKey, api.CreatePool{Name: "h100"}); err != nil {
+		t.Fatal(err)
+	}
+	p := &plane{Env: env, url: url, gw: ln.Addr().String(), ctx: ctx}
+	f := p.fleet(t, 1, "grpc", p.gw)
+	cmd, err := env.Compute.API.Commands.Create(ctx, env.RootKey, api.CreateCommand{NodeRef: api.NodeRef{Node: f.Nodes[0].NodeID()}, Kind: api.CommandInventoryRefresh})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the result over the host's grpc.Server", func() bool {
+		c, err := env.Compute.API.Commands.Get(ctx, env.RootKey, api.GetCommand{Command: cmd.ID})
+		return err == nil && c.State == api.CommandSucceeded
+	})
 }

@@ -48,11 +48,10 @@ type Config struct {
 
 // Gateway serves sessions. Run must be running for sessions to be accepted.
 type Gateway struct {
-	cfg  Config
-	mod  *nodes.Module
-	rt   *modules.Runtime
-	log  *slog.Logger
-	live chan struct{} // closed while Run runs
+	cfg Config
+	mod *nodes.Module
+	rt  *modules.Runtime
+	log *slog.Logger
 
 	mu       sync.Mutex
 	running  bool
@@ -93,7 +92,8 @@ func New(mod *nodes.Module, cfg Config) *Gateway {
 func (g *Gateway) ID() string { return g.cfg.ID }
 
 // heartbeatInterval spreads the budget over the sessions held.
-func (g *Gateway) heartbeatInterval() time.Duration {
+// HeartbeatInterval is the interval the gateway asks of its nodes now.
+func (g *Gateway) HeartbeatInterval() time.Duration {
 	if g.cfg.HeartbeatInterval > 0 {
 		return g.cfg.HeartbeatInterval
 	}
@@ -105,7 +105,7 @@ func (g *Gateway) heartbeatInterval() time.Duration {
 }
 
 // grace is how long a silent session keeps its node online.
-func (g *Gateway) grace() time.Duration { return 3*g.heartbeatInterval() + 2*g.cfg.FlushInterval }
+func (g *Gateway) grace() time.Duration { return 3*g.HeartbeatInterval() + 2*g.cfg.FlushInterval }
 
 // Run serves until ctx ends: it listens for commands, desired-state changes and takeovers,
 // flushes heartbeats and polls. On return every session has been closed.

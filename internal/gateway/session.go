@@ -163,7 +163,7 @@ func (g *Gateway) Serve(ctx context.Context, nodeID string, st stream) error {
 		s.work(ctx)
 	}()
 	s.send(ctx, &agentv1.ServerMessage{Body: &agentv1.ServerMessage_Welcome{Welcome: &agentv1.Welcome{
-		NodeId: nodeID, Epoch: epoch, HeartbeatInterval: durationpb.New(g.heartbeatInterval())}}})
+		NodeId: nodeID, Epoch: epoch, HeartbeatInterval: durationpb.New(g.HeartbeatInterval())}}})
 	s.wake(true, true)
 
 	msgs := make(chan *agentv1.NodeMessage)
