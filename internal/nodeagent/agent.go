@@ -343,11 +343,16 @@ func (s *nodeSession) handle(ctx context.Context, m *agentv1.ServerMessage) erro
 		return s.classify(s.send(&agentv1.NodeMessage{Body: &agentv1.NodeMessage_Ack{Ack: &agentv1.DesiredStateAck{
 			Generation: ds.GetGeneration(), Error: errString(err)}}}))
 	case *agentv1.ServerMessage_Command:
-		seen, err := a.cfg.Store.Seen(b.Command.GetId())
-		if err != nil || seen {
-			return err // a repeat: its result, if any, was resent at the session's start
+		state, err := a.cfg.Store.CommandState(b.Command.GetId())
+		switch {
+		case err != nil:
+			return err
+		case state == CommandDone:
+			return nil // a repeat: its result, unless acknowledged, was resent at the session's start
+		case state == CommandStarted:
+			a.cfg.Logger.Info("nodeagent: running again a command a restart interrupted", "command", b.Command.GetId())
 		}
-		if err := a.cfg.Store.MarkSeen(b.Command.GetId()); err != nil {
+		if err := a.cfg.Store.MarkStarted(b.Command.GetId()); err != nil {
 			return err
 		}
 		s.wg.Add(1)

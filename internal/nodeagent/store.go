@@ -36,10 +36,22 @@ type Store interface {
 	Results() ([]*agentv1.CommandResult, error)
 	PutResult(*agentv1.CommandResult) error
 	DeleteResult(commandID string) error
-	// Seen records the commands received, so that a command sent again is not run twice.
-	Seen(commandID string) (bool, error)
-	MarkSeen(commandID string) error
+	// CommandState is how far a command got: a command sent again is not run twice, and one a
+	// crash interrupted (started, no result) runs again.
+	CommandState(commandID string) (CommandState, error)
+	// MarkStarted records that a command began; PutResult records that it finished.
+	MarkStarted(commandID string) error
 }
+
+// CommandState is how far the node got with a command.
+type CommandState int
+
+// The command states.
+const (
+	CommandUnseen CommandState = iota
+	CommandStarted
+	CommandDone
+)
 
 // MemoryStore is a Store in memory, for simulation and tests.
 type MemoryStore struct {
@@ -49,12 +61,12 @@ type MemoryStore struct {
 	applied int64
 	results map[string]*agentv1.CommandResult
 	order   []string
-	seen    map[string]bool
+	seen    map[string]CommandState
 }
 
 // NewMemoryStore returns an empty store.
 func NewMemoryStore() *MemoryStore {
-	return &MemoryStore{results: map[string]*agentv1.CommandResult{}, seen: map[string]bool{}}
+	return &MemoryStore{results: map[string]*agentv1.CommandResult{}, seen: map[string]CommandState{}}
 }
 
 // Identity implements Store.
@@ -114,6 +126,7 @@ func (m *MemoryStore) PutResult(r *agentv1.CommandResult) error {
 		m.order = append(m.order, r.GetCommandId())
 	}
 	m.results[r.GetCommandId()] = r
+	m.seen[r.GetCommandId()] = CommandDone
 	return nil
 }
 
@@ -131,17 +144,19 @@ func (m *MemoryStore) DeleteResult(id string) error {
 	return nil
 }
 
-// Seen implements Store.
-func (m *MemoryStore) Seen(id string) (bool, error) {
+// CommandState implements Store.
+func (m *MemoryStore) CommandState(id string) (CommandState, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.seen[id], nil
 }
 
-// MarkSeen implements Store.
-func (m *MemoryStore) MarkSeen(id string) error {
+// MarkStarted implements Store.
+func (m *MemoryStore) MarkStarted(id string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.seen[id] = true
+	if m.seen[id] == CommandUnseen {
+		m.seen[id] = CommandStarted
+	}
 	return nil
 }
