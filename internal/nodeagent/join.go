@@ -50,6 +50,9 @@ func Join(ctx context.Context, client *http.Client, url, token string, facts *ag
 	resp, err := c.Join(ctx, connect.NewRequest(&agentv1.JoinRequest{Token: token, CsrDer: csrDER, Facts: facts}))
 	if err != nil {
 		var ce *connect.Error
+		if errors.As(err, &ce) && ce.Code() == connect.CodeUnavailable {
+			return Identity{}, fmt.Errorf("join: cannot reach the control plane at %s: %s", url, ce.Message())
+		}
 		if errors.As(err, &ce) {
 			return Identity{}, fmt.Errorf("join refused (%s): %s", ce.Code(), ce.Message())
 		}
@@ -57,5 +60,5 @@ func Join(ctx context.Context, client *http.Client, url, token string, facts *ag
 	}
 	m := resp.Msg
 	return Identity{NodeID: m.GetNodeId(), NodeName: m.GetNodeName(), KeyDER: keyDER, CertDER: m.GetCertificateDer(),
-		CADER: m.GetCaCertificatesDer(), Gateways: m.GetGatewayAddresses(), NotAfter: m.GetNotAfter().AsTime()}, nil
+		CADER: m.GetCaCertificatesDer(), Gateways: m.GetGatewayAddresses(), NotAfter: m.GetNotAfter().AsTime(), URL: url}, nil
 }

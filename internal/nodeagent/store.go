@@ -22,6 +22,7 @@ type Identity struct {
 	CADER    [][]byte  `json:"ca"`
 	Gateways []string  `json:"gateways"`
 	NotAfter time.Time `json:"notAfter"`
+	URL      string    `json:"url,omitempty"` // the control plane's API, which the node joined through
 }
 
 // Store is the agent's journal: what must survive a restart or a cut connection. Every method

@@ -173,7 +173,9 @@ func (n NoGPUs) Inventory() ([]*agentv1.GPU, string) { return nil, n.Why }
 func (NoGPUs) Events() <-chan *agentv1.GPUEvent { return nil }
 
 // Health implements GPUs.
-func (n NoGPUs) Health() (map[string]any, error) { return map[string]any{"gpus": 0, "gpuStatus": n.Why}, nil }
+func (n NoGPUs) Health() (map[string]any, error) {
+	return map[string]any{"gpus": 0, "gpuStatus": n.Why}, nil
+}
 
 // Cleared implements GPUs.
 func (NoGPUs) Cleared(int) {}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/better-compute/compute/agent/v1"
@@ -67,7 +68,7 @@ func open(dir string, readOnly bool) (*Journal, error) {
 		return nil, fmt.Errorf("journal: state directory: %w", err)
 	}
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second, ReadOnly: readOnly})
-	if errors.Is(err, bolt.ErrTimeout) {
+	if errors.Is(err, bolterrors.ErrTimeout) {
 		return nil, fmt.Errorf("%w (%s)", ErrLocked, path)
 	}
 	if err != nil {

@@ -1,0 +1,193 @@
+// Package daemon runs bcd's node mode: the node agent over the journal, the machine's hardware
+// (or fake hardware) and the CDI converger, writing a status file that `bcd status` reads while
+// the journal is held.
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	agentv1 "github.com/better-compute/compute/agent/v1"
+	"github.com/better-compute/compute/bcd/internal/cdi"
+	"github.com/better-compute/compute/bcd/internal/hardware"
+	"github.com/better-compute/compute/bcd/internal/journal"
+	"github.com/better-compute/compute/internal/nodeagent"
+)
+
+// Fake describes fake hardware, for tests and demonstrations on machines without GPUs.
+type Fake struct {
+	GPUs         int           `json:"gpus"`
+	Model        string        `json:"model,omitempty"`
+	CommandDelay time.Duration `json:"commandDelay,omitempty"`
+}
+
+// Config is what bcd node runs with.
+type Config struct {
+	StateDir string
+	CDIDir   string
+	Gateway  string // overrides the gateways of the join
+	Fake     *Fake  // nil: the real machine
+	Version  string
+	Logger   *slog.Logger
+}
+
+// Status is the status file: the agent's status and what bcd knows of its machine.
+type Status struct {
+	nodeagent.Status
+	PID       int       `json:"pid"`
+	Version   string    `json:"version"`
+	GPUStatus string    `json:"gpuStatus,omitempty"` // why there are no GPUs, if there are none
+	GPUs      int       `json:"gpus"`
+	CDIDir    string    `json:"cdiDir"`
+	URL       string    `json:"url,omitempty"` // the control plane the node joined
+	UpdatedAt time.Time `json:"updatedAt"`
+}
+
+// StatusPath is the status file of a state directory.
+func StatusPath(stateDir string) string { return filepath.Join(stateDir, "status.json") }
+
+// Run runs the node until ctx ends.
+func Run(ctx context.Context, cfg Config) error {
+	j, err := journal.Open(cfg.StateDir)
+	if err != nil {
+		return err
+	}
+	defer j.Close()
+	id, ok, err := j.Identity()
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return errors.New("this node has not joined: run bcd join --url URL --token TOKEN first")
+	}
+	hw, closeHW, err := openHardware(cfg, id.NodeName)
+	if err != nil {
+		return err
+	}
+	defer closeHW()
+	inv, err := hw.Inventory(ctx)
+	if err != nil {
+		return fmt.Errorf("read the machine: %w", err)
+	}
+	host, _ := os.Hostname()
+	a, err := nodeagent.New(nodeagent.Config{
+		Store: j, Hardware: hw, Converger: &cdi.Converger{Dir: cfg.CDIDir}, Logger: cfg.Logger, Version: cfg.Version,
+		Gateway: cfg.Gateway, Facts: &agentv1.MachineFacts{Hostname: host, MachineId: machineID(), Os: "linux", AgentVersion: cfg.Version},
+	})
+	if err != nil {
+		return err
+	}
+	write := func() {
+		s := Status{Status: a.Status(), PID: os.Getpid(), Version: cfg.Version, GPUStatus: inv.GetGpuStatus(),
+			GPUs: len(inv.GetGpus()), CDIDir: cfg.CDIDir, URL: id.URL, UpdatedAt: time.Now()}
+		if s.NodeID == "" {
+			s.NodeID, s.NodeName, s.CertNotAfter = id.NodeID, id.NodeName, id.NotAfter
+		}
+		if err := writeStatus(cfg.StateDir, s); err != nil {
+			cfg.Logger.Warn("bcd: write the status file", "error", err)
+		}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			write()
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	cfg.Logger.Info("bcd: node running", "node", id.NodeName, "id", id.NodeID, "gpus", len(inv.GetGpus()), "gpuStatus", inv.GetGpuStatus())
+	err = a.Run(ctx)
+	<-done
+	os.Remove(StatusPath(cfg.StateDir))
+	return err
+}
+
+func openHardware(cfg Config, name string) (nodeagent.Hardware, func(), error) {
+	if cfg.Fake != nil {
+		model := cfg.Fake.Model
+		if model == "" {
+			model = "NVIDIA H100 80GB HBM3"
+		}
+		hw := nodeagent.NewFakeHardware(name, cfg.Fake.GPUs, model)
+		hw.SlowCommands(cfg.Fake.CommandDelay)
+		return hw, func() {}, nil
+	}
+	gpus, err := hardware.OpenSystemGPUs()
+	if err != nil {
+		return nil, nil, err
+	}
+	closeFn := func() {}
+	if c, ok := gpus.(interface{ Close() }); ok {
+		closeFn = c.Close
+	}
+	return &hardware.Machine{Host: hardware.Host{Disk: cfg.StateDir}, GPUs: gpus}, closeFn, nil
+}
+
+func machineID() string {
+	for _, p := range []string{"/etc/machine-id", "/var/lib/dbus/machine-id"} {
+		if b, err := os.ReadFile(p); err == nil && len(b) > 1 {
+			return string(b[:len(b)-1])
+		}
+	}
+	h, _ := os.Hostname()
+	return "host-" + h
+}
+
+func writeStatus(dir string, s Status) error {
+	b, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := StatusPath(dir) + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, StatusPath(dir))
+}
+
+// ReadStatus returns what `bcd status` shows: the status file of a running node, or else what
+// the journal holds (the node is not running).
+func ReadStatus(stateDir string) (Status, bool, error) {
+	var s Status
+	if b, err := os.ReadFile(StatusPath(stateDir)); err == nil && json.Unmarshal(b, &s) == nil &&
+		time.Since(s.UpdatedAt) < 10*time.Second && alive(s.PID) {
+		return s, true, nil
+	}
+	j, err := journal.OpenReadOnly(stateDir)
+	if err != nil {
+		return s, false, err
+	}
+	defer j.Close()
+	id, ok, err := j.Identity()
+	if err != nil {
+		return s, false, err
+	}
+	if !ok {
+		return s, false, errors.New("this node has not joined: run bcd join")
+	}
+	ds, applied, _ := j.Desired()
+	results, _ := j.Results()
+	s = Status{Status: nodeagent.Status{NodeID: id.NodeID, NodeName: id.NodeName, AppliedGeneration: applied,
+		Holds: len(ds.GetHolds()), PendingResults: len(results), CertNotAfter: id.NotAfter}}
+	return s, false, nil
+}
+
+func alive(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	return syscall.Kill(pid, 0) == nil
+}
