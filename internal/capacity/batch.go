@@ -75,6 +75,9 @@ func reserveBatch(ctx context.Context, tx pgx.Tx, rt *modules.Runtime, calls []*
 	for i, c := range calls {
 		in := c.In
 		win, err := requestWindow(now, nil, in.Duration, in.End)
+		if err == nil {
+			err = quotas.check(tenant, requested(in))
+		}
 		if err != nil {
 			out[i].Err = err
 			continue

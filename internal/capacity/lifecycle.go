@@ -114,6 +114,17 @@ func (qs quotaRows) check(tenant string, cl claims) error {
 	return nil
 }
 
+// requested is what a request will claim, as far as it is known before placement: the GPUs'
+// model only when the request names one.
+func requested(in api.CreateReservation) claims {
+	m := in.MemberCount()
+	cl := claims{VCPUs: in.VCPUs * m, MemoryGiB: in.MemoryGiB * m}
+	if in.GPUs > 0 {
+		cl.GPUs = map[string]int{in.Model: in.GPUs * m}
+	}
+	return cl
+}
+
 // add counts claims in the rows read, for the next check in the same transaction.
 func (qs quotaRows) add(cl claims) {
 	for i := range qs {

@@ -102,6 +102,10 @@ func reserve(ctx context.Context, c *modules.Call, in api.CreateReservation) (ap
 	if err != nil {
 		return api.Reservation{}, err
 	}
+	// Over quota is known before placing: say so rather than look for room.
+	if err := quotas.check(r.tenant, requested(in)); err != nil {
+		return api.Reservation{}, err
+	}
 
 	// Place every member first: a gang is booked whole or not at all.
 	var plans []memberPlan

@@ -66,7 +66,7 @@ var clientTemplate = flavour{
 	pkg: "client", imports: `"context"
 
 	"github.com/better-compute/compute/api"`,
-	root: "groups", rootDoc: "groups are the typed calls of the client: one per method of the method table (package api).",
+	root: "groups", rootDoc: "groups are the typed calls of the client, embedded in Client: one per method of the method table (package api).",
 	groupField: "c *Client",
 	call:       func(m string) string { return "call(ctx, g.c, api." + m + ", in)" },
 	params:     "",
