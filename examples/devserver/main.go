@@ -1,7 +1,7 @@
 // Command devserver runs the whole Better Compute control plane on an embedded PostgreSQL, for
 // development:
 //
-//	go run ./examples/devserver [-addr 127.0.0.1:8080] [-gateway 127.0.0.1:8443] [-data-dir .devdata]
+//	go run ./examples/devserver [-sim N] [-addr 127.0.0.1:8080] [-gateway 127.0.0.1:8443] [-data-dir .devdata]
 //
 // It prints the API's URL and a development API key with every right in the root tenant, and
 // stops cleanly on Ctrl-C. With -data-dir, a restart keeps what was created.
@@ -25,6 +25,7 @@ func main() {
 	gateway := flag.String("gateway", "127.0.0.1:8443", "address to serve node sessions on (gRPC over mutual TLS)")
 	dataDir := flag.String("data-dir", "", "keep the database and secret in this directory across restarts (default: a temporary database, deleted on exit)")
 	verbose := flag.Bool("v", false, "log debug messages")
+	simN := flag.Int("sim", 0, "join this many simulated GPU machines (8 H100s each) into the pool \"gpu\"")
 	flag.Parse()
 
 	level := slog.LevelInfo
@@ -35,12 +36,16 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	s, err := devserver.Start(ctx, devserver.Options{Addr: *addr, GatewayAddr: *gateway, DataDir: *dataDir, Logger: logger})
+	s, err := devserver.Start(ctx, devserver.Options{Addr: *addr, GatewayAddr: *gateway, DataDir: *dataDir, Logger: logger, Sim: *simN})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "devserver:", err)
 		os.Exit(1)
 	}
-	fmt.Printf("Better Compute devserver\n  URL:     %s\n  Gateway: %s\n  API key: %s\n\n", s.URL, s.Gateway, s.APIKey)
+	fmt.Printf("Better Compute devserver\n  URL:     %s\n  Gateway: %s\n  API key: %s\n", s.URL, s.Gateway, s.APIKey)
+	if *simN > 0 {
+		fmt.Printf("  Nodes:   %d simulated machines with 8 H100s each, in pool %q\n", *simN, devserver.SimPool)
+	}
+	fmt.Println()
 	fmt.Printf("Try:\n  curl -X POST -H \"Authorization: Bearer %s\" %s/api/compute/pools/list -d '{}'\n\nCtrl-C stops it.\n", s.APIKey, s.URL)
 
 	<-ctx.Done()

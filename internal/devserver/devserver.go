@@ -19,7 +19,9 @@ import (
 	"time"
 
 	"github.com/better-compute/compute"
+	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/iam"
+	"github.com/better-compute/compute/internal/sim"
 	"github.com/better-compute/compute/postgres"
 	"github.com/better-compute/compute/postgres/embedded"
 )
@@ -35,7 +37,12 @@ type Options struct {
 	Logger      *slog.Logger
 	// HeartbeatInterval fixes what nodes are asked for; 0: the gateway's default.
 	HeartbeatInterval time.Duration
+	// Sim joins this many simulated GPU machines (8 H100s each) into the pool SimPool at start.
+	Sim int
 }
+
+// SimPool is the pool simulated machines join.
+const SimPool = "gpu"
 
 // Server is a running devserver.
 type Server struct {
@@ -49,6 +56,7 @@ type Server struct {
 
 	http     *http.Server
 	gw       *http.Server
+	fleet    *sim.Fleet
 	stopDB   func(context.Context) error
 	served   chan error
 	gwServed chan error
@@ -133,12 +141,39 @@ func Start(ctx context.Context, o Options) (_ *Server, err error) {
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() { s.served <- s.http.Serve(s.listener) }()
+	if o.Sim > 0 {
+		if err := s.simulate(ctx, o.Sim); err != nil {
+			return nil, err
+		}
+	}
 	return s, nil
+}
+
+// simulate joins n simulated machines into SimPool (made if missing) and waits for their sessions.
+func (s *Server) simulate(ctx context.Context, n int) error {
+	a := s.Compute.API
+	if _, err := a.Pools.Create(ctx, s.APIKey, api.CreatePool{Name: SimPool, Description: "simulated GPU machines"}); err != nil && api.CodeOf(err) != api.CodeConflict {
+		return err
+	}
+	tok, err := a.JoinTokens.Create(ctx, s.APIKey, api.CreateJoinToken{Pool: SimPool, MaxUses: n, TTL: "1h", Description: "devserver --sim"})
+	if err != nil {
+		return err
+	}
+	s.fleet, err = sim.Start(context.WithoutCancel(ctx), sim.Options{URL: s.URL, Token: tok.Token, Nodes: n, Logger: s.logger})
+	if err != nil {
+		return fmt.Errorf("devserver: simulated nodes: %w", err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	return s.fleet.WaitConnected(wctx)
 }
 
 // Stop shuts everything down in order: HTTP, background work, the pool, the database.
 func (s *Server) Stop(ctx context.Context) error {
 	var errs []error
+	if s.fleet != nil {
+		s.fleet.Stop()
+	}
 	if s.http != nil {
 		errs = append(errs, s.http.Shutdown(ctx))
 		if err := <-s.served; !errors.Is(err, http.ErrServerClosed) {

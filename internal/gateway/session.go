@@ -224,7 +224,9 @@ func (g *Gateway) claim(ctx context.Context, nodeID string, hello *agentv1.Hello
 			return err
 		}
 		if status != api.NodeOnline {
-			if _, err := tx.Exec(ctx, `UPDATE compute.nodes SET status = 'online', last_seen_at = compute.compute_now(), updated_at = compute.compute_now() WHERE id = $1`, nodeID); err != nil {
+			// A node that connects is healthy until its reports say otherwise.
+			if _, err := tx.Exec(ctx, `UPDATE compute.nodes SET status = 'online', last_seen_at = compute.compute_now(), updated_at = compute.compute_now(),
+				  health = CASE WHEN health = 'unknown' THEN 'healthy' ELSE health END WHERE id = $1`, nodeID); err != nil {
 				return err
 			}
 			if err := capacity.RefreshNodes(ctx, tx, nodeID); err != nil {

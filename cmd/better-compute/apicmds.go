@@ -1,0 +1,243 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"time"
+	"unicode"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/client"
+)
+
+// apiCommands makes a command per group and method of the method table, with flags from the
+// method's input type.
+func apiCommands(p *profile) []*cobra.Command {
+	groups := map[string]*cobra.Command{}
+	var order []*cobra.Command
+	for _, d := range api.Table() {
+		info := d.Info()
+		g, ok := groups[info.Group]
+		if !ok {
+			g = &cobra.Command{Use: kebab(info.Group), Short: "The " + info.Group + " group of the API"}
+			groups[info.Group] = g
+			order = append(order, g)
+		}
+		g.AddCommand(methodCmd(p, d))
+	}
+	return order
+}
+
+// binding sets one field of an input from a flag.
+type binding struct {
+	flag  string
+	index []int
+	set   func(v reflect.Value, fs *pflag.FlagSet) error
+}
+
+func methodCmd(p *profile, d api.Describer) *cobra.Command {
+	info := d.Info()
+	in, _ := d.Types()
+	var raw, key string
+	var bindings []binding
+	positional := positionalField(info, in)
+	use := kebab(info.Name)
+	if positional != "" {
+		use += " [" + kebab(positional) + "]"
+	}
+	cmd := &cobra.Command{
+		Use:   use,
+		Short: info.Summary,
+		Long:  fmt.Sprintf("%s\n\nPOST %s, IAM action %s on %s.", info.Summary, info.Path(), info.Action, info.Resource),
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			v := reflect.New(in)
+			if raw != "" {
+				if err := json.Unmarshal([]byte(raw), v.Interface()); err != nil {
+					return usageError{fmt.Errorf("--json: %w", err)}
+				}
+			}
+			for _, b := range bindings {
+				if cmd.Flags().Changed(b.flag) {
+					if err := b.set(v.Elem().FieldByIndex(b.index), cmd.Flags()); err != nil {
+						return usageError{fmt.Errorf("--%s: %w", b.flag, err)}
+					}
+				}
+			}
+			if len(args) == 1 {
+				if positional == "" {
+					return usageError{fmt.Errorf("%s %s takes no argument", kebab(info.Group), kebab(info.Name))}
+				}
+				f := v.Elem().FieldByName(positional)
+				f.SetString(args[0])
+			}
+			if p.URL == "" {
+				return usageError{errors.New("no control plane: pass --url or set BETTER_COMPUTE_URL")}
+			}
+			cl, err := client.New(p.URL, client.WithAPIKey(p.APIKey), client.WithUserAgent("better-compute/"+version))
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			if key != "" {
+				ctx = api.WithIdempotencyKey(ctx, key)
+			}
+			ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+			defer cancel()
+			out, err := cl.Do(ctx, info, v.Elem().Interface())
+			if err != nil {
+				return err
+			}
+			return render(cmd.OutOrStdout(), p.Output, out)
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&raw, "json", "", "the whole input as a JSON object (flags then override its fields)")
+	if info.Mutating {
+		fs.StringVar(&key, "idempotency-key", "", "repeat the call safely: the same key and input return the first answer")
+	}
+	bindings = bindFields(fs, in, nil)
+	return cmd
+}
+
+// positionalField is the input field a lone argument fills: the resource the method names
+// (pools get h100 fills Pool).
+func positionalField(info api.MethodInfo, in reflect.Type) string {
+	singular := map[string]string{"sites": "Site", "pools": "Pool", "nodes": "Node", "reservations": "Reservation",
+		"commands": "Command", "devices": "Device", "joinTokens": "Token", "capacity": "Pool"}[info.Group]
+	if info.Name == "create" && info.Group != "capacity" || info.Name == "list" || singular == "" {
+		return ""
+	}
+	if f, ok := in.FieldByName(singular); ok && f.Type.Kind() == reflect.String {
+		return singular
+	}
+	return ""
+}
+
+// bindFields makes a flag for every field a flag can carry, into embedded structs too.
+func bindFields(fs *pflag.FlagSet, t reflect.Type, prefix []int) []binding {
+	var out []binding
+	for i := range t.NumField() {
+		f := t.Field(i)
+		idx := append(append([]int(nil), prefix...), i)
+		if f.Anonymous && f.Type.Kind() == reflect.Struct {
+			out = append(out, bindFields(fs, f.Type, idx)...)
+			continue
+		}
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "" || name == "-" || !f.IsExported() {
+			continue
+		}
+		flag := kebab(name)
+		if fs.Lookup(flag) != nil {
+			continue
+		}
+		usage := "the input's " + name
+		if b, ok := flagFor(fs, flag, f.Type, usage); ok {
+			b.index = idx
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+var (
+	timeType = reflect.TypeFor[time.Time]()
+	rawType  = reflect.TypeFor[json.RawMessage]()
+)
+
+func flagFor(fs *pflag.FlagSet, flag string, t reflect.Type, usage string) (binding, bool) {
+	b := binding{flag: flag}
+	ptr := t.Kind() == reflect.Pointer
+	base := t
+	if ptr {
+		base = t.Elem()
+	}
+	set := func(v reflect.Value, x reflect.Value) {
+		if ptr {
+			p := reflect.New(base)
+			p.Elem().Set(x)
+			v.Set(p)
+		} else {
+			v.Set(x)
+		}
+	}
+	switch {
+	case base == timeType:
+		fs.String(flag, "", usage+" (RFC 3339, e.g. 2030-01-02T15:04:05Z)")
+		b.set = func(v reflect.Value, fs *pflag.FlagSet) error {
+			s, _ := fs.GetString(flag)
+			tm, err := time.Parse(time.RFC3339, s)
+			if err != nil {
+				return fmt.Errorf("%q is not an RFC 3339 time", s)
+			}
+			set(v, reflect.ValueOf(tm))
+			return nil
+		}
+	case base == rawType:
+		fs.String(flag, "", usage+" (a JSON object)")
+		b.set = func(v reflect.Value, fs *pflag.FlagSet) error {
+			s, _ := fs.GetString(flag)
+			if !json.Valid([]byte(s)) {
+				return fmt.Errorf("%q is not JSON", s)
+			}
+			v.Set(reflect.ValueOf(json.RawMessage(s)))
+			return nil
+		}
+	case base.Kind() == reflect.String:
+		fs.String(flag, "", usage)
+		b.set = func(v reflect.Value, fs *pflag.FlagSet) error {
+			s, _ := fs.GetString(flag)
+			set(v, reflect.ValueOf(s).Convert(base))
+			return nil
+		}
+	case base.Kind() == reflect.Int:
+		fs.Int(flag, 0, usage)
+		b.set = func(v reflect.Value, fs *pflag.FlagSet) error {
+			n, _ := fs.GetInt(flag)
+			set(v, reflect.ValueOf(n))
+			return nil
+		}
+	case base.Kind() == reflect.Bool:
+		fs.Bool(flag, false, usage)
+		b.set = func(v reflect.Value, fs *pflag.FlagSet) error {
+			x, _ := fs.GetBool(flag)
+			set(v, reflect.ValueOf(x))
+			return nil
+		}
+	case base.Kind() == reflect.Map && base.Key().Kind() == reflect.String && base.Elem().Kind() == reflect.String:
+		fs.StringToString(flag, nil, usage+" (key=value,…)")
+		b.set = func(v reflect.Value, fs *pflag.FlagSet) error {
+			m, _ := fs.GetStringToString(flag)
+			set(v, reflect.ValueOf(m))
+			return nil
+		}
+	default:
+		return b, false // only through --json
+	}
+	return b, true
+}
+
+// kebab turns a JSON name into a flag name: memoryGiB → memory-gib, tenantId → tenant-id.
+func kebab(s string) string {
+	s = strings.ReplaceAll(s, "GiB", "Gib") // a unit, not two words
+	var b strings.Builder
+	rs := []rune(s)
+	for i, r := range rs {
+		if unicode.IsUpper(r) {
+			if i > 0 && (unicode.IsLower(rs[i-1]) || i+1 < len(rs) && unicode.IsLower(rs[i+1])) {
+				b.WriteByte('-')
+			}
+			r = unicode.ToLower(r)
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}

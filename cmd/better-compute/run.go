@@ -1,0 +1,351 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/better-compute/compute"
+	"github.com/better-compute/compute/iam"
+	"github.com/better-compute/compute/internal/devserver"
+	"github.com/better-compute/compute/internal/sim"
+	"github.com/better-compute/compute/postgres"
+)
+
+func signals() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+}
+
+func logger(w io.Writer, verbose bool) *slog.Logger {
+	level := slog.LevelInfo
+	if verbose {
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
+}
+
+func devCmd() *cobra.Command {
+	o := devserver.Options{}
+	var verbose bool
+	c := &cobra.Command{
+		Use:   "dev",
+		Short: "Run the development server: the whole control plane on an embedded PostgreSQL",
+		Long: `dev runs every process mode in one process on a private PostgreSQL (or $BETTER_COMPUTE_DATABASE_URL),
+prints the API's URL and an API key with every right, and with --sim N joins N simulated machines with
+8 GPUs each into the pool "gpu". Ctrl-C stops it.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signals()
+			defer stop()
+			o.Logger = logger(cmd.ErrOrStderr(), verbose)
+			s, err := devserver.Start(ctx, o)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "Better Compute devserver\n  URL:     %s\n  Gateway: %s\n  API key: %s\n", s.URL, s.Gateway, s.APIKey)
+			if o.Sim > 0 {
+				fmt.Fprintf(out, "  Nodes:   %d simulated machines with 8 H100s each, in pool %q\n", o.Sim, devserver.SimPool)
+			}
+			fmt.Fprintf(out, "\nexport BETTER_COMPUTE_URL=%s BETTER_COMPUTE_API_KEY=%s\n", s.URL, s.APIKey)
+			<-ctx.Done()
+			sctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			return s.Stop(sctx)
+		},
+	}
+	c.Flags().IntVar(&o.Sim, "sim", 0, "simulated GPU machines to join")
+	c.Flags().StringVar(&o.Addr, "addr", "127.0.0.1:8080", "the API's address")
+	c.Flags().StringVar(&o.GatewayAddr, "gateway", "127.0.0.1:8443", "the node sessions' address")
+	c.Flags().StringVar(&o.DataDir, "data-dir", "", "keep the database here across restarts")
+	c.Flags().BoolVarP(&verbose, "verbose", "v", false, "debug logs")
+	return c
+}
+
+// serveConfig is the control plane's configuration: flags, then the environment, then a config file.
+type serveConfig struct {
+	Mode           string   `json:"mode"`
+	DatabaseURL    string   `json:"databaseUrl"`
+	Secret         string   `json:"secret"`
+	RootTenant     string   `json:"rootTenant"`
+	BaseURL        string   `json:"baseUrl"`
+	Listen         string   `json:"listen"`
+	GatewayListen  string   `json:"gatewayListen"`
+	GatewayHosts   []string `json:"gatewayHosts"`
+	GatewayAddress []string `json:"gatewayAddresses"`
+}
+
+func serveCmd() *cobra.Command {
+	cfg := serveConfig{Mode: "all", RootTenant: "root", Listen: ":8080", GatewayListen: ":8443"}
+	var configPath string
+	var verbose bool
+	c := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the control plane for real, in one process mode or all",
+		Long: `serve runs the control plane on a PostgreSQL database, with Better IAM in-process on the same database.
+
+  --mode api       the public API and JoinService, on --listen
+  --mode gateway   node sessions, over mutual TLS on --gateway-listen
+  --mode worker    reconcilers: reservation lifecycle, billing, command deadlines, offline nodes
+  --mode all       all of it
+
+Processes of different modes on one database work together. Every mode serves /healthz (alive) and
+/readyz (initialized, database answering) on --listen. SIGTERM stops it gracefully.
+
+Settings: flags, then $BETTER_COMPUTE_DATABASE_URL, $BETTER_COMPUTE_SECRET, $BETTER_COMPUTE_MODE,
+$BETTER_COMPUTE_ROOT_TENANT, $BETTER_COMPUTE_BASE_URL, then --config (JSON: mode, databaseUrl, secret,
+rootTenant, baseUrl, listen, gatewayListen, gatewayHosts, gatewayAddresses).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := cfg.fill(cmd, configPath); err != nil {
+				return err
+			}
+			ctx, stop := signals()
+			defer stop()
+			return serve(ctx, cfg, logger(cmd.ErrOrStderr(), verbose), cmd.OutOrStdout())
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&cfg.Mode, "mode", cfg.Mode, "api, gateway, worker or all")
+	f.StringVar(&cfg.DatabaseURL, "database-url", "", "PostgreSQL URL ($BETTER_COMPUTE_DATABASE_URL)")
+	f.StringVar(&cfg.Secret, "secret", "", "the control plane's secret, 32 characters or more ($BETTER_COMPUTE_SECRET)")
+	f.StringVar(&cfg.RootTenant, "root-tenant", cfg.RootTenant, "the IAM root tenant ($BETTER_COMPUTE_ROOT_TENANT)")
+	f.StringVar(&cfg.BaseURL, "base-url", "", "the API's public URL ($BETTER_COMPUTE_BASE_URL; default from --listen)")
+	f.StringVar(&cfg.Listen, "listen", cfg.Listen, "the API's address (and health endpoints')")
+	f.StringVar(&cfg.GatewayListen, "gateway-listen", cfg.GatewayListen, "node sessions' address (gateway and all modes)")
+	f.StringSliceVar(&cfg.GatewayHosts, "gateway-hosts", nil, "names and addresses nodes dial the gateway by, for its certificate (default: this host's name, localhost, 127.0.0.1)")
+	f.StringSliceVar(&cfg.GatewayAddress, "gateway-address", nil, "gateway host:port handed to joining nodes")
+	f.StringVar(&configPath, "config", "", "config file")
+	f.BoolVarP(&verbose, "verbose", "v", false, "debug logs")
+	return c
+}
+
+func (cfg *serveConfig) fill(cmd *cobra.Command, path string) error {
+	var file serveConfig
+	if path != "" {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return fmt.Errorf("config: %w", err)
+		}
+		if err := json.Unmarshal(b, &file); err != nil {
+			return fmt.Errorf("config %s: %w", path, err)
+		}
+	}
+	pick := func(flag, env, fromFile string, dst *string) {
+		if cmd.Flags().Changed(flag) {
+			return
+		}
+		if v := os.Getenv(env); v != "" && env != "" {
+			*dst = v
+		} else if fromFile != "" {
+			*dst = fromFile
+		}
+	}
+	pick("mode", "BETTER_COMPUTE_MODE", file.Mode, &cfg.Mode)
+	pick("database-url", postgres.EnvDatabaseURL, file.DatabaseURL, &cfg.DatabaseURL)
+	pick("secret", "BETTER_COMPUTE_SECRET", file.Secret, &cfg.Secret)
+	pick("root-tenant", "BETTER_COMPUTE_ROOT_TENANT", file.RootTenant, &cfg.RootTenant)
+	pick("base-url", "BETTER_COMPUTE_BASE_URL", file.BaseURL, &cfg.BaseURL)
+	pick("listen", "", file.Listen, &cfg.Listen)
+	pick("gateway-listen", "", file.GatewayListen, &cfg.GatewayListen)
+	if !cmd.Flags().Changed("gateway-hosts") && len(file.GatewayHosts) > 0 {
+		cfg.GatewayHosts = file.GatewayHosts
+	}
+	if !cmd.Flags().Changed("gateway-address") && len(file.GatewayAddress) > 0 {
+		cfg.GatewayAddress = file.GatewayAddress
+	}
+	if cfg.DatabaseURL == "" {
+		return usageError{errors.New("serve needs a database: --database-url or $BETTER_COMPUTE_DATABASE_URL")}
+	}
+	if cfg.Secret == "" {
+		return usageError{errors.New("serve needs a secret: --secret or $BETTER_COMPUTE_SECRET (32 characters or more)")}
+	}
+	return nil
+}
+
+func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, out io.Writer) error {
+	mode := compute.Mode(cfg.Mode)
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
+	}
+	defer ln.Close()
+	if cfg.BaseURL == "" {
+		cfg.BaseURL = "http://" + ln.Addr().String()
+	}
+	db, err := postgres.Open(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	port, err := iam.Embedded(db, iam.EmbeddedOptions{RootTenantID: cfg.RootTenant})
+	if err != nil {
+		return err
+	}
+	c, err := compute.New(compute.Options{Database: db, Secret: cfg.Secret, BaseURL: cfg.BaseURL, RootTenantID: cfg.RootTenant,
+		IAM: port, Mode: mode, Logger: log, GatewayAddresses: cfg.GatewayAddress})
+	if err != nil {
+		return err
+	}
+	var ready atomic.Bool
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		if !ready.Load() || db.Pool.Ping(r.Context()) != nil {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = io.WriteString(w, "ready\n")
+	})
+	if mode == compute.ModeAPI || mode == compute.ModeAll {
+		mux.Handle("/api/compute/", c.Handler)
+		mux.Handle("/"+compute.JoinPath, c.JoinHandler)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }() // health answers while Initialize runs
+	if err := c.Initialize(ctx); err != nil {
+		_ = srv.Close()
+		return err
+	}
+	if err := c.Start(ctx); err != nil {
+		_ = srv.Close()
+		return err
+	}
+	var gw *http.Server
+	gwServed := make(chan error, 1)
+	if mode == compute.ModeGateway || mode == compute.ModeAll {
+		hosts := cfg.GatewayHosts
+		if len(hosts) == 0 {
+			h, _ := os.Hostname()
+			hosts = []string{h, "localhost", "127.0.0.1"}
+		}
+		tlsCfg, err := c.GatewayTLS(ctx, hosts...)
+		if err != nil {
+			return err
+		}
+		gln, err := net.Listen("tcp", cfg.GatewayListen)
+		if err != nil {
+			return fmt.Errorf("listen for node sessions on %s: %w", cfg.GatewayListen, err)
+		}
+		gw = &http.Server{Handler: c.NodeHandler, TLSConfig: tlsCfg, ReadHeaderTimeout: 10 * time.Second}
+		go func() { gwServed <- gw.ServeTLS(gln, "", "") }()
+		fmt.Fprintf(out, "better-compute: gateway on %s (hosts %s)\n", gln.Addr(), strings.Join(hosts, ", "))
+	}
+	ready.Store(true)
+	fmt.Fprintf(out, "better-compute: serving, mode %s, on %s\n", mode, ln.Addr())
+	select {
+	case <-ctx.Done():
+	case err := <-served:
+		return err
+	}
+	log.Info("better-compute: stopping")
+	ready.Store(false)
+	sctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	errs := []error{srv.Shutdown(sctx)}
+	if gw != nil {
+		errs = append(errs, gw.Close())
+	}
+	errs = append(errs, c.Stop(sctx))
+	return errors.Join(errs...)
+}
+
+func simCmd() *cobra.Command {
+	o := sim.Options{Version: version}
+	c := &cobra.Command{
+		Use:   "sim --nodes N --url URL --token TOKEN",
+		Short: "Join N simulated machines to a running control plane and hold their sessions",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cmd.Flags().Changed("url") == false && cmd.Root().PersistentFlags().Lookup("url").Value.String() != "" {
+				o.URL = cmd.Root().PersistentFlags().Lookup("url").Value.String()
+			}
+			if o.URL == "" || o.Token == "" || o.Nodes <= 0 {
+				return usageError{errors.New("sim needs --nodes, --url and --token (a join token with at least N uses)")}
+			}
+			ctx, stop := signals()
+			defer stop()
+			f, err := sim.Start(ctx, o)
+			if err != nil {
+				return err
+			}
+			defer f.Stop()
+			wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+			err = f.WaitConnected(wctx)
+			cancel()
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "sim: %d nodes connected; Ctrl-C stops them\n", o.Nodes)
+			<-ctx.Done()
+			return nil
+		},
+	}
+	c.Flags().IntVar(&o.Nodes, "nodes", 0, "how many machines")
+	c.Flags().StringVar(&o.Token, "token", "", "a join token with at least --nodes uses")
+	c.Flags().StringVar(&o.Gateway, "gateway", "", "gateway host:port (default: what the joins gave)")
+	c.Flags().IntVar(&o.GPUs, "gpus", 8, "GPUs per machine")
+	c.Flags().StringVar(&o.Prefix, "prefix", "sim", "node names are <prefix>-<n>")
+	return c
+}
+
+func iamCmd() *cobra.Command {
+	c := &cobra.Command{Use: "iam", Short: "Administer the embedded Better IAM of a deployment (on its database)"}
+	var dbURL, root, tenant, name string
+	key := &cobra.Command{
+		Use:   "admin-key",
+		Short: "Make an API key with every right in a tenant (the first key of a deployment)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if dbURL == "" {
+				dbURL = os.Getenv(postgres.EnvDatabaseURL)
+			}
+			if dbURL == "" {
+				return usageError{errors.New("iam admin-key needs --database-url or $BETTER_COMPUTE_DATABASE_URL")}
+			}
+			ctx, stop := signals()
+			defer stop()
+			db, err := postgres.Open(ctx, dbURL)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			port, err := iam.Embedded(db, iam.EmbeddedOptions{RootTenantID: root})
+			if err != nil {
+				return err
+			}
+			if err := port.Initialize(ctx); err != nil {
+				return err
+			}
+			if tenant == "" {
+				tenant = root
+			}
+			k, err := port.CreateAdminKey(ctx, tenant, name)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), k.Token)
+			return nil
+		},
+	}
+	key.Flags().StringVar(&dbURL, "database-url", "", "the deployment's database ($BETTER_COMPUTE_DATABASE_URL)")
+	key.Flags().StringVar(&root, "root-tenant", "root", "the root tenant")
+	key.Flags().StringVar(&tenant, "tenant", "", "the tenant the key administers (default: the root)")
+	key.Flags().StringVar(&name, "name", "admin", "the service identity's name")
+	c.AddCommand(key)
+	return c
+}
