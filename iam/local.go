@@ -181,8 +181,34 @@ func (l *Local) AuthorizeMany(ctx context.Context, p Principal, rs []Request) ([
 			byTenant[r.TenantID] = pols
 		}
 		out[i] = evaluate(pols, r)
+		if out[i].Allowed && p.Kind == KindAgent {
+			d, err := l.confirmed(ctx, p, r, out[i])
+			if err != nil {
+				return nil, err
+			}
+			out[i] = d
+		}
 	}
 	return out, nil
+}
+
+// confirmed applies an agent's delegation: an action it reserves is allowed only by consuming
+// one confirmation the person approved.
+func (l *Local) confirmed(ctx context.Context, p Principal, r Request, d Decision) (Decision, error) {
+	_, reserved, err := l.confirmFor(ctx, p.ID, r.Action)
+	if err != nil || !reserved {
+		return d, err
+	}
+	ok, err := l.consume(ctx, p.ID, r)
+	if err != nil {
+		return Decision{}, err
+	}
+	if ok {
+		d.Reason = "allowed, with a person's confirmation"
+		return d, nil
+	}
+	return Decision{Allowed: false, ConfirmationRequired: true, Matched: d.Matched,
+		Reason: "the agent's delegation reserves " + r.Action + " for its person's confirmation"}, nil
 }
 
 // policies returns the policies bound to identity in tenant or any of its ancestors.

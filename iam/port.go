@@ -29,6 +29,27 @@ type Port interface {
 	TenantPath(ctx context.Context, tenant string) ([]string, error)
 
 	Biller
+	Confirmer
+}
+
+// Confirmer is the delegated-confirmation half of a port. A decision that an agent's delegation
+// reserves for its person comes back with ConfirmationRequired; the caller asks for a
+// confirmation, the person decides it, and the next decision of the same request consumes it.
+type Confirmer interface {
+	// RequestConfirmation opens a confirmation of r for the agent p (or returns the one open).
+	RequestConfirmation(ctx context.Context, p Principal, r Request) (Confirmation, error)
+	// Confirmation reads one.
+	Confirmation(ctx context.Context, id string) (Confirmation, error)
+}
+
+// Confirmation is a person's answer to what an agent asked for.
+type Confirmation struct {
+	ID        string     `json:"id"`
+	AgentID   string     `json:"agentId"`
+	Request   Request    `json:"request"`
+	State     string     `json:"state"` // pending, approved, denied, consumed
+	DecidedBy string     `json:"decidedBy,omitempty"`
+	DecidedAt *time.Time `json:"decidedAt,omitempty"`
 }
 
 // Initializer is implemented by ports that own state to prepare before first use (the embedded
@@ -84,9 +105,12 @@ type Request struct {
 
 // Decision is the answer to a Request.
 type Decision struct {
-	Allowed bool   `json:"allowed"`
-	Reason  string `json:"reason,omitempty"`  // why, in words
-	Matched string `json:"matched,omitempty"` // the statement that decided, as role/sid
+	Allowed bool `json:"allowed"`
+	// ConfirmationRequired: the policies allow it, but the agent's delegation reserves the
+	// action for its person's confirmation, and there is none to consume.
+	ConfirmationRequired bool   `json:"confirmationRequired,omitempty"`
+	Reason               string `json:"reason,omitempty"`  // why, in words
+	Matched              string `json:"matched,omitempty"` // the statement that decided, as role/sid
 }
 
 // ResourceType is an entry of the catalog, e.g. compute-pool.

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/postgres"
 	"github.com/better-compute/compute/postgres/pgtest"
@@ -175,6 +177,23 @@ func TestQuickstart(t *testing.T) {
 	if code != 2 || !strings.Contains(errOut, "BETTER_COMPUTE_URL") {
 		t.Fatalf("no URL = %d %q", code, errOut)
 	}
+	// The MCP tools over stdio, from the same binary.
+	mcpCmd := exec.Command(bin, "mcp")
+	mcpCmd.Env = append(os.Environ(), env...)
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "t", Version: "1"}, nil).Connect(context.Background(), &mcp.CommandTransport{Command: mcpCmd}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tools, err := cs.ListTools(context.Background(), nil)
+	if err != nil || len(tools.Tools) != len(api.Methods()) {
+		t.Fatalf("mcp tools = %v, %v", tools, err)
+	}
+	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "nodes_list", Arguments: map[string]any{"pool": "gpu"}})
+	if err != nil || res.IsError || !strings.Contains(res.Content[0].(*mcp.TextContent).Text, "sim-00001") {
+		t.Fatalf("nodes_list over stdio = %+v, %v", res, err)
+	}
+	cs.Close()
+
 	// The config file works too.
 	cfg := filepath.Join(t.TempDir(), "config.json")
 	os.WriteFile(cfg, []byte(`{"url": "`+f[0]+`", "apiKey": "`+f[1]+`"}`), 0o600)

@@ -264,16 +264,14 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, out io.Writer
 	return errors.Join(errs...)
 }
 
-func simCmd() *cobra.Command {
+func simCmd(p *profile) *cobra.Command {
 	o := sim.Options{Version: version}
 	c := &cobra.Command{
 		Use:   "sim --nodes N --url URL --token TOKEN",
 		Short: "Join N simulated machines to a running control plane and hold their sessions",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if cmd.Flags().Changed("url") == false && cmd.Root().PersistentFlags().Lookup("url").Value.String() != "" {
-				o.URL = cmd.Root().PersistentFlags().Lookup("url").Value.String()
-			}
+			o.URL = p.URL
 			if o.URL == "" || o.Token == "" || o.Nodes <= 0 {
 				return usageError{errors.New("sim needs --nodes, --url and --token (a join token with at least N uses)")}
 			}

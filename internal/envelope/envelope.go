@@ -168,6 +168,15 @@ func (e *Envelope) decide(ctx context.Context, p iam.Principal, h *modules.Handl
 	if d.Allowed {
 		return nil
 	}
+	if d.ConfirmationRequired {
+		c, err := e.rt.IAM.RequestConfirmation(ctx, p, req)
+		if err != nil {
+			return e.unavailable(ctx, "request a confirmation", err)
+		}
+		return &api.Error{Code: api.CodeConfirmationRequired,
+			Message: fmt.Sprintf("%s on %s needs a person's confirmation: ask them to approve confirmation %s, then call again", req.Action, req.Resource, c.ID),
+			Details: map[string]any{"confirmationId": c.ID, "action": req.Action, "resource": req.Resource.String(), "tenantId": req.TenantID}}
+	}
 	return &api.Error{Code: api.CodePermissionDenied,
 		Message: fmt.Sprintf("%s on %s in tenant %s is not allowed: %s", req.Action, req.Resource, req.TenantID, d.Reason),
 		Details: map[string]any{"action": req.Action, "resource": req.Resource.String(), "tenantId": req.TenantID, "reason": d.Reason}}

@@ -1,0 +1,74 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/spf13/cobra"
+
+	"github.com/better-compute/compute/client"
+	"github.com/better-compute/compute/internal/mcptools"
+)
+
+func mcpCmd(p *profile) *cobra.Command {
+	var httpAddr string
+	c := &cobra.Command{
+		Use:   "mcp",
+		Short: "Serve the API to AI agents as MCP tools, over stdio or streamable HTTP",
+		Long: `mcp serves one MCP tool per method of the API (pools_list, reservations_create, …), with JSON schemas of
+their inputs, calling the control plane at --url with --api-key (an agent's key). Over stdio (the default)
+one agent uses it; with --http ADDR it serves streamable HTTP, and a session that sends
+Authorization: Bearer <key> acts with that key instead. A mutation that the agent's delegation reserves
+for its person answers confirmation_required with a confirmation id; once the person approves it, the
+same call runs once.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if p.URL == "" {
+				return usageError{errors.New("mcp needs the control plane: --url or $BETTER_COMPUTE_URL")}
+			}
+			server := func(key string) (*mcp.Server, error) {
+				cl, err := client.New(p.URL, client.WithAPIKey(key), client.WithUserAgent("better-compute-mcp/"+version))
+				if err != nil {
+					return nil, err
+				}
+				return mcptools.New(cl, version)
+			}
+			ctx, stop := signals()
+			defer stop()
+			if httpAddr == "" {
+				s, err := server(p.APIKey)
+				if err != nil {
+					return err
+				}
+				return s.Run(ctx, &mcp.StdioTransport{})
+			}
+			h := mcp.NewStreamableHTTPHandler(func(r *http.Request) *mcp.Server {
+				key := p.APIKey
+				if a := r.Header.Get("Authorization"); len(a) > 7 && strings.EqualFold(a[:7], "bearer ") {
+					key = strings.TrimSpace(a[7:])
+				}
+				s, err := server(key)
+				if err != nil {
+					return nil
+				}
+				return s
+			}, nil)
+			srv := &http.Server{Addr: httpAddr, Handler: h, ReadHeaderTimeout: 10 * time.Second}
+			fmt.Fprintf(cmd.OutOrStdout(), "better-compute mcp: streamable HTTP on %s\n", httpAddr)
+			errc := make(chan error, 1)
+			go func() { errc <- srv.ListenAndServe() }()
+			select {
+			case <-ctx.Done():
+				return srv.Close()
+			case err := <-errc:
+				return err
+			}
+		},
+	}
+	c.Flags().StringVar(&httpAddr, "http", "", "serve streamable HTTP on this address instead of stdio")
+	return c
+}
