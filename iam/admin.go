@@ -73,7 +73,11 @@ func (l *Local) CreateTenant(ctx context.Context, in CreateTenant) (Tenant, erro
 	if postgres.ErrorCode(err) == postgres.UniqueViolation {
 		return Tenant{}, fmt.Errorf("iam: tenant %q already exists", in.ID)
 	}
-	return t, err
+	if err != nil {
+		return Tenant{}, err
+	}
+	l.pathCache.clear()
+	return t, l.event(ctx, l.db.Pool, "tenant.created", t.ID, t.ID, map[string]any{"parent": t.ParentID, "kind": t.Kind})
 }
 
 // Identity is a user, service or agent in one tenant.
@@ -149,15 +153,17 @@ func (l *Local) CreateAPIKey(ctx context.Context, identityID, name string, expir
 
 // RevokeAPIKey revokes a key: it stops authenticating at once.
 func (l *Local) RevokeAPIKey(ctx context.Context, keyID string) error {
-	tag, err := l.db.Pool.Exec(ctx, `UPDATE iam.api_keys SET revoked_at = coalesce(revoked_at, compute.compute_now()) WHERE id = $1`, keyID)
+	var identity, tenant string
+	err := l.db.Pool.QueryRow(ctx, `UPDATE iam.api_keys k SET revoked_at = coalesce(k.revoked_at, compute.compute_now())
+		FROM iam.identities i WHERE k.id = $1 AND i.id = k.identity_id RETURNING k.identity_id, i.tenant_id`, keyID).Scan(&identity, &tenant)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("iam: API key %q: %w", keyID, ErrNotFound)
+	}
 	if err != nil {
 		return fmt.Errorf("iam: revoke API key: %w", err)
 	}
-	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("iam: API key %q: %w", keyID, ErrNotFound)
-	}
 	l.auth.clear()
-	return nil
+	return l.event(ctx, l.db.Pool, EventKeyRevoked, tenant, identity, map[string]any{"key": keyID})
 }
 
 // Role is a named policy of a tenant.

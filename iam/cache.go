@@ -18,8 +18,13 @@ type DecisionCache struct {
 }
 
 type cacheKey struct {
-	identity, key string
-	req           Request
+	identity, key, tenant, action string
+	resource                      Resource
+}
+
+func keyOf(p Principal, r Request) (cacheKey, bool) {
+	// A request with context (an address, a time) is decided each time.
+	return cacheKey{p.ID, p.KeyID, r.TenantID, r.Action, r.Resource}, len(r.Context) == 0
 }
 
 type cacheEntry struct {
@@ -37,7 +42,10 @@ func (c *DecisionCache) Get(p Principal, r Request) (Decision, bool) {
 	if c == nil || c.ttl <= 0 {
 		return Decision{}, false
 	}
-	k := cacheKey{p.ID, p.KeyID, r}
+	k, cacheable := keyOf(p, r)
+	if !cacheable {
+		return Decision{}, false
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.entries[k]
@@ -50,6 +58,10 @@ func (c *DecisionCache) Get(p Principal, r Request) (Decision, bool) {
 // Put stores a decision.
 func (c *DecisionCache) Put(p Principal, r Request, d Decision) {
 	if c == nil || c.ttl <= 0 {
+		return
+	}
+	k, cacheable := keyOf(p, r)
+	if !cacheable {
 		return
 	}
 	now := c.now()
@@ -65,7 +77,7 @@ func (c *DecisionCache) Put(p Principal, r Request, d Decision) {
 			clear(c.entries)
 		}
 	}
-	c.entries[cacheKey{p.ID, p.KeyID, r}] = cacheEntry{d, now.Add(c.ttl)}
+	c.entries[k] = cacheEntry{d, now.Add(c.ttl)}
 }
 
 // Forget drops every decision made for an identity (all its keys), e.g. when a key is revoked.

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -49,6 +51,7 @@ type Local struct {
 	auth        *ttlCache[string, authEntry]        // by token hash
 	policyCache *ttlCache[policyKey, []namedPolicy] // by identity and tenant
 	pathCache   *ttlCache[string, []string]         // tenant paths, by tenant
+	resolver    atomic.Pointer[Resolver]
 }
 
 type authEntry struct {
@@ -119,21 +122,23 @@ func (l *Local) Authenticate(ctx context.Context, credential string) (Principal,
 	if err != nil {
 		return Principal{}, err
 	}
-	if kind != TokenAPIKey {
-		return Principal{}, fmt.Errorf("%w: %s tokens are not accepted by the embedded IAM; use an API key (biam_key_…)", ErrUnauthenticated, kind)
-	}
 	hash := string(HashToken(credential))
 	e, gen, cached := l.auth.get(hash)
 	p, expired, revoked := e.p, e.expired, e.revoked
 	if !cached {
-		var left *float64 // seconds until the key expires, by the database's clock
-		err = l.db.Pool.QueryRow(ctx, `
-			SELECT i.id, i.kind, i.tenant_id, i.name, k.id,
-			       k.expires_at IS NOT NULL AND k.expires_at <= compute.compute_now(),
-			       k.revoked_at IS NOT NULL, extract(epoch FROM k.expires_at - compute.compute_now())::float8
-			FROM iam.api_keys k JOIN iam.identities i ON i.id = k.identity_id
-			WHERE k.token_hash = $1`, []byte(hash)).
-			Scan(&p.ID, &p.Kind, &p.TenantID, &p.Name, &p.KeyID, &expired, &revoked, &left)
+		var left *float64 // seconds until the credential expires, by the database's clock
+		if kind == TokenAPIKey {
+			err = l.db.Pool.QueryRow(ctx, `
+				SELECT i.id, i.kind, i.tenant_id, i.name, k.id,
+				       k.expires_at IS NOT NULL AND k.expires_at <= compute.compute_now(),
+				       k.revoked_at IS NOT NULL, extract(epoch FROM k.expires_at - compute.compute_now())::float8
+				FROM iam.api_keys k JOIN iam.identities i ON i.id = k.identity_id
+				WHERE k.token_hash = $1`, []byte(hash)).
+				Scan(&p.ID, &p.Kind, &p.TenantID, &p.Name, &p.KeyID, &expired, &revoked, &left)
+			p.TokenKind = TokenAPIKey
+		} else {
+			p, expired, revoked, left, err = l.authenticateToken(ctx, kind, []byte(hash))
+		}
 		if err == nil && !expired && !revoked {
 			// A key is reused until it would expire, and never past the TTL.
 			var until time.Time
@@ -145,13 +150,13 @@ func (l *Local) Authenticate(ctx context.Context, credential string) (Principal,
 	}
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return Principal{}, fmt.Errorf("%w: unknown API key", ErrUnauthenticated)
+		return Principal{}, fmt.Errorf("%w: unknown %s", ErrUnauthenticated, kindName(kind))
 	case err != nil:
 		return Principal{}, fmt.Errorf("iam: authenticate: %w", err)
 	case revoked:
-		return Principal{}, fmt.Errorf("%w: API key %s was revoked", ErrUnauthenticated, p.KeyID)
+		return Principal{}, fmt.Errorf("%w: %s %s was revoked", ErrUnauthenticated, kindName(kind), p.KeyID)
 	case expired:
-		return Principal{}, fmt.Errorf("%w: API key %s has expired", ErrUnauthenticated, p.KeyID)
+		return Principal{}, fmt.Errorf("%w: %s %s has expired", ErrUnauthenticated, kindName(kind), p.KeyID)
 	}
 	p.Credential = credential
 	return p, nil
@@ -178,9 +183,22 @@ func (l *Local) AuthorizeMany(ctx context.Context, p Principal, rs []Request) ([
 			if pols, err = l.policies(ctx, p.ID, r.TenantID); err != nil {
 				return nil, err
 			}
+			if p.RoleID != "" { // an assumed role: that role alone
+				pols = onlyRole(pols, p.RoleID)
+			}
 			byTenant[r.TenantID] = pols
 		}
-		out[i] = evaluate(pols, r)
+		// The resource's attributes are looked up only when a policy could use them.
+		var attrs map[string]any
+		if needsResource(pols) {
+			var err error
+			if attrs, err = l.attributes(ctx, p, r); err != nil {
+				return nil, err
+			}
+		} else {
+			attrs = Attributes(p, r, nil)
+		}
+		out[i] = evaluate(pols, r, attrs)
 		if out[i].Allowed && p.Kind == KindAgent {
 			d, err := l.confirmed(ctx, p, r, out[i])
 			if err != nil {
@@ -232,7 +250,7 @@ func (l *Local) readPolicies(ctx context.Context, identity, tenant string) ([]na
 		  UNION ALL
 		  SELECT t.id, t.parent_id FROM iam.tenants t JOIN up ON t.id = up.parent_id
 		)
-		SELECT r.name, r.policy FROM iam.bindings b JOIN iam.roles r ON r.id = b.role_id
+		SELECT r.id, r.name, r.policy FROM iam.bindings b JOIN iam.roles r ON r.id = b.role_id
 		WHERE b.identity_id = $1 AND b.tenant_id IN (SELECT id FROM up)
 		ORDER BY r.id`, identity, tenant)
 	if err != nil {
@@ -240,9 +258,9 @@ func (l *Local) readPolicies(ctx context.Context, identity, tenant string) ([]na
 	}
 	var out []namedPolicy
 	for rows.Next() {
-		var name string
+		var id, name string
 		var doc []byte
-		if err := rows.Scan(&name, &doc); err != nil {
+		if err := rows.Scan(&id, &name, &doc); err != nil {
 			return nil, err
 		}
 		pol, err := ParsePolicy(doc)
@@ -251,7 +269,7 @@ func (l *Local) readPolicies(ctx context.Context, identity, tenant string) ([]na
 			// and allows nothing, and says so.
 			return nil, fmt.Errorf("iam: role %s: %w", name, err)
 		}
-		out = append(out, namedPolicy{name: name, policy: pol})
+		out = append(out, namedPolicy{id: id, name: name, policy: pol})
 	}
 	return out, rows.Err()
 }
@@ -314,4 +332,67 @@ func (l *Local) Catalog(ctx context.Context) (Catalog, error) {
 	}
 	c.Actions, err = pgx.CollectRows(rows, pgx.RowToStructByPos[Action])
 	return c, err
+}
+
+// Resolver tells IAM about application-owned resources (compute-pool/…): the attributes that
+// conditions see as resource.*. Better Compute resolves its own, from its tables.
+type Resolver interface {
+	ResolveResource(ctx context.Context, r Resource) (map[string]any, error)
+}
+
+// SetResolver sets the resolver of application-owned resources.
+func (l *Local) SetResolver(r Resolver) { l.resolver.Store(&r) }
+
+func (l *Local) attributes(ctx context.Context, p Principal, r Request) (map[string]any, error) {
+	var res map[string]any
+	if rp := l.resolver.Load(); rp != nil && r.Resource.ID != "*" && r.Resource.ID != "" {
+		var err error
+		if res, err = (*rp).ResolveResource(ctx, r.Resource); err != nil {
+			return nil, fmt.Errorf("iam: resolve %s: %w", r.Resource, err)
+		}
+	}
+	return Attributes(p, r, res), nil
+}
+
+func onlyRole(pols []namedPolicy, role string) []namedPolicy {
+	var out []namedPolicy
+	for _, p := range pols {
+		if p.id == role {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func kindName(k TokenKind) string {
+	switch k {
+	case TokenAPIKey:
+		return "API key"
+	case TokenSession:
+		return "session"
+	case TokenRole:
+		return "role token"
+	case TokenSTS:
+		return "STS token"
+	case TokenDelegation:
+		return "delegation token"
+	}
+	return "token"
+}
+
+// needsResource reports whether any statement has conditions or refers to resource attributes.
+func needsResource(pols []namedPolicy) bool {
+	for _, p := range pols {
+		for _, s := range p.policy.Statements {
+			if len(s.Conditions) > 0 {
+				return true
+			}
+			for _, pat := range append(append([]string(nil), s.Actions...), s.Resources...) {
+				if strings.Contains(pat, "${resource.") {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }

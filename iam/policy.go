@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"time"
 )
 
 // Effect is what a statement does when it matches.
@@ -72,24 +73,45 @@ func (p Policy) Validate() error {
 				return fmt.Errorf("%s: resource %q must be written type/id (or *)", where, r)
 			}
 		}
-		// Conditions are part of Better IAM's model; this embedded cut does not evaluate them
-		// yet, so it refuses them rather than ignore what a statement restricts.
-		if len(s.Conditions) > 0 {
-			return fmt.Errorf("%s: conditions are not supported by this version of the embedded IAM", where)
+		if err := checkConditions(s.Conditions); err != nil {
+			return fmt.Errorf("%s: %w", where, err)
 		}
 	}
 	return nil
 }
 
+// Attributes are what conditions and ${variables} of a decision can refer to: principal.*,
+// request.*, resource.* and the request's context.
+func Attributes(p Principal, r Request, resource map[string]any) map[string]any {
+	a := map[string]any{
+		"principal.id": p.ID, "principal.kind": string(p.Kind), "principal.tenantId": p.TenantID, "principal.name": p.Name,
+		"request.tenantId": r.TenantID, "request.action": r.Action, "request.time": time.Now().UTC().Format(time.RFC3339Nano),
+		"resource.type": r.Resource.Type, "resource.id": r.Resource.ID,
+	}
+	for k, v := range resource {
+		a["resource."+k] = v
+	}
+	for k, v := range r.Context {
+		a[k] = v
+	}
+	return a
+}
+
 // evaluate decides r against the statements of named policies: an explicit deny wins, then any
-// allow; no match is a deny.
-func evaluate(policies []namedPolicy, r Request) Decision {
+// allow; no match is a deny. Patterns and condition values may use ${variables} of attrs.
+func evaluate(policies []namedPolicy, r Request, attrs map[string]any) Decision {
 	res := r.Resource.String()
 	var allow *Decision
 	for _, np := range policies {
 		for _, s := range np.policy.Statements {
-			if !anyMatch(s.Actions, r.Action) || !anyMatch(s.Resources, res) {
+			if !anyMatchExpanded(s.Actions, r.Action, attrs) || !anyMatchExpanded(s.Resources, res, attrs) {
 				continue
+			}
+			if len(s.Conditions) > 0 {
+				ok, err := conditionsHold(s.Conditions, attrs)
+				if err != nil || !ok {
+					continue
+				}
 			}
 			matched := np.name
 			if s.Sid != "" {
@@ -110,8 +132,18 @@ func evaluate(policies []namedPolicy, r Request) Decision {
 }
 
 type namedPolicy struct {
+	id     string
 	name   string
 	policy Policy
+}
+
+func anyMatchExpanded(patterns []string, s string, attrs map[string]any) bool {
+	for _, p := range patterns {
+		if matchGlob(expand(p, attrs), s) {
+			return true
+		}
+	}
+	return false
 }
 
 func anyMatch(patterns []string, s string) bool {

@@ -30,6 +30,10 @@ type Port interface {
 
 	Biller
 	Confirmer
+	// Flag evaluates a boolean feature flag for a tenant.
+	Flag(ctx context.Context, tenantID, key string) (bool, error)
+	// Events returns IAM's events after a cursor (negative: start at the end) and the next cursor.
+	Events(ctx context.Context, after int64, limit int) ([]Event, int64, error)
 }
 
 // Confirmer is the delegated-confirmation half of a port. A decision that an agent's delegation
@@ -80,7 +84,13 @@ type Principal struct {
 	Kind     IdentityKind `json:"kind"`
 	TenantID string       `json:"tenantId"`
 	Name     string       `json:"name"`
-	KeyID    string       `json:"keyId,omitempty"` // the API key it authenticated with
+	KeyID    string       `json:"keyId,omitempty"` // the API key or token it authenticated with
+	// TokenKind is the kind of credential: key, ses, rol, sts or dlg.
+	TokenKind TokenKind `json:"tokenKind,omitempty"`
+	// RoleID restricts decisions to one role (a biam_rol_ token).
+	RoleID string `json:"roleId,omitempty"`
+	// DelegationID is the delegation an agent acts under (a biam_dlg_ token).
+	DelegationID string `json:"delegationId,omitempty"`
 
 	// Credential is the token it authenticated with, kept so a remote port can decide on the
 	// caller's behalf. Never serialised.
@@ -101,6 +111,8 @@ type Request struct {
 	TenantID string   `json:"tenantId"`
 	Action   string   `json:"action"`
 	Resource Resource `json:"resource"`
+	// Context carries what else conditions may test, e.g. "request.ip".
+	Context map[string]any `json:"context,omitempty"`
 }
 
 // Decision is the answer to a Request.

@@ -1,0 +1,122 @@
+package iam
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/better-compute/compute/postgres"
+)
+
+// Event is one entry of IAM's event feed: what changed (a key revoked, a tenant deleted, a role
+// created), for caches to follow and for audit.
+type Event struct {
+	ID        int64          `json:"id"`
+	Type      string         `json:"type"`
+	TenantID  string         `json:"tenantId"`
+	Subject   string         `json:"subject"`
+	Data      map[string]any `json:"data"`
+	CreatedAt time.Time      `json:"createdAt"`
+}
+
+// Event types Better Compute acts on.
+const (
+	EventKeyRevoked    = "key.revoked"
+	EventTokenRevoked  = "token.revoked"
+	EventTenantDeleted = "tenant.deleted"
+)
+
+func (l *Local) event(ctx context.Context, q postgres.Querier, typ, tenant, subject string, data map[string]any) error {
+	if data == nil {
+		data = map[string]any{}
+	}
+	_, err := q.Exec(ctx, `INSERT INTO iam.events (type, tenant_id, subject, data) VALUES ($1, $2, $3, $4)`, typ, tenant, subject, data)
+	if err != nil {
+		return fmt.Errorf("iam: record event %s: %w", typ, err)
+	}
+	return nil
+}
+
+// Events implements Port: the events after the cursor after, oldest first, and the cursor to
+// continue from. A negative after starts at the end: no events, and the current cursor.
+func (l *Local) Events(ctx context.Context, after int64, limit int) ([]Event, int64, error) {
+	if after < 0 {
+		var last int64
+		err := l.db.Pool.QueryRow(ctx, `SELECT coalesce(max(id), 0) FROM iam.events`).Scan(&last)
+		return nil, last, err
+	}
+	if limit <= 0 || limit > 1000 {
+		limit = 1000
+	}
+	rows, err := l.db.Pool.Query(ctx, `SELECT id, type, tenant_id, subject, data, created_at FROM iam.events WHERE id > $1 ORDER BY id LIMIT $2`, after, limit)
+	if err != nil {
+		return nil, after, err
+	}
+	evs, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Event])
+	if err != nil {
+		return nil, after, err
+	}
+	next := after
+	if len(evs) > 0 {
+		next = evs[len(evs)-1].ID
+	}
+	return evs, next, nil
+}
+
+// Follow calls fn with every event of p from now on, until ctx ends, asking every interval.
+func Follow(ctx context.Context, p Port, interval time.Duration, fn func(Event)) error {
+	_, cursor, err := p.Events(ctx, -1, 0)
+	if err != nil {
+		return err
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		evs, next, err := p.Events(ctx, cursor, 0)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		for _, e := range evs {
+			fn(e)
+		}
+		cursor = next
+	}
+}
+
+// DeleteTenant deletes a tenant that has no child tenants, with its identities, keys and roles.
+// The root cannot be deleted.
+func (l *Local) DeleteTenant(ctx context.Context, id string) error {
+	return l.db.Tx(ctx, func(tx pgx.Tx) error {
+		var kind string
+		var children int
+		err := tx.QueryRow(ctx, `SELECT kind, (SELECT count(*) FROM iam.tenants c WHERE c.parent_id = t.id) FROM iam.tenants t WHERE id = $1 FOR UPDATE`, id).Scan(&kind, &children)
+		if err == pgx.ErrNoRows {
+			return fmt.Errorf("iam: tenant %q: %w", id, ErrNotFound)
+		}
+		switch {
+		case err != nil:
+			return err
+		case kind == "root":
+			return fmt.Errorf("iam: the root tenant cannot be deleted")
+		case children > 0:
+			return fmt.Errorf("iam: tenant %s has %d child tenants; delete them first", id, children)
+		}
+		if _, err := tx.Exec(ctx, `DELETE FROM iam.tenants WHERE id = $1`, id); err != nil {
+			return err
+		}
+		l.auth.clear()
+		l.policyCache.clear()
+		l.pathCache.clear()
+		return l.event(ctx, tx, EventTenantDeleted, id, id, nil)
+	})
+}
