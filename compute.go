@@ -75,16 +75,16 @@ func New(opts Options) (*Compute, error) {
 	}
 	nm := nodes.New(nodes.Config{GatewayAddresses: o.GatewayAddresses, CertLifetime: o.NodeCertLifetime})
 	gw := gateway.New(nm, gateway.Config{HeartbeatInterval: o.HeartbeatInterval})
-	reg, err := registry(append([]Module{nm, gatewayModule{gw}}, o.Modules...))
+	var cache *iam.DecisionCache
+	if o.DecisionCacheTTL > 0 {
+		cache = iam.NewDecisionCache(o.DecisionCacheTTL, DefaultDecisionCacheMax)
+	}
+	reg, err := registry(append([]Module{nm, gatewayModule{gw}, iamEvents{cache}}, o.Modules...))
 	if err != nil {
 		return nil, err
 	}
 	c := &Compute{opts: o, reg: reg, nodes: nm, gateway: gw}
 	c.rt = &modules.Runtime{DB: o.Database, IAM: o.IAM, Logger: o.Logger, Secret: o.Secret}
-	var cache *iam.DecisionCache
-	if o.DecisionCacheTTL > 0 {
-		cache = iam.NewDecisionCache(o.DecisionCacheTTL, DefaultDecisionCacheMax)
-	}
 	c.env = envelope.New(envelope.Config{Registry: reg, Runtime: c.rt, Cache: cache, MaxBodyBytes: o.MaxBodyBytes})
 	a := newAPI(c)
 	c.API = &a
@@ -184,6 +184,9 @@ func (c *Compute) Initialize(ctx context.Context) error {
 	sets := append([]postgres.MigrationSet{postgres.Core}, c.reg.MigrationSets()...)
 	if err := postgres.Migrate(ctx, c.opts.Database, sets...); err != nil {
 		return fmt.Errorf("compute: initialize: %w", err)
+	}
+	if s, ok := c.opts.IAM.(iam.ResolverSetter); ok {
+		s.SetResolver(resolver{c.opts.Database})
 	}
 	if i, ok := c.opts.IAM.(iam.Initializer); ok {
 		if err := i.Initialize(ctx); err != nil {

@@ -94,6 +94,27 @@ func (c *DecisionCache) Forget(identityID string) {
 	}
 }
 
+// Clear drops every decision, e.g. when a tenant is deleted.
+func (c *DecisionCache) Clear() {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	clear(c.entries)
+}
+
+// Invalidate drops what an IAM event makes stale: a revoked key's or token's identity, or
+// everything when a tenant goes. Other events change nothing cached.
+func (c *DecisionCache) Invalidate(e Event) {
+	switch e.Type {
+	case EventKeyRevoked, EventTokenRevoked:
+		c.Forget(e.Subject)
+	case EventTenantDeleted:
+		c.Clear()
+	}
+}
+
 // Len is the number of entries held.
 func (c *DecisionCache) Len() int {
 	c.mu.Lock()

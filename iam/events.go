@@ -2,6 +2,7 @@ package iam
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -96,11 +97,11 @@ func Follow(ctx context.Context, p Port, interval time.Duration, fn func(Event))
 // DeleteTenant deletes a tenant that has no child tenants, with its identities, keys and roles.
 // The root cannot be deleted.
 func (l *Local) DeleteTenant(ctx context.Context, id string) error {
-	return l.db.Tx(ctx, func(tx pgx.Tx) error {
+	err := l.db.Tx(ctx, func(tx pgx.Tx) error {
 		var kind string
 		var children int
 		err := tx.QueryRow(ctx, `SELECT kind, (SELECT count(*) FROM iam.tenants c WHERE c.parent_id = t.id) FROM iam.tenants t WHERE id = $1 FOR UPDATE`, id).Scan(&kind, &children)
-		if err == pgx.ErrNoRows {
+		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("iam: tenant %q: %w", id, ErrNotFound)
 		}
 		switch {
@@ -114,9 +115,30 @@ func (l *Local) DeleteTenant(ctx context.Context, id string) error {
 		if _, err := tx.Exec(ctx, `DELETE FROM iam.tenants WHERE id = $1`, id); err != nil {
 			return err
 		}
+		return l.event(ctx, tx, EventTenantDeleted, id, id, nil)
+	})
+	if err == nil {
+		// After the commit, so that no read repopulates a cache with the tenant still there.
+		l.Invalidate(Event{Type: EventTenantDeleted, Subject: id})
+	}
+	return err
+}
+
+// Invalidator is a port with caches of its own that an IAM event can make stale. Better Compute
+// passes it every event it follows, so a change made by another process is seen at once rather
+// than within the cache's lifetime.
+type Invalidator interface {
+	Invalidate(e Event)
+}
+
+// Invalidate implements Invalidator.
+func (l *Local) Invalidate(e Event) {
+	switch e.Type {
+	case EventKeyRevoked, EventTokenRevoked:
+		l.auth.clear()
+	case EventTenantDeleted:
 		l.auth.clear()
 		l.policyCache.clear()
 		l.pathCache.clear()
-		return l.event(ctx, tx, EventTenantDeleted, id, id, nil)
-	})
+	}
 }

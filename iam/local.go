@@ -340,7 +340,13 @@ type Resolver interface {
 	ResolveResource(ctx context.Context, r Resource) (map[string]any, error)
 }
 
-// SetResolver sets the resolver of application-owned resources.
+// ResolverSetter is a port that decides with application-owned resources' attributes. Better
+// Compute gives such a port its resolver at Initialize.
+type ResolverSetter interface {
+	SetResolver(Resolver)
+}
+
+// SetResolver implements ResolverSetter.
 func (l *Local) SetResolver(r Resolver) { l.resolver.Store(&r) }
 
 func (l *Local) attributes(ctx context.Context, p Principal, r Request) (map[string]any, error) {

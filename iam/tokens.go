@@ -91,7 +91,7 @@ func (l *Local) RevokeToken(ctx context.Context, tokenID string) error {
 		return err
 	}
 	l.auth.clear()
-	return l.event(ctx, l.db.Pool, "token.revoked", tenant, identity, map[string]any{"token": tokenID})
+	return l.event(ctx, l.db.Pool, EventTokenRevoked, tenant, identity, map[string]any{"token": tokenID})
 }
 
 // authenticateToken authenticates a token of a kind other than key.

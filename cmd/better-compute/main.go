@@ -95,7 +95,7 @@ config file (--config, default ` + defaultConfigPath() + `: {"url": …, "apiKey
 	for _, g := range apiCommands(p) {
 		root.AddCommand(g)
 	}
-	root.AddCommand(devCmd(), serveCmd(), simCmd(p), iamCmd(), mcpCmd(p))
+	root.AddCommand(devCmd(), serveCmd(), simCmd(p), iamCmd(p), mcpCmd(p))
 	return root
 }
 

@@ -29,6 +29,20 @@ func (c *Counting) Initialize(ctx context.Context) error {
 	return nil
 }
 
+// SetResolver passes through to the wrapped port when it resolves resources.
+func (c *Counting) SetResolver(r iam.Resolver) {
+	if s, ok := c.Port.(iam.ResolverSetter); ok {
+		s.SetResolver(r)
+	}
+}
+
+// Invalidate passes through to the wrapped port when it has caches.
+func (c *Counting) Invalidate(e iam.Event) {
+	if i, ok := c.Port.(iam.Invalidator); ok {
+		i.Invalidate(e)
+	}
+}
+
 // Authenticate implements iam.Port.
 func (c *Counting) Authenticate(ctx context.Context, cred string) (iam.Principal, error) {
 	c.mu.Lock()

@@ -1,0 +1,112 @@
+package compute_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/better-compute/compute"
+	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/computetest"
+	"github.com/better-compute/compute/iam"
+	"github.com/better-compute/compute/postgres/pgtest"
+)
+
+// TestRevocationReachesCaches: a key revoked by another process stops working within the event
+// interval, even though this process's IAM and decision caches would keep it for an hour.
+func TestRevocationReachesCaches(t *testing.T) {
+	ctx := context.Background()
+	sets, err := compute.MigrationSets()
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := pgtest.New(t, append(sets, iam.Migrations)...)
+	here, err := iam.Embedded(db, iam.EmbeddedOptions{RootTenantID: computetest.RootTenantID, CacheTTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := compute.New(compute.Options{Database: db, IAM: here, Secret: computetest.Secret, BaseURL: "http://compute.test",
+		RootTenantID: computetest.RootTenantID, Mode: compute.ModeAPI, DecisionCacheTTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Initialize(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Stop(context.Background()) })
+
+	// Another process's IAM, on the same database.
+	elsewhere, err := iam.Embedded(db, iam.EmbeddedOptions{RootTenantID: computetest.RootTenantID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := elsewhere.CreateAdminKey(ctx, computetest.RootTenantID, "ops")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 { // authenticated and decided, then cached
+		if _, err := c.API.Pools.List(ctx, key.Token, api.ListPools{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := elsewhere.RevokeAPIKey(ctx, key.ID); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := c.API.Pools.List(ctx, key.Token, api.ListPools{})
+		var e *api.Error
+		if errors.As(err, &e) && e.Code == api.CodeUnauthenticated {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a key revoked elsewhere still lists pools 10s later: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestPolicyConditionsSeeResources: conditions on resource.* read Better Compute's own resources
+// through the resolver it gives the embedded IAM.
+func TestPolicyConditionsSeeResources(t *testing.T) {
+	env := newEnv(t)
+	ctx := context.Background()
+	root := env.Compute.API
+	for _, p := range []api.CreatePool{{Name: "dev", Labels: map[string]string{"env": "dev"}}, {Name: "prod", Labels: map[string]string{"env": "prod"}}} {
+		if _, err := root.Pools.Create(ctx, env.RootKey, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ident, err := env.IAM.CreateIdentity(ctx, computetest.RootTenantID, iam.KindService, "dev-ops")
+	if err != nil {
+		t.Fatal(err)
+	}
+	role, err := env.IAM.CreateRole(ctx, computetest.RootTenantID, "dev-pools", iam.Policy{Version: 1, Statements: []iam.Statement{{
+		Effect: iam.Allow, Actions: []string{"compute:pools:update"}, Resources: []string{"compute-pool/*"},
+		Conditions: map[string]any{"StringEquals": map[string]any{"resource.labels.env": "dev"}},
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := env.IAM.Bind(ctx, ident.ID, role.ID, computetest.RootTenantID); err != nil {
+		t.Fatal(err)
+	}
+	key, err := env.IAM.CreateAPIKey(ctx, ident.ID, "k", time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := root.Pools.Update(ctx, key.Token, api.UpdatePool{Pool: "dev", Description: ptr("ok")}); err != nil {
+		t.Fatalf("updating the dev pool: %v", err)
+	}
+	_, err = root.Pools.Update(ctx, key.Token, api.UpdatePool{Pool: "prod", Description: ptr("no")})
+	var e *api.Error
+	if !errors.As(err, &e) || e.Code != api.CodePermissionDenied {
+		t.Fatalf("updating the prod pool = %v, want permission denied", err)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
