@@ -110,3 +110,58 @@ func TestPolicyConditionsSeeResources(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestConfirmationOverHTTP: an agent's mutation that its delegation lists under confirm answers
+// confirmation_required with the confirmation's id; once the person approves, the same call
+// succeeds once, and the next is refused again.
+func TestConfirmationOverHTTP(t *testing.T) {
+	env := newEnv(t)
+	url := env.Server(t)
+	ctx := context.Background()
+	ada, err := env.IAM.CreateIdentity(ctx, computetest.RootTenantID, iam.KindUser, "ada")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bot, err := env.IAM.CreateIdentity(ctx, computetest.RootTenantID, iam.KindAgent, "bot")
+	if err != nil {
+		t.Fatal(err)
+	}
+	role, err := env.IAM.CreateRole(ctx, computetest.RootTenantID, "sites", iam.Policy{Version: 1, Statements: []iam.Statement{
+		{Effect: iam.Allow, Actions: []string{"compute:sites:*"}, Resources: []string{"*"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := env.IAM.Bind(ctx, bot.ID, role.ID, computetest.RootTenantID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.IAM.CreateDelegation(ctx, computetest.RootTenantID, ada.ID, bot.ID, []string{"compute:sites:create"}); err != nil {
+		t.Fatal(err)
+	}
+	key, err := env.IAM.CreateAPIKey(ctx, bot.ID, "", time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := post(t, url, key.Token, "sites/create", `{"name": "fra1"}`)
+	id, _ := c.errDetail("confirmationId").(string)
+	if c.status != 428 || c.errCode() != string(api.CodeConfirmationRequired) || id == "" {
+		t.Fatalf("before approval = %d %s", c.status, c.raw)
+	}
+	if n := countRows(t, env, "compute.sites"); n != 0 {
+		t.Fatalf("%d sites before approval", n)
+	}
+	if err := env.IAM.DecideConfirmation(ctx, id, ada.ID, true); err != nil {
+		t.Fatal(err)
+	}
+	if c := post(t, url, key.Token, "sites/create", `{"name": "fra1"}`); c.status != 200 {
+		t.Fatalf("after approval = %d %s", c.status, c.raw)
+	}
+	if c := post(t, url, key.Token, "sites/create", `{"name": "ams1"}`); c.errCode() != string(api.CodeConfirmationRequired) {
+		t.Fatalf("a second use of the approval = %d %s", c.status, c.raw)
+	}
+	if c := post(t, url, key.Token, "sites/list", `{}`); c.status != 200 {
+		t.Fatalf("a read the delegation does not list = %d %s", c.status, c.raw)
+	}
+	if n := countRows(t, env, "compute.sites"); n != 1 {
+		t.Fatalf("%d sites, want the one approved", n)
+	}
+}

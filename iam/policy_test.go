@@ -85,13 +85,23 @@ func TestParsePolicyErrors(t *testing.T) {
 func FuzzParsePolicy(f *testing.F) {
 	f.Add(`{"version": 1, "statements": [{"effect": "allow", "actions": ["*"], "resources": ["*"]}]}`)
 	f.Add(`{"version": 1}`)
+	f.Add(`{"version": 1, "statements": [{"effect": "allow", "actions": ["compute:${principal.kind}:*"], "resources": ["compute-pool/${principal.id}-?"],
+		"conditions": {"IpAddress": {"request.ip": "10.0.0.0/8"}, "NumericLessThan": {"request.n": 3}, "DateBefore": {"request.time": "2100-01-01T00:00:00Z"},
+		"ArrayContains": {"request.tags": "a"}, "Bool": {"request.mfa": true}, "Exists": {"request.x": true}, "StringLike": {"principal.id": "idn_*"}}}]}`)
+	attrs := map[string]any{"principal.id": "idn_1", "principal.kind": "service", "request.ip": "10.1.2.3", "request.n": 2,
+		"request.time": "2026-12-02T00:00:00Z", "request.tags": []any{"a"}, "request.mfa": true, "request.x": "y"}
 	f.Fuzz(func(t *testing.T, doc string) {
 		p, err := ParsePolicy([]byte(doc))
 		if err != nil {
+			if err.Error() == "" {
+				t.Fatal("an error without a message")
+			}
 			return
 		}
-		// Whatever parses must evaluate without panicking.
-		evaluate([]namedPolicy{{name: "f", policy: p}}, Request{Action: "compute:pools:get", Resource: Resource{Type: "compute-pool", ID: "x"}}, nil)
+		// Whatever parses must evaluate without panicking, with and without attributes.
+		r := Request{Action: "compute:pools:get", Resource: Resource{Type: "compute-pool", ID: "idn_1-a"}}
+		evaluate([]namedPolicy{{name: "f", policy: p}}, r, nil)
+		evaluate([]namedPolicy{{name: "f", policy: p}}, r, attrs)
 	})
 }
 
