@@ -3,8 +3,10 @@ package iam_test
 import (
 	"context"
 	"errors"
+	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -382,5 +384,42 @@ func check(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestRemoteRetriesOnlyWhatMayBeRetried: a 5xx answer is retried, a refusal is not.
+func TestRemoteRetriesOnlyWhatMayBeRetried(t *testing.T) {
+	defer failed(t)
+	db := pgtest.New(t, postgres.Core, iam.Migrations)
+	admin := must(iam.Embedded(db, iam.EmbeddedOptions{RootTenantID: "root"}))
+	ctx := context.Background()
+	check(t, admin.Initialize(ctx))
+	var calls, failures atomic.Int32
+	failures.Store(1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		if failures.Add(-1) >= 0 {
+			http.Error(w, "bad gateway", http.StatusBadGateway)
+			return
+		}
+		admin.Handler().ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	key := must(admin.CreateAdminKey(ctx, "root", "svc"))
+	r := must(iam.Remote(srv.URL, key.Token, iam.RemoteOptions{Retries: 2}))
+	if path, err := r.TenantPath(ctx, "root"); err != nil || len(path) != 1 || calls.Load() != 2 {
+		t.Fatalf("after one 502: %v, %v in %d calls; want the root in 2", path, err, calls.Load())
+	}
+	calls.Store(0)
+	weak := must(admin.CreateIdentity(ctx, "root", iam.KindService, "weak"))
+	wk := must(admin.CreateAPIKey(ctx, weak.ID, "", time.Time{}))
+	r2 := must(iam.Remote(srv.URL, wk.Token, iam.RemoteOptions{Retries: 2}))
+	if _, err := r2.TenantPath(ctx, "root"); err == nil || calls.Load() != 1 {
+		t.Fatalf("a refusal: %v in %d calls, want an error in 1", err, calls.Load())
+	}
+	failures.Store(5)
+	calls.Store(0)
+	if _, err := r.TenantPath(ctx, "root"); err == nil || calls.Load() != 3 {
+		t.Fatalf("a server that keeps failing: %v in %d calls, want an error after 3", err, calls.Load())
 	}
 }

@@ -5,8 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // The part of Better IAM's HTTP contract Better Compute uses: POST {base}/api/iam/{group}/{method}
@@ -88,6 +91,8 @@ func (l *Local) Handler() http.Handler {
 		if err != nil {
 			status, code := http.StatusBadRequest, HTTPInvalidRequest
 			switch {
+			case unavailable(err):
+				status, code = http.StatusInternalServerError, HTTPInternal // the client may retry
 			case errors.Is(err, ErrUnauthenticated):
 				status, code = http.StatusUnauthorized, HTTPUnauthenticated
 			case errors.Is(err, ErrNotFound), errors.Is(err, errNoRoute):
@@ -101,6 +106,18 @@ func (l *Local) Handler() http.Handler {
 }
 
 var errNoRoute = errors.New("no such route")
+
+// unavailable reports whether err is the database failing rather than the request being wrong:
+// a lost connection, a timeout, or an error of a class other than bad data (22) and constraint
+// violations (23).
+func unavailable(err error) bool {
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) {
+		return !strings.HasPrefix(pg.Code, "22") && !strings.HasPrefix(pg.Code, "23")
+	}
+	var ne net.Error
+	return errors.As(err, &ne) || errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err)
+}
 
 func decode[T any](body []byte) (T, error) {
 	var v T
