@@ -3,6 +3,8 @@ package compute_test
 import (
 	"context"
 	"errors"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -163,5 +165,63 @@ func TestConfirmationOverHTTP(t *testing.T) {
 	}
 	if n := countRows(t, env, "compute.sites"); n != 1 {
 		t.Fatalf("%d sites, want the one approved", n)
+	}
+}
+
+// TestRemoteIAM runs the control plane on a remote IAM: the embedded one served over HTTP on
+// loopback, as a Better IAM server would be.
+func TestRemoteIAM(t *testing.T) {
+	ctx := context.Background()
+	sets, err := compute.MigrationSets()
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := pgtest.New(t, append(sets, iam.Migrations)...)
+	server, err := iam.Embedded(db, iam.EmbeddedOptions{RootTenantID: computetest.RootTenantID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := server.Initialize(ctx); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(server.Handler())
+	t.Cleanup(srv.Close)
+	svc, err := server.CreateAdminKey(ctx, computetest.RootTenantID, "better-compute")
+	if err != nil {
+		t.Fatal(err)
+	}
+	newCompute := func(register bool) (*compute.Compute, error) {
+		port, err := iam.Remote(srv.URL, svc.Token, iam.RemoteOptions{RegisterCatalog: register})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := compute.New(compute.Options{Database: db, IAM: port, Secret: computetest.Secret, BaseURL: "http://compute.test",
+			RootTenantID: computetest.RootTenantID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c, c.Initialize(ctx)
+	}
+	if _, err := newCompute(false); err == nil || !strings.Contains(err.Error(), "compute:") {
+		t.Fatalf("Initialize on a deployment without the catalog = %v, want the missing actions named", err)
+	}
+	c, err := newCompute(true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ops, err := server.CreateAdminKey(ctx, computetest.RootTenantID, "ops")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.API.Pools.Create(ctx, ops.Token, api.CreatePool{Name: "h100"}); err != nil {
+		t.Fatal(err)
+	}
+	page, err := c.API.Pools.List(ctx, ops.Token, api.ListPools{})
+	if err != nil || len(page.Items) != 1 {
+		t.Fatalf("pools through a remote IAM: %+v, %v", page, err)
+	}
+	var e *api.Error
+	if _, err := c.API.Pools.List(ctx, iam.NewToken(iam.TokenAPIKey), api.ListPools{}); !errors.As(err, &e) || e.Code != api.CodeUnauthenticated {
+		t.Fatalf("an unknown key through a remote IAM = %v", err)
 	}
 }
