@@ -15,9 +15,10 @@ import (
 	"github.com/better-compute/compute/postgres/pgtest"
 )
 
-// TestRevocationReachesCaches: a key revoked by another process stops working within the event
-// interval, even though this process's IAM and decision caches would keep it for an hour.
-func TestRevocationReachesCaches(t *testing.T) {
+// apiProcess starts an API process whose IAM and decision caches keep what they learn for an
+// hour, and returns it with the embedded IAM of another process on the same database.
+func apiProcess(t *testing.T) (c *compute.Compute, elsewhere *iam.Local) {
+	t.Helper()
 	ctx := context.Background()
 	sets, err := compute.MigrationSets()
 	if err != nil {
@@ -28,7 +29,7 @@ func TestRevocationReachesCaches(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := compute.New(compute.Options{Database: db, IAM: here, Secret: computetest.Secret, BaseURL: "http://compute.test",
+	c, err = compute.New(compute.Options{Database: db, IAM: here, Secret: computetest.Secret, BaseURL: "http://compute.test",
 		RootTenantID: computetest.RootTenantID, Mode: compute.ModeAPI, DecisionCacheTTL: time.Hour})
 	if err != nil {
 		t.Fatal(err)
@@ -40,12 +41,41 @@ func TestRevocationReachesCaches(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Stop(context.Background()) })
-
-	// Another process's IAM, on the same database.
-	elsewhere, err := iam.Embedded(db, iam.EmbeddedOptions{RootTenantID: computetest.RootTenantID})
-	if err != nil {
+	if elsewhere, err = iam.Embedded(db, iam.EmbeddedOptions{RootTenantID: computetest.RootTenantID}); err != nil {
 		t.Fatal(err)
 	}
+	return c, elsewhere
+}
+
+// eventually calls fn until it reports true, failing after 10 s, far inside the caches' hour.
+func eventually(t *testing.T, what string, fn func() (bool, error)) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ok, err := fn()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not after 10 s: %v", what, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func code(err error) api.Code {
+	var e *api.Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return ""
+}
+
+// TestRevocationReachesCaches: a key revoked by another process stops working within the event
+// interval, though this process's IAM and decision caches would keep it for an hour.
+func TestRevocationReachesCaches(t *testing.T) {
+	ctx := context.Background()
+	c, elsewhere := apiProcess(t)
 	key, err := elsewhere.CreateAdminKey(ctx, computetest.RootTenantID, "ops")
 	if err != nil {
 		t.Fatal(err)
@@ -58,18 +88,40 @@ func TestRevocationReachesCaches(t *testing.T) {
 	if err := elsewhere.RevokeAPIKey(ctx, key.ID); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	eventually(t, "a key revoked elsewhere is refused", func() (bool, error) {
 		_, err := c.API.Pools.List(ctx, key.Token, api.ListPools{})
-		var e *api.Error
-		if errors.As(err, &e) && e.Code == api.CodeUnauthenticated {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("a key revoked elsewhere still lists pools 10s later: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
+		return code(err) == api.CodeUnauthenticated, err
+	})
+}
+
+// TestBindingReachesCaches: a role bound by another process is used within the event interval,
+// though this process has the denial cached for an hour.
+func TestBindingReachesCaches(t *testing.T) {
+	ctx := context.Background()
+	c, elsewhere := apiProcess(t)
+	svc, err := elsewhere.CreateIdentity(ctx, computetest.RootTenantID, iam.KindService, "reader")
+	if err != nil {
+		t.Fatal(err)
 	}
+	key, err := elsewhere.CreateAPIKey(ctx, svc.ID, "", time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.API.Pools.List(ctx, key.Token, api.ListPools{}); code(err) != api.CodePermissionDenied {
+		t.Fatalf("with no role = %v", err)
+	}
+	role, err := elsewhere.CreateRole(ctx, computetest.RootTenantID, "reader", iam.Policy{Version: 1, Statements: []iam.Statement{
+		{Effect: iam.Allow, Actions: []string{"compute:pools:list"}, Resources: []string{"*"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := elsewhere.Bind(ctx, svc.ID, role.ID, computetest.RootTenantID); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a role bound elsewhere is used", func() (bool, error) {
+		_, err := c.API.Pools.List(ctx, key.Token, api.ListPools{})
+		return err == nil, err
+	})
 }
 
 // TestPolicyConditionsSeeResources: conditions on resource.* read Better Compute's own resources
@@ -105,8 +157,7 @@ func TestPolicyConditionsSeeResources(t *testing.T) {
 		t.Fatalf("updating the dev pool: %v", err)
 	}
 	_, err = root.Pools.Update(ctx, key.Token, api.UpdatePool{Pool: "prod", Description: ptr("no")})
-	var e *api.Error
-	if !errors.As(err, &e) || e.Code != api.CodePermissionDenied {
+	if code(err) != api.CodePermissionDenied {
 		t.Fatalf("updating the prod pool = %v, want permission denied", err)
 	}
 }
@@ -220,8 +271,7 @@ func TestRemoteIAM(t *testing.T) {
 	if err != nil || len(page.Items) != 1 {
 		t.Fatalf("pools through a remote IAM: %+v, %v", page, err)
 	}
-	var e *api.Error
-	if _, err := c.API.Pools.List(ctx, iam.NewToken(iam.TokenAPIKey), api.ListPools{}); !errors.As(err, &e) || e.Code != api.CodeUnauthenticated {
+	if _, err := c.API.Pools.List(ctx, iam.NewToken(iam.TokenAPIKey), api.ListPools{}); code(err) != api.CodeUnauthenticated {
 		t.Fatalf("an unknown key through a remote IAM = %v", err)
 	}
 }

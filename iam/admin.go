@@ -198,8 +198,14 @@ func (l *Local) CreateRole(ctx context.Context, tenantID, name string, policy Po
 // Bind gives identity the role in tenant and all its descendants.
 func (l *Local) Bind(ctx context.Context, identityID, roleID, tenantID string) error {
 	defer l.policyCache.clear()
-	_, err := l.db.Pool.Exec(ctx, `INSERT INTO iam.bindings (id, identity_id, role_id, tenant_id) VALUES ($1, $2, $3, $4)
-		ON CONFLICT (identity_id, role_id, tenant_id) DO NOTHING`, newID("bnd"), identityID, roleID, tenantID)
+	err := l.db.Tx(ctx, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `INSERT INTO iam.bindings (id, identity_id, role_id, tenant_id) VALUES ($1, $2, $3, $4)
+			ON CONFLICT (identity_id, role_id, tenant_id) DO NOTHING`, newID("bnd"), identityID, roleID, tenantID)
+		if err != nil || tag.RowsAffected() == 0 {
+			return err
+		}
+		return l.event(ctx, tx, EventBindingCreated, tenantID, identityID, map[string]any{"role": roleID})
+	})
 	if postgres.ErrorCode(err) == postgres.ForeignKeyViolation {
 		return fmt.Errorf("iam: bind %s to %s in %s: %w", identityID, roleID, tenantID, ErrNotFound)
 	}

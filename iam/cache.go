@@ -104,11 +104,11 @@ func (c *DecisionCache) Clear() {
 	clear(c.entries)
 }
 
-// Invalidate drops what an IAM event makes stale: a revoked key's or token's identity, or
-// everything when a tenant goes. Other events change nothing cached.
+// Invalidate drops what an IAM event makes stale: the decisions of an identity whose key or
+// token was revoked or that gained a role, or everything when a tenant goes. Other events change nothing cached.
 func (c *DecisionCache) Invalidate(e Event) {
 	switch e.Type {
-	case EventKeyRevoked, EventTokenRevoked:
+	case EventKeyRevoked, EventTokenRevoked, EventBindingCreated:
 		c.Forget(e.Subject)
 	case EventTenantDeleted:
 		c.Clear()

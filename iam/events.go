@@ -27,6 +27,8 @@ const (
 	EventKeyRevoked    = "key.revoked"
 	EventTokenRevoked  = "token.revoked"
 	EventTenantDeleted = "tenant.deleted"
+	// EventBindingCreated: an identity gained a role, so what was denied to it may now be allowed.
+	EventBindingCreated = "binding.created"
 )
 
 func (l *Local) event(ctx context.Context, q postgres.Querier, typ, tenant, subject string, data map[string]any) error {
@@ -136,6 +138,8 @@ func (l *Local) Invalidate(e Event) {
 	switch e.Type {
 	case EventKeyRevoked, EventTokenRevoked:
 		l.auth.clear()
+	case EventBindingCreated:
+		l.policyCache.clear()
 	case EventTenantDeleted:
 		l.auth.clear()
 		l.policyCache.clear()

@@ -229,7 +229,7 @@ func (a *iamAdmin) confirmations() *cobra.Command {
 func (a *iamAdmin) events() *cobra.Command {
 	var after int64
 	var limit int
-	c := a.command("events", "List IAM's events (keys revoked, tenants created and deleted, flags set) after a cursor", cobra.NoArgs,
+	c := a.command("events", "List IAM's events (keys revoked, bindings created, tenants created and deleted, flags set) after a cursor", cobra.NoArgs,
 		func(ctx context.Context, l *iam.Local, _ []string) (any, error) {
 			evs, next, err := l.Events(ctx, after, limit)
 			page := map[string]any{"items": evs}

@@ -145,7 +145,7 @@ func TestIAMCommands(t *testing.T) {
 	for _, e := range evs.Items {
 		types = append(types, e.Type)
 	}
-	if !strings.Contains(strings.Join(types, ","), "tenant.created,tenant.created,key.revoked,flag.set") {
+	if !strings.Contains(strings.Join(types, ","), "tenant.created,tenant.created,binding.created,key.revoked,flag.set") {
 		t.Fatalf("events = %v", types)
 	}
 
