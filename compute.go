@@ -193,7 +193,7 @@ func (c *Compute) Initialize(ctx context.Context) error {
 			return fmt.Errorf("compute: initialize IAM: %w", err)
 		}
 	}
-	if ok, err := c.opts.IAM.TenantWithin(ctx, c.opts.RootTenantID, c.opts.RootTenantID); err != nil {
+	if ok, err := iam.TenantWithin(ctx, c.opts.IAM, c.opts.RootTenantID, c.opts.RootTenantID); err != nil {
 		return fmt.Errorf("compute: initialize: read the root tenant: %w", err)
 	} else if !ok {
 		return fmt.Errorf("compute: initialize: IAM has no tenant %q (Options.RootTenantID)", c.opts.RootTenantID)

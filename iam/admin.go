@@ -67,9 +67,15 @@ func (l *Local) CreateTenant(ctx context.Context, in CreateTenant) (Tenant, erro
 		return Tenant{}, fmt.Errorf("iam: tenant kind must be organization or project, got %q", in.Kind)
 	}
 	var t Tenant
-	err := l.db.Pool.QueryRow(ctx, `INSERT INTO iam.tenants (id, parent_id, kind, name) VALUES ($1, $2, $3, $4)
-		RETURNING id, parent_id, kind, name, created_at`, in.ID, in.ParentID, in.Kind, in.Name).
-		Scan(&t.ID, &t.ParentID, &t.Kind, &t.Name, &t.CreatedAt)
+	err := l.db.Tx(ctx, func(tx pgx.Tx) error {
+		err := tx.QueryRow(ctx, `INSERT INTO iam.tenants (id, parent_id, kind, name) VALUES ($1, $2, $3, $4)
+			RETURNING id, parent_id, kind, name, created_at`, in.ID, in.ParentID, in.Kind, in.Name).
+			Scan(&t.ID, &t.ParentID, &t.Kind, &t.Name, &t.CreatedAt)
+		if err != nil {
+			return err
+		}
+		return l.event(ctx, tx, EventTenantCreated, t.ID, t.ID, map[string]any{"parent": t.ParentID, "kind": t.Kind})
+	})
 	if postgres.ErrorCode(err) == postgres.UniqueViolation {
 		return Tenant{}, fmt.Errorf("iam: tenant %q already exists", in.ID)
 	}
@@ -77,7 +83,7 @@ func (l *Local) CreateTenant(ctx context.Context, in CreateTenant) (Tenant, erro
 		return Tenant{}, err
 	}
 	l.pathCache.clear()
-	return t, l.event(ctx, l.db.Pool, "tenant.created", t.ID, t.ID, map[string]any{"parent": t.ParentID, "kind": t.Kind})
+	return t, nil
 }
 
 // Identity is a user, service or agent in one tenant.
@@ -153,17 +159,28 @@ func (l *Local) CreateAPIKey(ctx context.Context, identityID, name string, expir
 
 // RevokeAPIKey revokes a key: it stops authenticating at once.
 func (l *Local) RevokeAPIKey(ctx context.Context, keyID string) error {
-	var identity, tenant string
-	err := l.db.Pool.QueryRow(ctx, `UPDATE iam.api_keys k SET revoked_at = coalesce(k.revoked_at, compute.compute_now())
-		FROM iam.identities i WHERE k.id = $1 AND i.id = k.identity_id RETURNING k.identity_id, i.tenant_id`, keyID).Scan(&identity, &tenant)
+	return l.revoke(ctx, "API key", EventKeyRevoked, `UPDATE iam.api_keys k SET revoked_at = coalesce(k.revoked_at, compute.compute_now())
+		FROM iam.identities i WHERE k.id = $1 AND i.id = k.identity_id RETURNING k.identity_id, i.tenant_id`, keyID)
+}
+
+// revoke runs a revocation that returns the credential's identity and tenant, with its event, in
+// one transaction; then the credential stops authenticating here at once.
+func (l *Local) revoke(ctx context.Context, what, event, query, id string) error {
+	err := l.db.Tx(ctx, func(tx pgx.Tx) error {
+		var identity, tenant string
+		if err := tx.QueryRow(ctx, query, id).Scan(&identity, &tenant); err != nil {
+			return err
+		}
+		return l.event(ctx, tx, event, tenant, identity, map[string]any{"id": id})
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("iam: API key %q: %w", keyID, ErrNotFound)
+		return fmt.Errorf("iam: %s %q: %w", what, id, ErrNotFound)
 	}
 	if err != nil {
-		return fmt.Errorf("iam: revoke API key: %w", err)
+		return fmt.Errorf("iam: revoke %s %s: %w", what, id, err)
 	}
 	l.auth.clear()
-	return l.event(ctx, l.db.Pool, EventKeyRevoked, tenant, identity, map[string]any{"key": keyID})
+	return nil
 }
 
 // Role is a named policy of a tenant.
@@ -176,6 +193,9 @@ type Role struct {
 
 // CreateRole stores a role after checking its policy.
 func (l *Local) CreateRole(ctx context.Context, tenantID, name string, policy Policy) (Role, error) {
+	if name == "" {
+		return Role{}, errors.New("iam: a role needs a name")
+	}
 	if err := policy.Validate(); err != nil {
 		return Role{}, fmt.Errorf("iam: role %q: %w", name, err)
 	}
@@ -183,7 +203,7 @@ func (l *Local) CreateRole(ctx context.Context, tenantID, name string, policy Po
 	if err != nil {
 		return Role{}, err
 	}
-	defer l.policyCache.clear()
+	// No cache to clear: a role decides nothing until it is bound.
 	r := Role{ID: newID("rol"), TenantID: tenantID, Name: name, Policy: policy}
 	_, err = l.db.Pool.Exec(ctx, `INSERT INTO iam.roles (id, tenant_id, name, policy) VALUES ($1, $2, $3, $4)`, r.ID, tenantID, name, doc)
 	switch postgres.ErrorCode(err) {

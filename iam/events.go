@@ -27,6 +27,8 @@ const (
 	EventKeyRevoked    = "key.revoked"
 	EventTokenRevoked  = "token.revoked"
 	EventTenantDeleted = "tenant.deleted"
+	EventTenantCreated = "tenant.created"
+	EventFlagSet       = "flag.set"
 	// EventBindingCreated: an identity gained a role, so what was denied to it may now be allowed.
 	EventBindingCreated = "binding.created"
 )

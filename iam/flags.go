@@ -18,25 +18,30 @@ func (l *Local) SetFlag(ctx context.Context, key string, def bool, description s
 	if !flagRE.MatchString(key) {
 		return fmt.Errorf("iam: flag %q: keys are lowercase letters, digits and '._-'", key)
 	}
-	_, err := l.db.Pool.Exec(ctx, `INSERT INTO iam.flags (key, default_value, description) VALUES ($1, $2, $3)
-		ON CONFLICT (key) DO UPDATE SET default_value = excluded.default_value, description = excluded.description`, key, def, description)
-	if err != nil {
-		return err
-	}
-	return l.event(ctx, l.db.Pool, "flag.set", l.opts.RootTenantID, key, map[string]any{"default": def})
+	return l.db.Tx(ctx, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO iam.flags (key, default_value, description) VALUES ($1, $2, $3)
+			ON CONFLICT (key) DO UPDATE SET default_value = excluded.default_value, description = excluded.description`, key, def, description)
+		if err != nil {
+			return fmt.Errorf("iam: set flag %s: %w", key, err)
+		}
+		return l.event(ctx, tx, EventFlagSet, l.opts.RootTenantID, key, map[string]any{"default": def})
+	})
 }
 
 // OverrideFlag sets a flag's value for a tenant and its descendants (unless they override it too).
 func (l *Local) OverrideFlag(ctx context.Context, key, tenantID string, value bool) error {
-	_, err := l.db.Pool.Exec(ctx, `INSERT INTO iam.flag_overrides (key, tenant_id, value) VALUES ($1, $2, $3)
-		ON CONFLICT (key, tenant_id) DO UPDATE SET value = excluded.value`, key, tenantID, value)
+	err := l.db.Tx(ctx, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO iam.flag_overrides (key, tenant_id, value) VALUES ($1, $2, $3)
+			ON CONFLICT (key, tenant_id) DO UPDATE SET value = excluded.value`, key, tenantID, value)
+		if err != nil {
+			return err
+		}
+		return l.event(ctx, tx, EventFlagSet, tenantID, key, map[string]any{"value": value})
+	})
 	if postgres.ErrorCode(err) == postgres.ForeignKeyViolation {
 		return fmt.Errorf("iam: flag %q or tenant %q: %w", key, tenantID, ErrNotFound)
 	}
-	if err != nil {
-		return err
-	}
-	return l.event(ctx, l.db.Pool, "flag.set", tenantID, key, map[string]any{"value": value})
+	return err
 }
 
 // Flag implements Port: the override of the nearest tenant on the path to the root, or the default.

@@ -174,23 +174,27 @@ func (l *Local) Authorize(ctx context.Context, p Principal, r Request) (Decision
 // AuthorizeMany implements Port. The policies of the principal's bindings are read once per
 // tenant asked about.
 func (l *Local) AuthorizeMany(ctx context.Context, p Principal, rs []Request) ([]Decision, error) {
+	type tenantPolicies struct {
+		pols  []namedPolicy
+		needs bool // whether a policy could use the resource's attributes
+	}
 	out := make([]Decision, len(rs))
-	byTenant := map[string][]namedPolicy{}
+	byTenant := map[string]tenantPolicies{}
 	for i, r := range rs {
-		pols, ok := byTenant[r.TenantID]
+		tp, ok := byTenant[r.TenantID]
 		if !ok {
-			var err error
-			if pols, err = l.policies(ctx, p.ID, r.TenantID); err != nil {
+			pols, err := l.policies(ctx, p.ID, r.TenantID)
+			if err != nil {
 				return nil, err
 			}
 			if p.RoleID != "" { // an assumed role: that role alone
 				pols = onlyRole(pols, p.RoleID)
 			}
-			byTenant[r.TenantID] = pols
+			tp = tenantPolicies{pols, needsResource(pols)}
+			byTenant[r.TenantID] = tp
 		}
-		// The resource's attributes are looked up only when a policy could use them.
 		var attrs map[string]any
-		if needsResource(pols) {
+		if tp.needs {
 			var err error
 			if attrs, err = l.attributes(ctx, p, r); err != nil {
 				return nil, err
@@ -198,7 +202,7 @@ func (l *Local) AuthorizeMany(ctx context.Context, p Principal, rs []Request) ([
 		} else {
 			attrs = Attributes(p, r, nil)
 		}
-		out[i] = evaluate(pols, r, attrs)
+		out[i] = evaluate(tp.pols, r, attrs)
 		if out[i].Allowed && p.Kind == KindAgent {
 			d, err := l.confirmed(ctx, p, r, out[i])
 			if err != nil {
@@ -232,10 +236,10 @@ func (l *Local) confirmed(ctx context.Context, p Principal, r Request, d Decisio
 // policies returns the policies bound to identity in tenant or any of its ancestors.
 func (l *Local) policies(ctx context.Context, identity, tenant string) ([]namedPolicy, error) {
 	k := policyKey{identity, tenant}
-	if pols, _, ok := l.policyCache.get(k); ok {
+	pols, gen, ok := l.policyCache.get(k)
+	if ok {
 		return pols, nil
 	}
-	_, gen, _ := l.policyCache.get(k)
 	pols, err := l.readPolicies(ctx, identity, tenant)
 	if err == nil {
 		l.policyCache.put(k, pols, gen, time.Time{})
@@ -244,15 +248,14 @@ func (l *Local) policies(ctx context.Context, identity, tenant string) ([]namedP
 }
 
 func (l *Local) readPolicies(ctx context.Context, identity, tenant string) ([]namedPolicy, error) {
+	path, err := l.TenantPath(ctx, tenant)
+	if err != nil {
+		return nil, err
+	}
 	rows, err := l.db.Pool.Query(ctx, `
-		WITH RECURSIVE up (id, parent_id) AS (
-		  SELECT id, parent_id FROM iam.tenants WHERE id = $2
-		  UNION ALL
-		  SELECT t.id, t.parent_id FROM iam.tenants t JOIN up ON t.id = up.parent_id
-		)
 		SELECT r.id, r.name, r.policy FROM iam.bindings b JOIN iam.roles r ON r.id = b.role_id
-		WHERE b.identity_id = $1 AND b.tenant_id IN (SELECT id FROM up)
-		ORDER BY r.id`, identity, tenant)
+		WHERE b.identity_id = $1 AND b.tenant_id = ANY($2)
+		ORDER BY r.id`, identity, path)
 	if err != nil {
 		return nil, fmt.Errorf("iam: read policies: %w", err)
 	}
@@ -272,27 +275,6 @@ func (l *Local) readPolicies(ctx context.Context, identity, tenant string) ([]na
 		out = append(out, namedPolicy{id: id, name: name, policy: pol})
 	}
 	return out, rows.Err()
-}
-
-// TenantWithin implements Port.
-func (l *Local) TenantWithin(ctx context.Context, tenant, ancestor string) (bool, error) {
-	if tenant == ancestor {
-		var exists bool
-		err := l.db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM iam.tenants WHERE id = $1)`, tenant).Scan(&exists)
-		return exists, err
-	}
-	var within bool
-	err := l.db.Pool.QueryRow(ctx, `
-		WITH RECURSIVE up (id, parent_id) AS (
-		  SELECT id, parent_id FROM iam.tenants WHERE id = $1
-		  UNION ALL
-		  SELECT t.id, t.parent_id FROM iam.tenants t JOIN up ON t.id = up.parent_id
-		)
-		SELECT EXISTS (SELECT FROM up WHERE id = $2)`, tenant, ancestor).Scan(&within)
-	if err != nil {
-		return false, fmt.Errorf("iam: tenant tree: %w", err)
-	}
-	return within, nil
 }
 
 // RegisterCatalog implements Port: it adds or updates the resource types and actions.

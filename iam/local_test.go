@@ -132,11 +132,11 @@ func TestBindingsFollowTheTenantTree(t *testing.T) {
 		t.Fatal("a binding in acme reaches its parent")
 	}
 	for tenant, want := range map[string]bool{"acme-ml": true, "acme": true, "root": false} {
-		if got, err := l.TenantWithin(ctx, tenant, "acme"); err != nil || got != want {
+		if got, err := iam.TenantWithin(ctx, l, tenant, "acme"); err != nil || got != want {
 			t.Errorf("TenantWithin(%s, acme) = %v, %v; want %v", tenant, got, err, want)
 		}
 	}
-	if got, _ := l.TenantWithin(ctx, "nope", "nope"); got {
+	if got, _ := iam.TenantWithin(ctx, l, "nope", "nope"); got {
 		t.Error("a missing tenant is within itself")
 	}
 }

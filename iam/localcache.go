@@ -67,6 +67,34 @@ func (c *ttlCache[K, V]) put(k K, v V, gen uint64, expires time.Time) {
 	c.entries[k] = ttlEntry[V]{v, expires}
 }
 
+// set stores v whatever was cleared before: for values that outlive a clear harmlessly, within
+// the TTL.
+func (c *ttlCache[K, V]) set(k K, v V) {
+	c.mu.Lock()
+	gen := c.gen
+	c.mu.Unlock()
+	c.put(k, v, gen, time.Time{})
+}
+
+// deleteFunc drops the entries whose key del reports, and keeps what is being read from being
+// stored after it, as clear does.
+func (c *ttlCache[K, V]) deleteFunc(del func(K) bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k := range c.entries {
+		if del(k) {
+			delete(c.entries, k)
+		}
+	}
+	c.gen++
+}
+
+func (c *ttlCache[K, V]) len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.entries)
+}
+
 func (c *ttlCache[K, V]) clear() {
 	c.mu.Lock()
 	clear(c.entries)

@@ -6,6 +6,7 @@ package iam
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 )
 
@@ -20,8 +21,6 @@ type Port interface {
 	Authorize(ctx context.Context, p Principal, r Request) (Decision, error)
 	// AuthorizeMany decides several requests at once (to filter lists); answers are in order.
 	AuthorizeMany(ctx context.Context, p Principal, rs []Request) ([]Decision, error)
-	// TenantWithin reports whether tenant is ancestor or one of its descendants.
-	TenantWithin(ctx context.Context, tenant, ancestor string) (bool, error)
 	// RegisterCatalog contributes Better Compute's resource types and actions to the catalog.
 	RegisterCatalog(ctx context.Context, c Catalog) error
 	// TenantPath returns tenant and its ancestors, nearest first, ending at the root. A tenant
@@ -176,4 +175,11 @@ type Receipt struct {
 	ID         string    `json:"id"`
 	RecordedAt time.Time `json:"recordedAt"`
 	Duplicate  bool      `json:"duplicate"`
+}
+
+// TenantWithin reports whether tenant is ancestor or one of its descendants, from the port's
+// tenant path (which the embedded port caches). A tenant that does not exist is within nothing.
+func TenantWithin(ctx context.Context, p Port, tenant, ancestor string) (bool, error) {
+	path, err := p.TenantPath(ctx, tenant)
+	return slices.Contains(path, ancestor), err
 }

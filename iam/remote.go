@@ -182,20 +182,6 @@ func (r *RemoteIAM) TenantPath(ctx context.Context, tenant string) ([]string, er
 	return path, err
 }
 
-// TenantWithin implements Port.
-func (r *RemoteIAM) TenantWithin(ctx context.Context, tenant, ancestor string) (bool, error) {
-	path, err := r.TenantPath(ctx, tenant)
-	if err != nil {
-		return false, err
-	}
-	for _, t := range path {
-		if t == ancestor {
-			return true, nil
-		}
-	}
-	return false, nil
-}
-
 // RegisterCatalog implements Port: it registers the catalog (RemoteOptions.RegisterCatalog), or
 // checks that the deployment has it and says what is missing.
 func (r *RemoteIAM) RegisterCatalog(ctx context.Context, c Catalog) error {

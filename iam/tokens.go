@@ -81,17 +81,8 @@ func (l *Local) IssueDelegationToken(ctx context.Context, delegationID string, t
 
 // RevokeToken revokes a token: it stops authenticating at once.
 func (l *Local) RevokeToken(ctx context.Context, tokenID string) error {
-	var identity, tenant string
-	err := l.db.Pool.QueryRow(ctx, `UPDATE iam.tokens t SET revoked_at = coalesce(t.revoked_at, compute.compute_now())
-		FROM iam.identities i WHERE t.id = $1 AND i.id = t.identity_id RETURNING t.identity_id, i.tenant_id`, tokenID).Scan(&identity, &tenant)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("iam: token %q: %w", tokenID, ErrNotFound)
-	}
-	if err != nil {
-		return err
-	}
-	l.auth.clear()
-	return l.event(ctx, l.db.Pool, EventTokenRevoked, tenant, identity, map[string]any{"token": tokenID})
+	return l.revoke(ctx, "token", EventTokenRevoked, `UPDATE iam.tokens t SET revoked_at = coalesce(t.revoked_at, compute.compute_now())
+		FROM iam.identities i WHERE t.id = $1 AND i.id = t.identity_id RETURNING t.identity_id, i.tenant_id`, tokenID)
 }
 
 // authenticateToken authenticates a token of a kind other than key.

@@ -135,7 +135,7 @@ func (e *Envelope) precheck(ctx context.Context, p iam.Principal, t modules.Targ
 	if t.TenantID == p.TenantID {
 		return nil
 	}
-	ok, err := e.rt.IAM.TenantWithin(ctx, t.TenantID, p.TenantID)
+	ok, err := iam.TenantWithin(ctx, e.rt.IAM, t.TenantID, p.TenantID)
 	if err != nil {
 		return e.unavailable(ctx, "tenant pre-check", err)
 	}
