@@ -23,22 +23,13 @@ func (coreModule) Register(r *modules.Registry) error {
 // pruneIdempotencyKeys deletes idempotency keys older than envelope.DefaultIdempotencyTTL, every
 // ten minutes.
 func pruneIdempotencyKeys(ctx context.Context, rt *modules.Runtime) error {
-	t := time.NewTicker(10 * time.Minute)
-	defer t.Stop()
-	for {
+	return modules.Every(ctx, 10*time.Minute, func() error {
 		n, err := envelope.PruneIdempotencyKeys(ctx, rt.DB.Pool, envelope.DefaultIdempotencyTTL)
-		if err != nil {
-			return err
-		}
 		if n > 0 {
 			rt.Logger.DebugContext(ctx, "compute: pruned idempotency keys", "count", n)
 		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
+		return err
+	})
 }
 
 func decodeReplay(b []byte, out any) error { return json.Unmarshal(b, out) }

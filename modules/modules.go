@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"reflect"
 	"slices"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -157,6 +158,23 @@ type Worker struct {
 
 // RunsIn reports whether w runs in process mode mode.
 func (w Worker) RunsIn(mode string) bool { return mode == "all" || slices.Contains(w.Modes, mode) }
+
+// Every runs fn now and then every d until ctx ends (nil) or fn fails (its error, for the
+// supervisor to log and restart the worker). An error after ctx ended is the ending, not a failure.
+func Every(ctx context.Context, d time.Duration, fn func() error) error {
+	t := time.NewTicker(d)
+	defer t.Stop()
+	for {
+		if err := fn(); err != nil && ctx.Err() == nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
 
 // DecodeJSON decodes one JSON value into v, refusing unknown fields and anything after it, with
 // errors that say what was wrong.

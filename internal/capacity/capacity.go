@@ -61,10 +61,10 @@ func (m Module) Register(r *modules.Registry) error {
 	r.Actions(modules.ActionsFor(api.CapacityMethods()...)...)
 	r.OnInitialize(func(ctx context.Context, rt *modules.Runtime) error { return ensureMeters(ctx, rt) })
 	r.Worker(modules.Worker{Name: "reservation-lifecycle", Modes: []string{"worker"}, Run: func(ctx context.Context, rt *modules.Runtime) error {
-		return every(ctx, m.Tick, func() error { _, err := Tick(ctx, rt.DB); return err })
+		return modules.Every(ctx, m.Tick, func() error { _, err := Tick(ctx, rt.DB); return err })
 	}})
 	r.Worker(modules.Worker{Name: "billing", Modes: []string{"worker"}, Run: func(ctx context.Context, rt *modules.Runtime) error {
-		return every(ctx, m.BillingEvery, func() error { _, err := Bill(ctx, rt.DB, rt.IAM); return err })
+		return modules.Every(ctx, m.BillingEvery, func() error { _, err := Bill(ctx, rt.DB, rt.IAM); return err })
 	}})
 
 	reservationTarget := func(ctx context.Context, l modules.Lookup, id string) (modules.Target, error) {
@@ -139,20 +139,5 @@ func poolTarget[In any](get func(In) (tenant, pool string)) modules.TargetFunc[I
 			return modules.Target{}, err
 		}
 		return modules.Target{TenantID: tenant, ResourceID: pool.ID}, nil
-	}
-}
-
-func every(ctx context.Context, d time.Duration, fn func() error) error {
-	t := time.NewTicker(d)
-	defer t.Stop()
-	for {
-		if err := fn(); err != nil && ctx.Err() == nil {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
 	}
 }

@@ -219,18 +219,14 @@ func (g *Gateway) touch(node string, epoch int64, f func(*touch)) {
 }
 
 func (g *Gateway) flushLoop(ctx context.Context) error {
-	t := time.NewTicker(g.cfg.FlushInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-			if err := g.flush(ctx); err != nil {
-				g.log.WarnContext(ctx, "gateway: flush heartbeats", "error", err)
-			}
+	return modules.Every(ctx, g.cfg.FlushInterval, func() error {
+		// A failed flush is not the gateway failing: its heartbeats are lost, and the nodes' next
+		// ones, well within their grace, are written by a later flush.
+		if err := g.flush(ctx); err != nil && ctx.Err() == nil {
+			g.log.WarnContext(ctx, "gateway: flush heartbeats", "error", err)
 		}
-	}
+		return nil
+	})
 }
 
 // flush writes every heartbeat and acknowledgement since the last flush in three statements,
@@ -271,44 +267,43 @@ func (g *Gateway) flush(ctx context.Context) error {
 // pollLoop is the safety net under LISTEN/NOTIFY: a notification lost while the listening
 // connection was down still reaches its node within a poll.
 func (g *Gateway) pollLoop(ctx context.Context) error {
-	t := time.NewTicker(g.cfg.PollInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-		g.mu.Lock()
-		held := make([]string, 0, len(g.sessions))
-		sent := map[string]int64{}
-		for id, s := range g.sessions {
-			held = append(held, id)
-			sent[id] = s.sentGeneration()
-		}
-		g.mu.Unlock()
-		if len(held) == 0 {
-			continue
-		}
-		rows, err := g.rt.DB.Pool.Query(ctx, `SELECT n::text,
-			  EXISTS (SELECT 1 FROM compute.commands c WHERE c.node_id = n AND c.state = 'pending'),
-			  coalesce((SELECT generation FROM compute.node_desired d WHERE d.node_id = n), 0)
-			FROM unnest($1::uuid[]) AS n`, held)
-		if err != nil {
-			g.log.WarnContext(ctx, "gateway: poll", "error", err)
-			continue
-		}
-		var id string
-		var pending bool
-		var gen int64
-		_, err = pgx.ForEachRow(rows, []any{&id, &pending, &gen}, func() error {
-			if s := g.session(id); s != nil && (pending || gen > sent[id]) {
-				s.wake(pending, gen > sent[id])
-			}
-			return nil
-		})
-		if err != nil {
+	return modules.Every(ctx, g.cfg.PollInterval, func() error {
+		if err := g.poll(ctx); err != nil && ctx.Err() == nil {
 			g.log.WarnContext(ctx, "gateway: poll", "error", err)
 		}
+		return nil
+	})
+}
+
+// poll wakes every session held here whose node has a pending command or a newer desired state
+// than it was sent.
+func (g *Gateway) poll(ctx context.Context) error {
+	g.mu.Lock()
+	held := make([]string, 0, len(g.sessions))
+	sent := map[string]int64{}
+	for id, s := range g.sessions {
+		held = append(held, id)
+		sent[id] = s.sentGeneration()
 	}
+	g.mu.Unlock()
+	if len(held) == 0 {
+		return nil
+	}
+	rows, err := g.rt.DB.Pool.Query(ctx, `SELECT n::text,
+		  EXISTS (SELECT 1 FROM compute.commands c WHERE c.node_id = n AND c.state = 'pending'),
+		  coalesce((SELECT generation FROM compute.node_desired d WHERE d.node_id = n), 0)
+		FROM unnest($1::uuid[]) AS n`, held)
+	if err != nil {
+		return err
+	}
+	var id string
+	var pending bool
+	var gen int64
+	_, err = pgx.ForEachRow(rows, []any{&id, &pending, &gen}, func() error {
+		if s := g.session(id); s != nil && (pending || gen > sent[id]) {
+			s.wake(pending, gen > sent[id])
+		}
+		return nil
+	})
+	return err
 }

@@ -113,19 +113,11 @@ func (m *Module) Runtime() (*modules.Runtime, error) {
 func (m *Module) CertLifetime() time.Duration { return m.cfg.CertLifetime }
 
 func (m *Module) runWorker(ctx context.Context, rt *modules.Runtime) error {
-	t := time.NewTicker(m.cfg.Tick)
-	defer t.Stop()
-	for {
-		if _, err := FailOverdueCommands(ctx, rt.DB.Pool); err != nil && ctx.Err() == nil {
+	return modules.Every(ctx, m.cfg.Tick, func() error {
+		if _, err := FailOverdueCommands(ctx, rt.DB.Pool); err != nil {
 			return err
 		}
-		if _, err := MarkOffline(ctx, rt.DB); err != nil && ctx.Err() == nil {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
+		_, err := MarkOffline(ctx, rt.DB)
+		return err
+	})
 }
