@@ -31,6 +31,7 @@ import (
 	"github.com/better-compute/compute/bcd/internal/doctor"
 	"github.com/better-compute/compute/bcd/internal/journal"
 	"github.com/better-compute/compute/internal/nodeagent"
+	"github.com/better-compute/compute/internal/selfstat"
 	"github.com/better-compute/compute/internal/sim"
 )
 
@@ -345,7 +346,7 @@ stopped; it prints how many are connected, and its CPU and memory, every ten sec
 			fmt.Fprintf(out, "sim: %d nodes joined in %s\n", o.Nodes, time.Since(start).Round(time.Millisecond))
 			t := time.NewTicker(10 * time.Second)
 			defer t.Stop()
-			cpu0, t0 := cpuTime(), time.Now()
+			cpu0, t0 := selfstat.CPU(), time.Now()
 			for {
 				select {
 				case <-ctx.Done():
@@ -358,8 +359,8 @@ stopped; it prints how many are connected, and its CPU and memory, every ten sec
 						}
 					}
 					fmt.Fprintf(out, "sim: %d/%d connected; %.2f cores, %.0f MiB RSS\n", up, len(f.Nodes),
-						(cpuTime()-cpu0).Seconds()/time.Since(t0).Seconds(), rssMiB())
-					cpu0, t0 = cpuTime(), time.Now()
+						(selfstat.CPU()-cpu0).Seconds()/time.Since(t0).Seconds(), selfstat.RSSMiB())
+					cpu0, t0 = selfstat.CPU(), time.Now()
 				}
 			}
 		},

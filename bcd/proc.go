@@ -2,10 +2,7 @@ package main
 
 import (
 	"os"
-	"strconv"
 	"strings"
-	"syscall"
-	"time"
 )
 
 func machineID() string {
@@ -16,25 +13,4 @@ func machineID() string {
 	}
 	h, _ := os.Hostname()
 	return "host-" + h
-}
-
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-func rssMiB() float64 {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(line, "VmRSS:") {
-			f := strings.Fields(line)
-			kb, _ := strconv.ParseFloat(f[1], 64)
-			return kb / 1024
-		}
-	}
-	return 0
 }

@@ -22,7 +22,6 @@ import (
 	"runtime"
 	"sort"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -30,6 +29,7 @@ import (
 
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/internal/devserver"
+	"github.com/better-compute/compute/internal/selfstat"
 	"github.com/better-compute/compute/internal/sim"
 )
 
@@ -115,12 +115,12 @@ func main() {
 	time.Sleep(time.Second)
 	interval := s.Compute.HeartbeatInterval()
 	s0, n0, x0 := stats()
-	cpu0, t0 := cpuTime(), time.Now()
+	cpu0, t0 := selfstat.CPU(), time.Now()
 	time.Sleep(*idle)
 	time.Sleep(time.Second)
 	s1, n1, x1 := stats()
-	idleCPU := (cpuTime() - cpu0).Seconds() / time.Since(t0).Seconds()
-	idleRSS := rssMiB()
+	idleCPU := (selfstat.CPU() - cpu0).Seconds() / time.Since(t0).Seconds()
+	idleRSS := selfstat.RSSMiB()
 	secs := time.Since(t0).Seconds()
 
 	// Commands.
@@ -139,7 +139,7 @@ func main() {
 	var next atomic.Int64
 	var failed atomic.Int64
 	var wg sync.WaitGroup
-	cpu1, t1 := cpuTime(), time.Now()
+	cpu1, t1 := selfstat.CPU(), time.Now()
 	for range *clients {
 		wg.Add(1)
 		go func() {
@@ -164,8 +164,8 @@ func main() {
 		time.Sleep(50 * time.Millisecond)
 	}
 	loadSecs := time.Since(t1).Seconds()
-	loadCPU := (cpuTime() - cpu1).Seconds() / loadSecs
-	loadRSS := rssMiB()
+	loadCPU := (selfstat.CPU() - cpu1).Seconds() / loadSecs
+	loadRSS := selfstat.RSSMiB()
 	var rtts []float64
 	rows, err = s.DB.Pool.Query(ctx, `SELECT extract(epoch FROM finished_at - created_at) * 1000, state FROM compute.commands`)
 	if err != nil {
@@ -211,30 +211,9 @@ func runFleet(url, token, gateway string, n int) {
 	if err != nil {
 		log.Fatal(err)
 	}
-	t0, c0 := time.Now(), cpuTime()
+	t0, c0 := time.Now(), selfstat.CPU()
 	_, _ = io.Copy(io.Discard, os.Stdin)
-	cores := (cpuTime() - c0).Seconds() / time.Since(t0).Seconds()
-	fmt.Printf("%.2f cores, %.0f MiB RSS for %d agents\n", cores, rssMiB(), n)
+	cores := (selfstat.CPU() - c0).Seconds() / time.Since(t0).Seconds()
+	fmt.Printf("%.2f cores, %.0f MiB RSS for %d agents\n", cores, selfstat.RSSMiB(), n)
 	f.Stop()
-}
-
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-func rssMiB() float64 {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(line, "VmRSS:") {
-			f := strings.Fields(line)
-			kb, _ := strconv.ParseFloat(f[1], 64)
-			return kb / 1024
-		}
-	}
-	return 0
 }
