@@ -5,7 +5,6 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"io/fs"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -19,15 +18,7 @@ import (
 var migrationsFS embed.FS
 
 // Migrations is the schema of the embedded IAM. It builds on postgres.Core.
-var Migrations = postgres.MigrationSet{Name: "iam", Schema: "iam", FS: sub(migrationsFS, "migrations")}
-
-func sub(f fs.FS, dir string) fs.FS {
-	s, err := fs.Sub(f, dir)
-	if err != nil {
-		panic(err)
-	}
-	return s
-}
+var Migrations = postgres.EmbeddedMigrations("iam", "iam", migrationsFS)
 
 // EmbeddedOptions configure the embedded IAM.
 type EmbeddedOptions struct {

@@ -28,13 +28,16 @@ type MigrationSet struct {
 var coreFS embed.FS
 
 // Core is the set every other one builds on: the compute schema, compute_now() and btree_gist.
-var Core = MigrationSet{Name: "core", Schema: "compute", FS: must(fs.Sub(coreFS, "migrations"))}
+var Core = EmbeddedMigrations("core", "compute", coreFS)
 
-func must(f fs.FS, err error) fs.FS {
+// EmbeddedMigrations is the set of the .sql files in the migrations/ folder of fsys, as a
+// package embeds them (//go:embed migrations/*.sql).
+func EmbeddedMigrations(name, schema string, fsys fs.FS) MigrationSet {
+	sub, err := fs.Sub(fsys, "migrations")
 	if err != nil {
-		panic(err)
+		panic(fmt.Sprintf("postgres: migrations of %s: %v", name, err))
 	}
-	return f
+	return MigrationSet{Name: name, Schema: schema, FS: sub}
 }
 
 // migrationLock is the advisory lock key that serialises migrations of all processes.

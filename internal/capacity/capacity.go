@@ -7,7 +7,6 @@ import (
 	"context"
 	"embed"
 	"errors"
-	"io/fs"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -23,15 +22,7 @@ import (
 var migrationsFS embed.FS
 
 // Migrations is capacity's schema. It builds on the fleet's.
-var Migrations = postgres.MigrationSet{Name: "capacity", Schema: "compute", FS: mustSub(migrationsFS, "migrations")}
-
-func mustSub(f fs.FS, dir string) fs.FS {
-	s, err := fs.Sub(f, dir)
-	if err != nil {
-		panic(err)
-	}
-	return s
-}
+var Migrations = postgres.EmbeddedMigrations("capacity", "compute", migrationsFS)
 
 // Module registers capacity's tables, groups and workers. It is part of the core.
 type Module struct {

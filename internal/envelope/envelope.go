@@ -11,7 +11,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"time"
 
@@ -27,15 +26,7 @@ import (
 var migrationsFS embed.FS
 
 // Migrations is the envelope's schema (idempotency keys).
-var Migrations = postgres.MigrationSet{Name: "envelope", Schema: "compute", FS: mustSub(migrationsFS, "migrations")}
-
-func mustSub(f fs.FS, dir string) fs.FS {
-	s, err := fs.Sub(f, dir)
-	if err != nil {
-		panic(err)
-	}
-	return s
-}
+var Migrations = postgres.EmbeddedMigrations("envelope", "compute", migrationsFS)
 
 // Defaults.
 const (

@@ -5,7 +5,6 @@ package events
 import (
 	"context"
 	"embed"
-	"io/fs"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -17,15 +16,7 @@ import (
 var migrationsFS embed.FS
 
 // Migrations is the outbox's schema.
-var Migrations = postgres.MigrationSet{Name: "events", Schema: "compute", FS: mustSub(migrationsFS, "migrations")}
-
-func mustSub(f fs.FS, dir string) fs.FS {
-	s, err := fs.Sub(f, dir)
-	if err != nil {
-		panic(err)
-	}
-	return s
-}
+var Migrations = postgres.EmbeddedMigrations("events", "compute", migrationsFS)
 
 // Event is one entry of the outbox.
 type Event struct {

@@ -8,7 +8,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"io/fs"
 	"strings"
 
 	"github.com/google/uuid"
@@ -24,15 +23,7 @@ import (
 var migrationsFS embed.FS
 
 // Migrations is the fleet's schema. It builds on postgres.Core.
-var Migrations = postgres.MigrationSet{Name: "fleet", Schema: "compute", FS: mustSub(migrationsFS, "migrations")}
-
-func mustSub(f fs.FS, dir string) fs.FS {
-	s, err := fs.Sub(f, dir)
-	if err != nil {
-		panic(err)
-	}
-	return s
-}
+var Migrations = postgres.EmbeddedMigrations("fleet", "compute", migrationsFS)
 
 // Module registers the fleet's tables and groups. It is part of the core, always registered.
 type Module struct{}

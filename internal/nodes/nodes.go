@@ -7,7 +7,6 @@ import (
 	"context"
 	"embed"
 	"errors"
-	"io/fs"
 	"sync/atomic"
 	"time"
 
@@ -22,15 +21,7 @@ import (
 var migrationsFS embed.FS
 
 // Migrations is the schema of nodes at work. It builds on fleet's and capacity's.
-var Migrations = postgres.MigrationSet{Name: "nodes", Schema: "compute", FS: mustSub(migrationsFS, "migrations")}
-
-func mustSub(f fs.FS, dir string) fs.FS {
-	s, err := fs.Sub(f, dir)
-	if err != nil {
-		panic(err)
-	}
-	return s
-}
+var Migrations = postgres.EmbeddedMigrations("nodes", "compute", migrationsFS)
 
 // Config configures the nodes module. Zero values mean the defaults.
 type Config struct {

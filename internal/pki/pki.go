@@ -20,7 +20,6 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"io/fs"
 	"math/big"
 	"net"
 	"net/url"
@@ -36,15 +35,7 @@ import (
 var migrationsFS embed.FS
 
 // Migrations is the PKI's schema.
-var Migrations = postgres.MigrationSet{Name: "pki", Schema: "compute", FS: mustSub(migrationsFS, "migrations")}
-
-func mustSub(f fs.FS, dir string) fs.FS {
-	s, err := fs.Sub(f, dir)
-	if err != nil {
-		panic(err)
-	}
-	return s
-}
+var Migrations = postgres.EmbeddedMigrations("pki", "compute", migrationsFS)
 
 // Defaults.
 const (
