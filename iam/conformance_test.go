@@ -2,6 +2,7 @@ package iam_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -421,5 +422,44 @@ func TestRemoteRetriesOnlyWhatMayBeRetried(t *testing.T) {
 	calls.Store(0)
 	if _, err := r.TenantPath(ctx, "root"); err == nil || calls.Load() != 3 {
 		t.Fatalf("a server that keeps failing: %v in %d calls, want an error after 3", err, calls.Load())
+	}
+}
+
+// TestContractRefusesBadRequests: the served contract names what is wrong with a request.
+func TestContractRefusesBadRequests(t *testing.T) {
+	defer failed(t)
+	db := pgtest.New(t, postgres.Core, iam.Migrations)
+	admin := must(iam.Embedded(db, iam.EmbeddedOptions{RootTenantID: "root"}))
+	ctx := context.Background()
+	check(t, admin.Initialize(ctx))
+	key := must(admin.CreateAdminKey(ctx, "root", "svc"))
+	srv := httptest.NewServer(admin.Handler())
+	defer srv.Close()
+	for _, c := range []struct {
+		name, route, body string
+		header            bool
+		status            int
+		code, mention     string
+	}{
+		{"no CSRF header", "tenants/path", `{"tenantId": "root"}`, false, 403, iam.HTTPInvalidRequest, "X-Better-IAM"},
+		{"an unknown field", "tenants/path", `{"tenant": "root"}`, true, 400, iam.HTTPInvalidRequest, `"tenant"`},
+		{"trailing data", "tenants/path", `{"tenantId": "root"} {}`, true, 400, iam.HTTPInvalidRequest, "after the JSON"},
+		{"not JSON", "billing/record", `meters`, true, 400, iam.HTTPInvalidRequest, "billing/record"},
+		{"an unknown route", "tenants/create", `{}`, true, 404, iam.HTTPNotFound, "tenants/create"},
+	} {
+		req := must(http.NewRequest(http.MethodPost, srv.URL+iam.BasePath+c.route, strings.NewReader(c.body)))
+		req.Header.Set("Authorization", "Bearer "+key.Token)
+		if c.header {
+			req.Header.Set("X-Better-IAM", "1")
+		}
+		resp := must(http.DefaultClient.Do(req))
+		var env struct {
+			Error struct{ Code, Message string }
+		}
+		err := json.NewDecoder(resp.Body).Decode(&env)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != c.status || env.Error.Code != c.code || !strings.Contains(env.Error.Message, c.mention) {
+			t.Errorf("%s: %d %+v (%v); want %d %s naming %s", c.name, resp.StatusCode, env.Error, err, c.status, c.code, c.mention)
+		}
 	}
 }

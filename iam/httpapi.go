@@ -1,9 +1,11 @@
 package iam
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -98,7 +100,7 @@ func (l *Local) Handler() http.Handler {
 			case errors.Is(err, ErrNotFound), errors.Is(err, errNoRoute):
 				status, code = http.StatusNotFound, HTTPNotFound
 			}
-			httpError(w, status, code, err.Error())
+			httpError(w, status, code, route+": "+err.Error())
 			return
 		}
 		writeData(w, v)
@@ -119,12 +121,18 @@ func unavailable(err error) bool {
 	return errors.As(err, &ne) || errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err)
 }
 
+// decode reads a request body, refusing unknown fields and anything after the one value.
 func decode[T any](body []byte) (T, error) {
 	var v T
-	dec := json.NewDecoder(strings.NewReader(string(body)))
+	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
-	err := dec.Decode(&v)
-	return v, err
+	if err := dec.Decode(&v); err != nil {
+		return v, fmt.Errorf("the request body: %w", err)
+	}
+	if dec.More() {
+		return v, errors.New("the request body: data after the JSON value")
+	}
+	return v, nil
 }
 
 func (l *Local) serve(ctx context.Context, route string, body []byte) (any, error) {
