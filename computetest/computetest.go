@@ -43,6 +43,10 @@ type Options struct {
 	Mode    compute.Mode
 	// Configure may change the compute options before New.
 	Configure func(*compute.Options)
+	// MaxConns, when set, is the size of the connection pool that Compute and the embedded IAM
+	// share (16 otherwise): a small pool shows a path that holds a connection while it waits for
+	// another.
+	MaxConns int32
 }
 
 // Env is a running test control plane.
@@ -65,6 +69,14 @@ func New(t testing.TB, opts Options) *Env {
 		t.Fatalf("computetest: %v", err)
 	}
 	db := pgtest.New(t, append(sets, iam.Migrations)...)
+	if opts.MaxConns > 0 {
+		cfg := db.Pool.Config().Copy()
+		cfg.MaxConns = opts.MaxConns
+		if db, err = postgres.OpenConfig(ctx, cfg); err != nil {
+			t.Fatalf("computetest: %v", err)
+		}
+		t.Cleanup(db.Close)
+	}
 	local, err := iam.Embedded(db, iam.EmbeddedOptions{RootTenantID: RootTenantID})
 	if err != nil {
 		t.Fatalf("computetest: %v", err)

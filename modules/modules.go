@@ -54,6 +54,11 @@ type Target struct {
 	Existing bool
 	Kind     string // what was looked up, e.g. "pool"
 	Ref      string // how the caller named it
+	// TenantPath is TenantID and its ancestors, nearest first, as IAM reported them before the
+	// call's transaction began. Code inside the transaction reads it here and never asks IAM:
+	// an IAM port may need a connection of the same pool, and a transaction waiting on one while
+	// holding another starves the pool under load.
+	TenantPath []string
 }
 
 // Lookup is what a target function may read with: the database (outside the call's transaction:

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -32,8 +33,24 @@ type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
+// Pool defaults, applied by Open when the URL does not set them (pool_max_conns=…).
+const (
+	// DefaultMaxConns is the pool size. pgx's own default is the number of CPUs (4 on a small
+	// machine), which 40 concurrent API calls, the gateway's flushes and the workers exhaust;
+	// PostgreSQL's default max_connections of 100 leaves room for two or three processes at 32.
+	DefaultMaxConns = 32
+	// DefaultMinConns connections are kept open, so that a burst does not wait on new ones.
+	DefaultMinConns = 2
+	// DefaultMaxConnIdleTime closes connections unused for this long.
+	DefaultMaxConnIdleTime = 5 * time.Minute
+	// DefaultHealthCheckPeriod is how often idle connections are checked, so that those a
+	// server restart killed are replaced before a request is handed one.
+	DefaultHealthCheckPeriod = 15 * time.Second
+)
+
 // Open connects to the database at url (a postgres:// URL or a key=value connection string) and
-// checks that it answers.
+// checks that it answers. Pool settings the URL names (pool_max_conns, pool_min_conns, …) win
+// over the Default… constants.
 func Open(ctx context.Context, url string) (*DB, error) {
 	if url == "" {
 		return nil, errors.New("postgres: empty database URL; set " + EnvDatabaseURL + " or use postgres/embedded")
@@ -41,6 +58,19 @@ func Open(ctx context.Context, url string) (*DB, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: parse database URL: %w", err)
+	}
+	set := func(name string) bool { return strings.Contains(url, name+"=") }
+	if !set("pool_max_conns") {
+		cfg.MaxConns = DefaultMaxConns
+	}
+	if !set("pool_min_conns") {
+		cfg.MinConns = DefaultMinConns
+	}
+	if !set("pool_max_conn_idle_time") {
+		cfg.MaxConnIdleTime = DefaultMaxConnIdleTime
+	}
+	if !set("pool_health_check_period") {
+		cfg.HealthCheckPeriod = DefaultHealthCheckPeriod
 	}
 	return OpenConfig(ctx, cfg)
 }

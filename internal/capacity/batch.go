@@ -34,7 +34,7 @@ func reserveBatch(ctx context.Context, tx pgx.Tx, rt *modules.Runtime, calls []*
 	out := make([]modules.BatchResult[api.Reservation], len(calls))
 	first := calls[0]
 	tenant := first.Target.TenantID
-	pool, err := resolvePool(ctx, tx, rt.IAM, tenant, first.In.Pool)
+	pool, err := resolvePool(ctx, tx, first.Target.TenantPath, first.In.Pool)
 	if err != nil {
 		for i := range out {
 			out[i].Err = err

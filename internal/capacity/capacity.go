@@ -125,7 +125,7 @@ func poolTarget[In any](get func(In) (tenant, pool string)) modules.TargetFunc[I
 		if tenant == "" {
 			tenant = l.Principal.TenantID
 		}
-		pool, err := resolvePool(ctx, l.Q, l.IAM, tenant, ref)
+		pool, err := lookupPool(ctx, l, tenant, ref)
 		if err != nil {
 			return modules.Target{}, err
 		}

@@ -24,6 +24,7 @@ type fleetSpec struct {
 	domains     int    // NVLink domains per node (GPUs split evenly); 0: one
 	model       string // GPU name as hardware reports it; default an H100
 	vcpus, mem  int
+	maxConns    int32 // the connection pool's size; 0: computetest's default
 }
 
 type testFleet struct {
@@ -35,7 +36,7 @@ type testFleet struct {
 
 func newFleet(t *testing.T, s fleetSpec) *testFleet {
 	t.Helper()
-	env := computetest.New(t, computetest.Options{})
+	env := computetest.New(t, computetest.Options{MaxConns: s.maxConns})
 	env.DB.SetNow(t0)
 	ctx := context.Background()
 	if s.model == "" {

@@ -9,8 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/better-compute/compute/api"
-	"github.com/better-compute/compute/iam"
 	"github.com/better-compute/compute/internal/fleet"
+	"github.com/better-compute/compute/modules"
 	"github.com/better-compute/compute/postgres"
 )
 
@@ -23,14 +23,22 @@ type poolRef struct {
 	Now      time.Time // compute_now(), read with it to save a round trip
 }
 
-// resolvePool finds ref (an id or a name) among the pools of tenant and its ancestors, the
-// nearest tenant's first.
-func resolvePool(ctx context.Context, q postgres.Querier, port iam.Port, tenant, ref string) (poolRef, error) {
-	path, err := port.TenantPath(ctx, tenant)
+// lookupPool resolves a pool before the call's transaction (in a target function), asking IAM
+// for the tenant path.
+func lookupPool(ctx context.Context, l modules.Lookup, tenant, ref string) (poolRef, error) {
+	path, err := l.IAM.TenantPath(ctx, tenant)
 	if err != nil {
 		return poolRef{}, fmt.Errorf("capacity: tenant path: %w", err)
 	}
+	return resolvePool(ctx, l.Q, path, ref)
+}
+
+// resolvePool finds ref (an id or a name) among the pools of the tenants of path (a tenant and
+// its ancestors, nearest first), the nearest tenant's first. It does not call IAM, so it may run
+// inside a transaction.
+func resolvePool(ctx context.Context, q postgres.Querier, path []string, ref string) (poolRef, error) {
 	var p poolRef
+	var err error
 	if fleet.IsID(ref) {
 		err = q.QueryRow(ctx, `SELECT id::text, tenant_id, name, compute.compute_now() FROM compute.pools WHERE id = $1 AND tenant_id = ANY($2)`, ref, path).
 			Scan(&p.ID, &p.TenantID, &p.Name, &p.Now)

@@ -51,7 +51,7 @@ func listReservations(ctx context.Context, c *modules.Call, in api.ListReservati
 	}
 	var poolID, state *string
 	if in.Pool != "" {
-		p, err := resolvePool(ctx, c.Tx, c.Runtime.IAM, c.Target.TenantID, in.Pool)
+		p, err := resolvePool(ctx, c.Tx, c.Target.TenantPath, in.Pool)
 		if err != nil {
 			return api.Page[api.Reservation]{}, err
 		}

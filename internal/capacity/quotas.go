@@ -31,7 +31,7 @@ func quotaTarget(ctx context.Context, l modules.Lookup, limited, pool string) (m
 	if len(path) == 0 {
 		return modules.Target{}, api.NotFound("tenant", limited)
 	}
-	p, err := resolvePool(ctx, l.Q, l.IAM, limited, pool)
+	p, err := resolvePool(ctx, l.Q, path, pool)
 	if err != nil {
 		return modules.Target{}, err
 	}

@@ -80,7 +80,7 @@ type request struct {
 // reserve places and books a reservation inside the call's transaction.
 func reserve(ctx context.Context, c *modules.Call, in api.CreateReservation) (api.Reservation, error) {
 	tx := c.Tx
-	pool, err := resolvePool(ctx, tx, c.Runtime.IAM, c.Target.TenantID, in.Pool)
+	pool, err := resolvePool(ctx, tx, c.Target.TenantPath, in.Pool)
 	if err != nil {
 		return api.Reservation{}, err
 	}
