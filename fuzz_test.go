@@ -26,7 +26,7 @@ type fuzzFleet struct {
 	nodeID string
 }
 
-func newFuzzFleet(f *testing.F) *fuzzFleet {
+func newFuzzFleet(f testing.TB) *fuzzFleet {
 	env := computetest.New(f, computetest.Options{})
 	ctx := context.Background()
 	a := env.Compute.API
