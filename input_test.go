@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/better-compute/compute"
 	"github.com/better-compute/compute/api"
@@ -148,5 +149,33 @@ func TestAnswerThatCannotBeEncodedIs500(t *testing.T) {
 	env.Compute.Handler.ServeHTTP(rec, req)
 	if rec.Code != http.StatusInternalServerError || !strings.Contains(rec.Body.String(), `"code":"internal"`) {
 		t.Fatalf("an answer with NaN = %d %q, want a 500 internal error envelope", rec.Code, rec.Body.String())
+	}
+}
+
+// TestExtendNeverPassesMaxTime: extending by a duration, again and again, stops at api.MaxTime
+// with invalid_argument naming by, so every answer and list stays encodable.
+func TestExtendNeverPassesMaxTime(t *testing.T) {
+	ff := newFuzzFleet(t)
+	url := ff.env.Server(t)
+	ctx := context.Background()
+	start := api.MaxTime.Add(-24 * time.Hour)
+	r, err := ff.env.Compute.API.Reservations.Create(ctx, ff.env.RootKey, api.CreateReservation{Pool: "p1", Shape: api.Shape{GPUs: 1}, Start: &start, Duration: "1h"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var last error
+	for range 20 {
+		_, last = ff.env.Compute.API.Reservations.Extend(ctx, ff.env.RootKey, api.ExtendReservation{Reservation: r.ID, By: "876000h"})
+		if last != nil {
+			break
+		}
+	}
+	var ae *api.Error
+	if !asError(last, &ae) || ae.Code != api.CodeInvalidArgument || ae.Details["field"] != "by" {
+		t.Fatalf("extending past %s = %v, want invalid_argument naming by", api.MaxTime, last)
+	}
+	c := post(t, url, ff.env.RootKey, "reservations/list", `{}`)
+	if items, _ := c.body["items"].([]any); c.status != http.StatusOK || len(items) != 1 {
+		t.Fatalf("reservations/list = %d %s", c.status, c.raw)
 	}
 }
