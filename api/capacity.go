@@ -204,12 +204,8 @@ type ListReservations struct {
 
 // Validate implements the input check.
 func (in ListReservations) Validate() error {
-	switch in.State {
-	case "", ReservationPending, ReservationActive, ReservationReleased, ReservationCancelled, ReservationExpired, ReservationPreempted:
-	default:
-		return InvalidField("state", "%q is not a reservation state", in.State)
-	}
-	return in.PageRequest.Validate()
+	return first(ValidateEnum("state", in.State, ReservationPending, ReservationActive, ReservationReleased,
+		ReservationCancelled, ReservationExpired, ReservationPreempted), in.PageRequest.Validate())
 }
 
 // CancelReservation is the input of reservations.cancel: a pending reservation ends before it starts.

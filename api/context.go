@@ -1,6 +1,11 @@
 package api
 
-import "context"
+import (
+	"context"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
 
 // IdempotencyKeyHeader is the HTTP header that carries a mutation's idempotency key.
 const IdempotencyKeyHeader = "Idempotency-Key"
@@ -21,4 +26,19 @@ func WithIdempotencyKey(ctx context.Context, key string) context.Context {
 func IdempotencyKey(ctx context.Context) string {
 	k, _ := ctx.Value(idempotencyKey{}).(string)
 	return k
+}
+
+// ValidateIdempotencyKey checks an idempotency key: at most MaxIdempotencyKey bytes of printable
+// UTF-8 text (no control characters). The error names the header.
+func ValidateIdempotencyKey(key string) error {
+	if len(key) > MaxIdempotencyKey {
+		return InvalidField(IdempotencyKeyHeader, "is %d bytes long; the limit is %d", len(key), MaxIdempotencyKey)
+	}
+	if !utf8.ValidString(key) {
+		return InvalidField(IdempotencyKeyHeader, "is not valid UTF-8")
+	}
+	if strings.IndexFunc(key, unicode.IsControl) >= 0 {
+		return InvalidField(IdempotencyKeyHeader, "contains a control character")
+	}
+	return nil
 }

@@ -215,10 +215,5 @@ type ListNodes struct {
 
 // Validate implements the input check of nodes.list.
 func (in ListNodes) Validate() error {
-	switch in.State {
-	case "", NodeActive, NodeCordoned, NodeDraining, NodeRetired:
-	default:
-		return InvalidField("state", "%q is not a node state: use active, cordoned, draining or retired", in.State)
-	}
-	return in.PageRequest.Validate()
+	return first(ValidateEnum("state", in.State, NodeActive, NodeCordoned, NodeDraining, NodeRetired), in.PageRequest.Validate())
 }

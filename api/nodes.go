@@ -237,6 +237,14 @@ type ListCommands struct {
 	PageRequest
 }
 
+// CommandStates lists the states of a command.
+var CommandStates = []string{CommandPending, CommandDispatched, CommandSucceeded, CommandFailed, CommandCancelled}
+
+// Validate implements the input check.
+func (in ListCommands) Validate() error {
+	return first(ValidateEnum("state", in.State, CommandStates...), in.PageRequest.Validate())
+}
+
 // CancelCommand is the input of commands.cancel.
 type CancelCommand struct {
 	Command string `json:"command"`

@@ -1,5 +1,12 @@
 package api
 
+import (
+	"encoding/base64"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
+
 // Page sizes for list methods.
 const (
 	DefaultPageLimit = 50
@@ -36,4 +43,26 @@ func (p PageRequest) PageLimit() int {
 type Page[T any] struct {
 	Items      []T    `json:"items"`
 	NextCursor string `json:"nextCursor,omitempty"`
+}
+
+// EncodeCursor returns the opaque cursor of a list of kind (a short tag such as "q1", which
+// versions the key's format) that resumes after key.
+func EncodeCursor(kind, key string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(kind + ":" + key))
+}
+
+// DecodeCursor returns the key of a cursor that EncodeCursor made for kind. Any other string,
+// and any key that is not text the database can compare (invalid UTF-8, NUL or other control
+// characters), is an invalid_argument error naming the cursor field.
+func DecodeCursor(kind, cursor string) (string, error) {
+	bad := InvalidField("cursor", "is not a cursor returned by this API")
+	b, err := base64.RawURLEncoding.DecodeString(cursor)
+	if err != nil {
+		return "", bad
+	}
+	key, ok := strings.CutPrefix(string(b), kind+":")
+	if !ok || !utf8.ValidString(key) || strings.IndexFunc(key, unicode.IsControl) >= 0 {
+		return "", bad
+	}
+	return key, nil
 }

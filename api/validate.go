@@ -1,7 +1,10 @@
 package api
 
 import (
+	"fmt"
 	"regexp"
+	"slices"
+	"strings"
 	"unicode/utf8"
 )
 
@@ -77,4 +80,15 @@ func first(errs ...error) error {
 		}
 	}
 	return nil
+}
+
+// ValidateEnum checks that v is one of allowed (or empty, when empty means "any" or the
+// default). The error names the field and lists the allowed values.
+func ValidateEnum(field, v string, allowed ...string) error {
+	if v == "" || slices.Contains(allowed, v) {
+		return nil
+	}
+	return &Error{Code: CodeInvalidArgument,
+		Message: fmt.Sprintf("%s: %q is not one of %s", field, v, strings.Join(allowed, ", ")),
+		Details: map[string]any{"field": field, "allowed": allowed}}
 }

@@ -51,8 +51,13 @@ func registerDevices(r *modules.Registry) {
 	modules.Handle(r, api.DevicesSetMode,
 		func(ctx context.Context, l modules.Lookup, in api.SetGPUMode) (modules.Target, error) {
 			t := modules.Target{Existing: true, Kind: "device", Ref: in.Device}
+			// Only an id-shaped ref is cast to uuid: SQL does not promise to skip the cast in an OR.
+			where, args := `d.uuid = $1`, []any{in.Device}
+			if fleet.IsID(in.Device) {
+				where, args = `d.uuid = $1 OR d.id = $2::uuid`, append(args, in.Device)
+			}
 			err := l.Q.QueryRow(ctx, `SELECT d.id::text, n.tenant_id FROM compute.devices d JOIN compute.nodes n ON n.id = d.node_id
-				WHERE d.uuid = $1 OR ($2 AND d.id = $1::uuid)`, in.Device, fleet.IsID(in.Device)).Scan(&t.ResourceID, &t.TenantID)
+				WHERE `+where, args...).Scan(&t.ResourceID, &t.TenantID)
 			if errors.Is(err, pgx.ErrNoRows) {
 				return t, api.NotFound("device", in.Device)
 			}

@@ -325,6 +325,9 @@ func extend(ctx context.Context, tx pgx.Tx, in api.ExtendReservation, tenant str
 	} else {
 		d, _ := api.ParseDuration("by", in.By)
 		newEnd = oldEnd.Add(d)
+		if err := api.CheckTime("by", newEnd); err != nil { // repeated extensions must stay representable
+			return err
+		}
 	}
 	if !newEnd.After(oldEnd) {
 		return api.InvalidField("end", "%s is not after the current end %s", newEnd.Format(time.RFC3339), oldEnd.Format(time.RFC3339))

@@ -2,10 +2,8 @@ package capacity
 
 import (
 	"context"
-	"encoding/base64"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -64,10 +62,9 @@ func registerQuotas(r *modules.Registry) {
 	modules.Handle(r, api.QuotasList, nil, func(ctx context.Context, c *modules.Call, in api.ListQuotas) (api.Page[api.Quota], error) {
 		after := ""
 		if in.Cursor != "" {
-			b, err := base64.RawURLEncoding.DecodeString(in.Cursor)
-			k, ok := strings.CutPrefix(string(b), "q1:")
-			if err != nil || !ok {
-				return api.Page[api.Quota]{}, api.InvalidField("cursor", "is not a cursor returned by this API")
+			k, err := api.DecodeCursor("q1", in.Cursor)
+			if err != nil {
+				return api.Page[api.Quota]{}, err
 			}
 			after = k
 		}
@@ -89,7 +86,7 @@ func registerQuotas(r *modules.Registry) {
 		if len(items) > limit {
 			out.Items = items[:limit]
 			last := out.Items[limit-1]
-			out.NextCursor = base64.RawURLEncoding.EncodeToString([]byte("q1:" + last.PoolID + "/" + last.Resource + "/" + last.Model))
+			out.NextCursor = api.EncodeCursor("q1", last.PoolID+"/"+last.Resource+"/"+last.Model)
 		}
 		return out, nil
 	})

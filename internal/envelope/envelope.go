@@ -85,6 +85,10 @@ func (e *Envelope) authenticate(ctx context.Context, credential string) (iam.Pri
 		return iam.Principal{}, &api.Error{Code: api.CodeUnauthenticated, Message: "no credential: send Authorization: Bearer <API key>",
 			Details: map[string]any{"reason": "missing_credential"}}
 	}
+	if api.CheckString("credential", credential) != nil {
+		return iam.Principal{}, &api.Error{Code: api.CodeUnauthenticated, Message: "the credential is not valid UTF-8 text without NUL bytes",
+			Details: map[string]any{"reason": "invalid_credential"}}
+	}
 	p, err := e.rt.IAM.Authenticate(ctx, credential)
 	switch {
 	case errors.Is(err, iam.ErrUnauthenticated):
@@ -97,6 +101,9 @@ func (e *Envelope) authenticate(ctx context.Context, credential string) (iam.Pri
 }
 
 func (e *Envelope) invoke(ctx context.Context, p iam.Principal, h *modules.Handler, in any) (Result, error) {
+	if err := api.CheckInput(in); err != nil {
+		return Result{}, err
+	}
 	if v, ok := in.(interface{ Validate() error }); ok {
 		if err := v.Validate(); err != nil {
 			return Result{}, asAPIError(err)
@@ -106,8 +113,8 @@ func (e *Envelope) invoke(ctx context.Context, p iam.Principal, h *modules.Handl
 	if key != "" && !h.Info.Mutating {
 		key = "" // a read has nothing to repeat
 	}
-	if len(key) > api.MaxIdempotencyKey {
-		return Result{}, api.InvalidField(api.IdempotencyKeyHeader, "is %d characters long; the limit is %d", len(key), api.MaxIdempotencyKey)
+	if err := api.ValidateIdempotencyKey(key); err != nil {
+		return Result{}, err
 	}
 	target, err := h.Target(ctx, modules.Lookup{Q: e.rt.DB.Pool, Principal: p, IAM: e.rt.IAM}, in)
 	if err != nil {

@@ -1,6 +1,7 @@
 package envelope
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -11,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/modules"
 )
 
 // RequestIDHeader carries a request's id, echoed when the caller sent one.
@@ -88,10 +90,18 @@ func (e *Envelope) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if res.Replay != nil {
 		w.Header().Set("Idempotent-Replayed", "true")
-		writeJSON(w, http.StatusOK, json.RawMessage(res.Replay))
+		e.writeAnswer(w, r, h, json.RawMessage(res.Replay))
 		return
 	}
-	writeJSON(w, http.StatusOK, res.Value)
+	e.writeAnswer(w, r, h, res.Value)
+}
+
+// writeAnswer writes a call's answer, and logs an answer that could not be encoded: the call
+// itself has already committed.
+func (e *Envelope) writeAnswer(w http.ResponseWriter, r *http.Request, h *modules.Handler, v any) {
+	if err := writeJSON(w, http.StatusOK, v); err != nil {
+		e.log.ErrorContext(r.Context(), "compute: answer could not be encoded", "method", h.Info.FullName(), "error", err)
+	}
 }
 
 func (e *Envelope) serveTable(w http.ResponseWriter, r *http.Request) {
@@ -101,7 +111,7 @@ func (e *Envelope) serveTable(w http.ResponseWriter, r *http.Request) {
 			Details: map[string]any{"reason": "method_not_allowed"}})
 		return
 	}
-	writeJSON(w, http.StatusOK, MethodTable{Methods: e.Methods()})
+	_ = writeJSON(w, http.StatusOK, MethodTable{Methods: e.Methods()})
 }
 
 // MethodTable is the answer of GET /api/compute/methods.
@@ -127,10 +137,23 @@ func bearer(r *http.Request) string {
 	return ""
 }
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
+// writeJSON encodes v before anything is sent, so that a value that cannot be encoded (a time
+// past year 9999, a NaN) never becomes a 2xx with an empty body: it answers 500 internal
+// instead, and returns the error for the caller to log.
+func writeJSON(w http.ResponseWriter, status int, v any) error {
+	var buf bytes.Buffer
+	err := json.NewEncoder(&buf).Encode(v)
+	if err != nil {
+		status = http.StatusInternalServerError
+		buf.Reset()
+		_ = json.NewEncoder(&buf).Encode(api.ErrorBody{Error: &api.Error{Code: api.CodeInternal,
+			Message: "the answer could not be encoded as JSON; the server log has the detail"}})
+	}
 	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(buf.Len()))
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
+	_, _ = w.Write(buf.Bytes())
+	return err
 }
 
 // writeError writes err as the error envelope; status 0 means the code's status.
@@ -139,7 +162,7 @@ func writeError(w http.ResponseWriter, status int, err error) {
 	if status == 0 {
 		status = ae.Code.HTTPStatus()
 	}
-	writeJSON(w, status, api.ErrorBody{Error: ae})
+	_ = writeJSON(w, status, api.ErrorBody{Error: ae})
 }
 
 // Unavailable is an http.Handler that answers every request with an unavailable error, for

@@ -1,0 +1,62 @@
+package api_test
+
+import (
+	"encoding/base64"
+	"errors"
+	"strings"
+	"testing"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/better-compute/compute/api"
+)
+
+// FuzzDecodeCursor: any string is either refused as invalid_argument naming the cursor, or
+// decodes to a key the database can compare (UTF-8 text without control characters) that
+// encodes back to a cursor decoding to the same key.
+func FuzzDecodeCursor(f *testing.F) {
+	for _, s := range []string{"", "q1:", "q1:abc", "q1:\x00", "q1:\xff", "r1:0190a0b0-0000-7000-8000-000000000001", "v1:x\n", "q2:abc", "q1"} {
+		f.Add(base64.RawURLEncoding.EncodeToString([]byte(s)))
+	}
+	f.Add("%%%")
+	f.Add("cTE6YWJj=")
+	f.Add("cTE6YWJj\n")
+	f.Fuzz(func(t *testing.T, cursor string) {
+		key, err := api.DecodeCursor("q1", cursor)
+		if err != nil {
+			var ae *api.Error
+			if !errors.As(err, &ae) || ae.Code != api.CodeInvalidArgument || ae.Details["field"] != "cursor" {
+				t.Fatalf("DecodeCursor(%q) = %v, want invalid_argument on the cursor field", cursor, err)
+			}
+			return
+		}
+		if !utf8.ValidString(key) || strings.IndexFunc(key, unicode.IsControl) >= 0 {
+			t.Fatalf("DecodeCursor(%q) = %q, which is not text the database can compare", cursor, key)
+		}
+		again, err := api.DecodeCursor("q1", api.EncodeCursor("q1", key))
+		if err != nil || again != key {
+			t.Fatalf("round trip of %q = %q, %v", key, again, err)
+		}
+	})
+}
+
+// FuzzCursorRoundTrip: every key that is text survives EncodeCursor then DecodeCursor, and a
+// cursor of another kind is refused.
+func FuzzCursorRoundTrip(f *testing.F) {
+	f.Add("0190a0b0-0000-7000-8000-000000000001")
+	f.Add("pool/gpus/h100")
+	f.Add("")
+	f.Add("ü:ß/∞")
+	f.Fuzz(func(t *testing.T, key string) {
+		if !utf8.ValidString(key) || strings.IndexFunc(key, unicode.IsControl) >= 0 {
+			t.Skip("not text")
+		}
+		got, err := api.DecodeCursor("q1", api.EncodeCursor("q1", key))
+		if err != nil || got != key {
+			t.Fatalf("round trip of %q = %q, %v", key, got, err)
+		}
+		if _, err := api.DecodeCursor("r1", api.EncodeCursor("q1", key)); err == nil {
+			t.Fatalf("a q1 cursor of %q decoded as an r1 cursor", key)
+		}
+	})
+}
