@@ -76,6 +76,13 @@ func Follow(ctx context.Context, p Port, interval time.Duration, fn func(Event))
 	if err != nil {
 		return err
 	}
+	return FollowFrom(ctx, p, cursor, interval, fn)
+}
+
+// FollowFrom calls fn with every event of p after cursor, until ctx ends, asking every interval.
+// A cache that forgets everything when it starts following reads the cursor first, forgets, then
+// follows from that cursor: an event written between the two is then seen, not skipped.
+func FollowFrom(ctx context.Context, p Port, cursor int64, interval time.Duration, fn func(Event)) error {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
