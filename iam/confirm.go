@@ -77,7 +77,7 @@ func CanonicalInput(v any) (json.RawMessage, error) {
 	if err := dec.Decode(&x); err != nil {
 		return nil, fmt.Errorf("iam: the request's input is not JSON: %w", err)
 	}
-	if dec.More() {
+	if !atEnd(dec) {
 		return nil, errors.New("iam: the request's input: data after the JSON value")
 	}
 	b, err := json.Marshal(x) // maps marshal with sorted keys

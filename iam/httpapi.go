@@ -74,6 +74,10 @@ func (l *Local) Handler() http.Handler {
 			return
 		}
 		if route == "sts/getCallerIdentity" {
+			if err := decodeNone(body); err != nil {
+				httpError(w, http.StatusBadRequest, HTTPInvalidRequest, route+": "+err.Error())
+				return
+			}
 			writeData(w, caller)
 			return
 		}
@@ -178,14 +182,30 @@ func decode[T any](body []byte) (T, error) {
 	if err := dec.Decode(&v); err != nil {
 		return v, fmt.Errorf("the request body: %w", err)
 	}
-	if dec.More() {
+	if !atEnd(dec) {
 		return v, errors.New("the request body: data after the JSON value")
 	}
 	return v, nil
 }
 
+// atEnd reports whether dec has nothing left but space. (dec.More is no test of that: it
+// answers false for a stray '}' or ']' after the value.)
+func atEnd(dec *json.Decoder) bool {
+	_, err := dec.Token()
+	return errors.Is(err, io.EOF)
+}
+
 // serve runs one route for caller, on the tenants the request names only where they are the
 // caller's tenant or its descendants.
+// decodeNone reads the body of a route without input: nothing, or an empty object.
+func decodeNone(body []byte) error {
+	if len(bytes.TrimSpace(body)) == 0 {
+		return nil
+	}
+	_, err := decode[struct{}](body)
+	return err
+}
+
 func (l *Local) serve(ctx context.Context, caller Principal, route string, body []byte) (any, error) {
 	switch route {
 	case "authorize":
@@ -233,6 +253,9 @@ func (l *Local) serve(ctx context.Context, caller Principal, route string, body 
 		}
 		return struct{}{}, l.RegisterCatalog(ctx, in)
 	case "catalog/get":
+		if err := decodeNone(body); err != nil {
+			return nil, err
+		}
 		return l.Catalog(ctx)
 	case "billing/ensureMeters":
 		in, err := decode[struct {
