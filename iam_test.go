@@ -202,8 +202,16 @@ func TestConfirmationOverHTTP(t *testing.T) {
 	if n := countRows(t, env, "compute.sites"); n != 0 {
 		t.Fatalf("%d sites before approval", n)
 	}
+	shown, err := env.IAM.Confirmation(ctx, id)
+	if err != nil || shown.Request.Method != "sites.create" || !strings.Contains(string(shown.Request.Input), `"name":"fra1"`) {
+		t.Fatalf("the person is shown %+v (input %s), %v; want the call and its input", shown, shown.Request.Input, err)
+	}
 	if err := env.IAM.DecideConfirmation(ctx, id, ada.ID, true); err != nil {
 		t.Fatal(err)
+	}
+	// The approval is of that call: another input does not spend it.
+	if c := post(t, url, key.Token, "sites/create", `{"name": "ams1"}`); c.errCode() != string(api.CodeConfirmationRequired) {
+		t.Fatalf("another input on the approval = %d %s", c.status, c.raw)
 	}
 	if c := post(t, url, key.Token, "sites/create", `{"name": "fra1"}`); c.status != 200 {
 		t.Fatalf("after approval = %d %s", c.status, c.raw)

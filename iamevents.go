@@ -27,12 +27,19 @@ func (m iamEvents) Register(r *modules.Registry) error {
 func (m iamEvents) follow(ctx context.Context, rt *modules.Runtime) error {
 	port, _ := rt.IAM.(iam.Invalidator)
 	invalidate := func(e iam.Event) {
-		m.cache.Invalidate(e)
+		// The port's caches first: a decision made between the two from the port's stale
+		// policies would otherwise be cached again after the decision cache was cleared.
 		if port != nil {
 			port.Invalidate(e)
 		}
+		m.cache.Invalidate(e)
 	}
-	// Events from before this start (or a restart after a failure) were not seen: forget all.
+	// Events from before this start (or a restart after a failure) were not seen: forget all,
+	// after reading where the feed ends, so that an event written meanwhile is still followed.
+	_, cursor, err := rt.IAM.Events(ctx, -1, 0)
+	if err != nil {
+		return err
+	}
 	invalidate(iam.Event{Type: iam.EventTenantDeleted})
-	return iam.Follow(ctx, rt.IAM, iamEventInterval, invalidate)
+	return iam.FollowFrom(ctx, rt.IAM, cursor, iamEventInterval, invalidate)
 }

@@ -52,8 +52,14 @@ func (l *Local) RecordUsage(ctx context.Context, u Usage) (Receipt, error) {
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (idempotency_key) DO NOTHING RETURNING id, recorded_at`,
 		newID("use"), u.TenantID, u.Meter, u.Quantity, u.IdentityID, u.Tags, u.OccurredAt, u.IdempotencyKey).Scan(&r.ID, &r.RecordedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
+		// A repeat answers the first receipt, but only the same tenant's: another tenant's usage
+		// under the same key is neither shown nor counted as this one.
 		r.Duplicate = true
-		err = l.db.Pool.QueryRow(ctx, `SELECT id, recorded_at FROM iam.usage WHERE idempotency_key = $1`, u.IdempotencyKey).Scan(&r.ID, &r.RecordedAt)
+		err = l.db.Pool.QueryRow(ctx, `SELECT id, recorded_at FROM iam.usage WHERE idempotency_key = $1 AND tenant_id = $2`,
+			u.IdempotencyKey, u.TenantID).Scan(&r.ID, &r.RecordedAt)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return Receipt{}, fmt.Errorf("iam: usage idempotency key %q is already used; choose another", u.IdempotencyKey)
+		}
 	}
 	switch postgres.ErrorCode(err) {
 	case postgres.ForeignKeyViolation:

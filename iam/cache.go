@@ -15,8 +15,9 @@ type cacheKey struct {
 }
 
 func keyOf(p Principal, r Request) (cacheKey, bool) {
-	// A request with context (an address, a time) is decided each time.
-	return cacheKey{p.ID, p.KeyID, r.TenantID, r.Action, r.Resource}, len(r.Context) == 0
+	// A request with context (an address, a time) is decided each time, and so is one that names
+	// its input (an agent's: a confirmation may be spent on it).
+	return cacheKey{p.ID, p.KeyID, r.TenantID, r.Action, r.Resource}, len(r.Context) == 0 && r.Input == nil
 }
 
 // NewDecisionCache returns a cache that keeps a decision for ttl, at most max of them.
@@ -41,6 +42,25 @@ func (c *DecisionCache) Put(p Principal, r Request, d Decision) {
 	if c != nil && cacheable {
 		c.c.set(k, d)
 	}
+}
+
+// Decide returns the cached decision for p and r, or the one decide makes, cached unless the
+// cache was invalidated while decide ran: a decision read from policies an event has since made
+// stale (a new binding) must not outlive that event. A nil cache only calls decide.
+func (c *DecisionCache) Decide(p Principal, r Request, decide func() (Decision, error)) (Decision, error) {
+	k, cacheable := keyOf(p, r)
+	if c == nil || !cacheable {
+		return decide()
+	}
+	d, gen, ok := c.c.get(k)
+	if ok {
+		return d, nil
+	}
+	d, err := decide()
+	if err == nil {
+		c.c.put(k, d, gen, time.Time{})
+	}
+	return d, err
 }
 
 // Forget drops every decision made for an identity (all its keys), e.g. when a key is revoked.

@@ -61,3 +61,36 @@ func TestDecisionCache(t *testing.T) {
 		t.Fatal("a nil cache cached")
 	}
 }
+
+// TestDecisionCacheDecideRace: a decision made while an event invalidated the cache (from
+// policies the event made stale) is answered but not kept.
+func TestDecisionCacheDecideRace(t *testing.T) {
+	c := iam.NewDecisionCache(time.Hour, 10)
+	ada := iam.Principal{ID: "idn_ada", KeyID: "key_1"}
+	list := iam.Request{TenantID: "root", Action: "compute:pools:list", Resource: iam.Resource{Type: "compute-pool", ID: "*"}}
+	d, err := c.Decide(ada, list, func() (iam.Decision, error) {
+		c.Invalidate(iam.Event{Type: iam.EventBindingCreated, Subject: ada.ID})
+		return iam.Decision{Allowed: false}, nil
+	})
+	if err != nil || d.Allowed {
+		t.Fatalf("Decide = %+v, %v", d, err)
+	}
+	if _, ok := c.Get(ada, list); ok {
+		t.Fatal("a denial decided across a binding event was cached")
+	}
+	calls := 0
+	for range 2 {
+		if _, err := c.Decide(ada, list, func() (iam.Decision, error) { calls++; return iam.Decision{Allowed: true}, nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if calls != 1 {
+		t.Fatalf("decided %d times, want once and then from the cache", calls)
+	}
+	withInput := list
+	withInput.Input = []byte(`{}`)
+	c.Put(ada, withInput, iam.Decision{Allowed: true})
+	if _, ok := c.Get(ada, withInput); ok {
+		t.Fatal("a request naming its input (an agent's) was cached")
+	}
+}

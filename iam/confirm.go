@@ -1,7 +1,11 @@
 package iam
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -52,12 +56,59 @@ func (l *Local) confirmFor(ctx context.Context, agent, action string) (string, b
 	return found, found != "", err
 }
 
-// consume uses up one approved confirmation of r by agent, if there is one.
+// CanonicalInput is v as canonical JSON: object keys sorted, no insignificant space, numbers as
+// written. Two inputs that decode to the same value have the same canonical form, so the hash a
+// confirmation is bound to does not depend on how a client spaced or ordered its request.
+func CanonicalInput(v any) (json.RawMessage, error) {
+	raw, ok := v.(json.RawMessage)
+	if !ok {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return nil, fmt.Errorf("iam: canonical input: %w", err)
+		}
+		raw = b
+	}
+	if len(raw) == 0 {
+		raw = json.RawMessage("null")
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var x any
+	if err := dec.Decode(&x); err != nil {
+		return nil, fmt.Errorf("iam: the request's input is not JSON: %w", err)
+	}
+	if !atEnd(dec) {
+		return nil, errors.New("iam: the request's input: data after the JSON value")
+	}
+	b, err := json.Marshal(x) // maps marshal with sorted keys
+	return b, err
+}
+
+// InputHash is what a confirmation is bound to: the hash of the method and its canonical input.
+func InputHash(method string, input json.RawMessage) (string, json.RawMessage, error) {
+	canon, err := CanonicalInput(input)
+	if err != nil {
+		return "", nil, err
+	}
+	h := sha256.New()
+	h.Write([]byte(method))
+	h.Write([]byte{0})
+	h.Write(canon)
+	return hex.EncodeToString(h.Sum(nil)), canon, nil
+}
+
+// consume spends one approved, unexpired confirmation of exactly r (its method and input) by
+// agent, if there is one.
 func (l *Local) consume(ctx context.Context, agent string, r Request) (bool, error) {
+	hash, _, err := InputHash(r.Method, r.Input)
+	if err != nil {
+		return false, err
+	}
 	tag, err := l.db.Pool.Exec(ctx, `UPDATE iam.confirmations SET state = 'consumed', consumed_at = compute.compute_now()
 		WHERE id = (SELECT id FROM iam.confirmations WHERE agent_id = $1 AND tenant_id = $2 AND action = $3 AND resource = $4
-		            AND state = 'approved' ORDER BY requested_at LIMIT 1 FOR UPDATE SKIP LOCKED)`,
-		agent, r.TenantID, r.Action, r.Resource.String())
+		            AND input_hash = $5 AND state = 'approved' AND expires_at > compute.compute_now()
+		            ORDER BY requested_at LIMIT 1 FOR UPDATE SKIP LOCKED)`,
+		agent, r.TenantID, r.Action, r.Resource.String(), hash)
 	return tag.RowsAffected() == 1, err
 }
 
@@ -70,14 +121,20 @@ func (l *Local) RequestConfirmation(ctx context.Context, p Principal, r Request)
 	if !ok {
 		return Confirmation{}, fmt.Errorf("iam: %s needs no confirmation for %s", p.ID, r.Action)
 	}
+	hash, input, err := InputHash(r.Method, r.Input)
+	if err != nil {
+		return Confirmation{}, err
+	}
 	var c Confirmation
 	err = l.db.Tx(ctx, func(tx pgx.Tx) error {
 		err := tx.QueryRow(ctx, `SELECT id FROM iam.confirmations WHERE agent_id = $1 AND tenant_id = $2 AND action = $3 AND resource = $4
-			AND state = 'pending' ORDER BY requested_at LIMIT 1`, p.ID, r.TenantID, r.Action, r.Resource.String()).Scan(&c.ID)
+			AND input_hash = $5 AND state = 'pending' AND expires_at > compute.compute_now() ORDER BY requested_at LIMIT 1`,
+			p.ID, r.TenantID, r.Action, r.Resource.String(), hash).Scan(&c.ID)
 		if errors.Is(err, pgx.ErrNoRows) {
 			c.ID = newID("cfm")
-			_, err = tx.Exec(ctx, `INSERT INTO iam.confirmations (id, delegation_id, agent_id, tenant_id, action, resource) VALUES ($1, $2, $3, $4, $5, $6)`,
-				c.ID, delegation, p.ID, r.TenantID, r.Action, r.Resource.String())
+			_, err = tx.Exec(ctx, `INSERT INTO iam.confirmations (id, delegation_id, agent_id, tenant_id, action, resource, method, input, input_hash, expires_at)
+				VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, compute.compute_now() + make_interval(secs => $10))`,
+				c.ID, delegation, p.ID, r.TenantID, r.Action, r.Resource.String(), r.Method, string(input), hash, l.opts.ConfirmationTTL.Seconds())
 		}
 		return err
 	})
@@ -90,13 +147,17 @@ func (l *Local) RequestConfirmation(ctx context.Context, p Principal, r Request)
 // Confirmation implements Confirmer.
 func (l *Local) Confirmation(ctx context.Context, id string) (Confirmation, error) {
 	var c Confirmation
-	var res string
-	err := l.db.Pool.QueryRow(ctx, `SELECT id, agent_id, tenant_id, action, resource, state, coalesce(decided_by, ''), decided_at
-		FROM iam.confirmations WHERE id = $1`, id).Scan(&c.ID, &c.AgentID, &c.Request.TenantID, &c.Request.Action, &res, &c.State, &c.DecidedBy, &c.DecidedAt)
+	var res, input string
+	err := l.db.Pool.QueryRow(ctx, `SELECT id, agent_id, tenant_id, action, resource, method, input, input_hash,
+		       CASE WHEN state IN ('pending', 'approved') AND expires_at <= compute.compute_now() THEN 'expired' ELSE state END,
+		       expires_at, coalesce(decided_by, ''), decided_at
+		FROM iam.confirmations WHERE id = $1`, id).Scan(&c.ID, &c.AgentID, &c.Request.TenantID, &c.Request.Action, &res,
+		&c.Request.Method, &input, &c.InputHash, &c.State, &c.ExpiresAt, &c.DecidedBy, &c.DecidedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return c, fmt.Errorf("iam: confirmation %q: %w", id, ErrNotFound)
 	}
 	c.Request.Resource = parseResource(res)
+	c.Request.Input = json.RawMessage(input)
 	return c, err
 }
 
@@ -110,19 +171,20 @@ func parseResource(s string) Resource {
 }
 
 // DecideConfirmation is the person's answer: only the person of the confirmation's delegation
-// may give it, and only once.
+// may give it, only once, and only before it expires.
 func (l *Local) DecideConfirmation(ctx context.Context, id, personID string, approve bool) error {
 	state := "denied"
 	if approve {
 		state = "approved"
 	}
 	tag, err := l.db.Pool.Exec(ctx, `UPDATE iam.confirmations c SET state = $3, decided_at = compute.compute_now(), decided_by = $2
-		FROM iam.delegations d WHERE c.id = $1 AND d.id = c.delegation_id AND d.person_id = $2 AND c.state = 'pending'`, id, personID, state)
+		FROM iam.delegations d WHERE c.id = $1 AND d.id = c.delegation_id AND d.person_id = $2 AND c.state = 'pending'
+		  AND c.expires_at > compute.compute_now()`, id, personID, state)
 	if err != nil {
 		return fmt.Errorf("iam: decide confirmation: %w", err)
 	}
 	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("iam: confirmation %q is not pending for person %s: %w", id, personID, ErrNotFound)
+		return fmt.Errorf("iam: confirmation %q is not pending (or has expired) for person %s: %w", id, personID, ErrNotFound)
 	}
 	return nil
 }

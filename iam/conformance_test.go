@@ -324,7 +324,12 @@ func TestConformanceConfirmation(t *testing.T) {
 		must(a.CreateDelegation(ctx, "root", ada.ID, bot.ID, []string{"compute:pools:delete"}))
 		key := must(a.CreateAPIKey(ctx, bot.ID, "", time.Time{}))
 		p := must(w.port.Authenticate(ctx, key.Token))
-		req := pool("root", "compute:pools:delete")
+		call := func(input string) iam.Request {
+			r := pool("root", "compute:pools:delete")
+			r.Method, r.Input = "pools.delete", json.RawMessage(input)
+			return r
+		}
+		req := call(`{"pool": "p1", "gpus": 1}`)
 		if d := must(w.port.Authorize(ctx, p, pool("root", "compute:pools:list"))); !d.Allowed {
 			t.Fatal("an action the delegation does not reserve needs a confirmation")
 		}
@@ -333,21 +338,61 @@ func TestConformanceConfirmation(t *testing.T) {
 			t.Fatalf("a reserved action = %+v, want confirmation required", d)
 		}
 		c := must(w.port.RequestConfirmation(ctx, p, req))
-		if again := must(w.port.RequestConfirmation(ctx, p, req)); again.ID != c.ID || c.State != "pending" {
+		// The same call spaced and ordered differently is the same call.
+		if again := must(w.port.RequestConfirmation(ctx, p, call(`{"gpus":1,"pool":"p1"}`))); again.ID != c.ID || c.State != "pending" {
 			t.Fatalf("confirmations %+v and %+v", c, again)
 		}
+		if c.Request.Method != "pools.delete" || string(c.Request.Input) != `{"gpus":1,"pool":"p1"}` || c.InputHash == "" ||
+			!c.ExpiresAt.After(time.Now()) {
+			t.Fatalf("the confirmation shows %+v (input %s), want the call's method, canonical input, hash and expiry", c, c.Request.Input)
+		}
+		other := call(`{"pool": "p1", "gpus": 512}`)
+		if c2 := must(w.port.RequestConfirmation(ctx, p, other)); c2.ID == c.ID {
+			t.Fatal("a call with another input shares the confirmation of the first")
+		}
 		check(t, a.DecideConfirmation(ctx, c.ID, ada.ID, true))
-		if got := must(w.port.Confirmation(ctx, c.ID)); got.State != "approved" || got.DecidedBy != ada.ID {
+		if got := must(w.port.Confirmation(ctx, c.ID)); got.State != "approved" || got.DecidedBy != ada.ID || string(got.Request.Input) != `{"gpus":1,"pool":"p1"}` {
 			t.Fatalf("confirmation after approval = %+v", got)
 		}
-		if d := must(w.port.Authorize(ctx, p, req)); !d.Allowed {
+		// Approved for input X does not authorize input Y, nor another method with input X.
+		if d := must(w.port.Authorize(ctx, p, other)); d.Allowed || !d.ConfirmationRequired {
+			t.Fatalf("a 512-GPU call on a 1-GPU approval = %+v", d)
+		}
+		wrongMethod := req
+		wrongMethod.Method = "pools.update"
+		if d := must(w.port.Authorize(ctx, p, wrongMethod)); d.Allowed {
+			t.Fatalf("another method with the approved input = %+v", d)
+		}
+		if d := must(w.port.Authorize(ctx, p, call(`{"gpus": 1, "pool": "p1"}`))); !d.Allowed {
 			t.Fatalf("after approval = %+v", d)
 		}
+		// Spent once.
 		if d := must(w.port.Authorize(ctx, p, req)); d.Allowed || !d.ConfirmationRequired {
 			t.Fatalf("a second use of one confirmation = %+v", d)
 		}
 		if got := must(w.port.Confirmation(ctx, c.ID)); got.State != "consumed" {
 			t.Fatalf("confirmation after use = %+v", got)
+		}
+
+		// Expired does not authorize: neither an approved one past its expiry, nor an approval
+		// given after it.
+		later := call(`{"pool": "p1", "gpus": 2}`)
+		c3 := must(w.port.RequestConfirmation(ctx, p, later))
+		c4 := must(w.port.RequestConfirmation(ctx, p, call(`{"pool": "p1", "gpus": 3}`)))
+		check(t, a.DecideConfirmation(ctx, c3.ID, ada.ID, true))
+		w.db.SetNow(c3.ExpiresAt.Add(time.Second))
+		defer w.db.ResetNow()
+		if d := must(w.port.Authorize(ctx, p, later)); d.Allowed || !d.ConfirmationRequired {
+			t.Fatalf("an expired approval = %+v", d)
+		}
+		if got := must(w.port.Confirmation(ctx, c3.ID)); got.State != "expired" {
+			t.Fatalf("an approved confirmation past its expiry = %+v", got)
+		}
+		if err := a.DecideConfirmation(ctx, c4.ID, ada.ID, true); !errors.Is(err, iam.ErrNotFound) {
+			t.Fatalf("approving an expired confirmation = %v", err)
+		}
+		if c5 := must(w.port.RequestConfirmation(ctx, p, later)); c5.ID == c3.ID || c5.State != "pending" {
+			t.Fatalf("asking again after expiry = %+v, want a new pending confirmation", c5)
 		}
 	})
 }

@@ -37,7 +37,13 @@ func (l *Local) event(ctx context.Context, q postgres.Querier, typ, tenant, subj
 	if data == nil {
 		data = map[string]any{}
 	}
-	_, err := q.Exec(ctx, `INSERT INTO iam.events (type, tenant_id, subject, data) VALUES ($1, $2, $3, $4)`, typ, tenant, subject, data)
+	_, err := q.Exec(ctx, `INSERT INTO iam.events (type, tenant_id, subject, data, tenant_path)
+		SELECT $1, $2, $3, $4, coalesce(array_agg(id ORDER BY depth), '{}') FROM (
+		  WITH RECURSIVE up (id, parent_id, depth) AS (
+		    SELECT id, parent_id, 0 FROM iam.tenants WHERE id = $2
+		    UNION ALL
+		    SELECT t.id, t.parent_id, up.depth + 1 FROM iam.tenants t JOIN up ON t.id = up.parent_id
+		  ) SELECT id, depth FROM up) path`, typ, tenant, subject, data)
 	if err != nil {
 		return fmt.Errorf("iam: record event %s: %w", typ, err)
 	}
@@ -47,6 +53,15 @@ func (l *Local) event(ctx context.Context, q postgres.Querier, typ, tenant, subj
 // Events implements Port: the events after the cursor after, oldest first, and the cursor to
 // continue from. A negative after starts at the end: no events, and the current cursor.
 func (l *Local) Events(ctx context.Context, after int64, limit int) ([]Event, int64, error) {
+	return l.events(ctx, after, limit, "")
+}
+
+// events is Events seen from a caller in tenant within: only events of within and its
+// descendants (all, when within is empty or the root). The cursor still moves past the others.
+func (l *Local) events(ctx context.Context, after int64, limit int, within string) ([]Event, int64, error) {
+	if within == l.opts.RootTenantID {
+		within = ""
+	}
 	if after < 0 {
 		var last int64
 		err := l.db.Pool.QueryRow(ctx, `SELECT coalesce(max(id), 0) FROM iam.events`).Scan(&last)
@@ -55,17 +70,25 @@ func (l *Local) Events(ctx context.Context, after int64, limit int) ([]Event, in
 	if limit <= 0 || limit > 1000 {
 		limit = 1000
 	}
-	rows, err := l.db.Pool.Query(ctx, `SELECT id, type, tenant_id, subject, data, created_at FROM iam.events WHERE id > $1 ORDER BY id LIMIT $2`, after, limit)
-	if err != nil {
-		return nil, after, err
-	}
-	evs, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Event])
+	rows, err := l.db.Pool.Query(ctx, `SELECT id, type, tenant_id, subject, data, created_at, $3 = '' OR $3 = ANY(tenant_path)
+		FROM iam.events WHERE id > $1 ORDER BY id LIMIT $2`, after, limit, within)
 	if err != nil {
 		return nil, after, err
 	}
 	next := after
-	if len(evs) > 0 {
-		next = evs[len(evs)-1].ID
+	var evs []Event
+	var e Event
+	var visible bool
+	_, err = pgx.ForEachRow(rows, []any{&e.ID, &e.Type, &e.TenantID, &e.Subject, &e.Data, &e.CreatedAt, &visible}, func() error {
+		next = e.ID
+		if visible {
+			evs = append(evs, e)
+		}
+		e = Event{}
+		return nil
+	})
+	if err != nil {
+		return nil, after, err
 	}
 	return evs, next, nil
 }
@@ -76,6 +99,13 @@ func Follow(ctx context.Context, p Port, interval time.Duration, fn func(Event))
 	if err != nil {
 		return err
 	}
+	return FollowFrom(ctx, p, cursor, interval, fn)
+}
+
+// FollowFrom calls fn with every event of p after cursor, until ctx ends, asking every interval.
+// A cache that forgets everything when it starts following reads the cursor first, forgets, then
+// follows from that cursor: an event written between the two is then seen, not skipped.
+func FollowFrom(ctx context.Context, p Port, cursor int64, interval time.Duration, fn func(Event)) error {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -116,10 +146,12 @@ func (l *Local) DeleteTenant(ctx context.Context, id string) error {
 		case children > 0:
 			return fmt.Errorf("iam: tenant %s has %d child tenants; delete them first", id, children)
 		}
-		if _, err := tx.Exec(ctx, `DELETE FROM iam.tenants WHERE id = $1`, id); err != nil {
+		// The event first, while the tenant's path can still be read.
+		if err := l.event(ctx, tx, EventTenantDeleted, id, id, nil); err != nil {
 			return err
 		}
-		return l.event(ctx, tx, EventTenantDeleted, id, id, nil)
+		_, err = tx.Exec(ctx, `DELETE FROM iam.tenants WHERE id = $1`, id)
+		return err
 	})
 	if err == nil {
 		// After the commit, so that no read repopulates a cache with the tenant still there.

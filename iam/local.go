@@ -31,7 +31,13 @@ type EmbeddedOptions struct {
 	// made through this Local (revoking a key, a new role or binding) clear the caches at once;
 	// changes made by another process are seen within CacheTTL.
 	CacheTTL time.Duration
+	// ConfirmationTTL is how long a confirmation an agent asks for may be approved and then
+	// spent; default DefaultConfirmationTTL.
+	ConfirmationTTL time.Duration
 }
+
+// DefaultConfirmationTTL is how long a confirmation lives unless EmbeddedOptions say otherwise.
+const DefaultConfirmationTTL = 15 * time.Minute
 
 // Local is Better IAM run in-process on Better Compute's own database: the Port, plus the admin
 // calls that create tenants, identities, keys, roles and bindings.
@@ -73,6 +79,9 @@ func Embedded(db *postgres.DB, opts EmbeddedOptions) (*Local, error) {
 	}
 	if opts.CacheTTL == 0 {
 		opts.CacheTTL = DefaultEmbeddedCacheTTL
+	}
+	if opts.ConfirmationTTL <= 0 {
+		opts.ConfirmationTTL = DefaultConfirmationTTL
 	}
 	return &Local{db: db, opts: opts,
 		auth:        newTTLCache[string, authEntry](opts.CacheTTL, 100_000),

@@ -5,6 +5,7 @@ package iam
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"slices"
 	"time"
@@ -45,12 +46,15 @@ type Confirmer interface {
 	Confirmation(ctx context.Context, id string) (Confirmation, error)
 }
 
-// Confirmation is a person's answer to what an agent asked for.
+// Confirmation is a person's answer to what an agent asked for: one call (Request.Method and
+// Request.Input, shown to the person), until ExpiresAt, spent by one decision.
 type Confirmation struct {
 	ID        string     `json:"id"`
 	AgentID   string     `json:"agentId"`
 	Request   Request    `json:"request"`
-	State     string     `json:"state"` // pending, approved, denied, consumed
+	InputHash string     `json:"inputHash"`
+	State     string     `json:"state"` // pending, approved, denied, consumed, expired
+	ExpiresAt time.Time  `json:"expiresAt"`
 	DecidedBy string     `json:"decidedBy,omitempty"`
 	DecidedAt *time.Time `json:"decidedAt,omitempty"`
 }
@@ -112,6 +116,11 @@ type Request struct {
 	Resource Resource `json:"resource"`
 	// Context carries what else conditions may test, e.g. "request.ip".
 	Context map[string]any `json:"context,omitempty"`
+	// Method and Input are the call being decided (e.g. reservations.create and its JSON input),
+	// set for an agent's calls: a confirmation is of one call, bound to the hash of both, and
+	// spends only on a call with the same method and the same canonical input.
+	Method string          `json:"method,omitempty"`
+	Input  json.RawMessage `json:"input,omitempty"`
 }
 
 // Decision is the answer to a Request.

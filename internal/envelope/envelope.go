@@ -123,7 +123,7 @@ func (e *Envelope) invoke(ctx context.Context, p iam.Principal, h *modules.Handl
 	if err := e.precheck(ctx, p, &target); err != nil {
 		return Result{}, err
 	}
-	if err := e.decide(ctx, p, h, target); err != nil {
+	if err := e.decide(ctx, p, h, target, in); err != nil {
 		return Result{}, err
 	}
 	return e.transact(ctx, p, h, target, key, in)
@@ -148,20 +148,26 @@ func (e *Envelope) precheck(ctx context.Context, p iam.Principal, t *modules.Tar
 		Details: map[string]any{"reason": "tenant", "tenantId": t.TenantID}}
 }
 
-func (e *Envelope) decide(ctx context.Context, p iam.Principal, h *modules.Handler, t modules.Target) error {
+func (e *Envelope) decide(ctx context.Context, p iam.Principal, h *modules.Handler, t modules.Target, in any) error {
 	req := iam.Request{TenantID: t.TenantID, Action: h.Info.Action, Resource: iam.Resource{Type: h.Info.Resource, ID: t.ResourceID}}
-	d, cached := iam.Decision{}, false
-	if !h.Info.Mutating {
-		d, cached = e.cache.Get(p, req)
+	if p.Kind == iam.KindAgent {
+		// Only an agent's decision may need a confirmation, which is of this one call.
+		input, err := iam.CanonicalInput(in)
+		if err != nil {
+			return api.Errorf(api.CodeInternal, "canonical input of %s: %v", h.Info.FullName(), err)
+		}
+		req.Method, req.Input = h.Info.FullName(), input
 	}
-	if !cached {
-		var err error
-		if d, err = e.rt.IAM.Authorize(ctx, p, req); err != nil {
-			return e.unavailable(ctx, "authorize", err)
-		}
-		if !h.Info.Mutating {
-			e.cache.Put(p, req, d)
-		}
+	authorize := func() (iam.Decision, error) { return e.rt.IAM.Authorize(ctx, p, req) }
+	var d iam.Decision
+	var err error
+	if h.Info.Mutating {
+		d, err = authorize()
+	} else {
+		d, err = e.cache.Decide(p, req, authorize)
+	}
+	if err != nil {
+		return e.unavailable(ctx, "authorize", err)
 	}
 	if d.Allowed {
 		return nil
@@ -172,8 +178,10 @@ func (e *Envelope) decide(ctx context.Context, p iam.Principal, h *modules.Handl
 			return e.unavailable(ctx, "request a confirmation", err)
 		}
 		return &api.Error{Code: api.CodeConfirmationRequired,
-			Message: fmt.Sprintf("%s on %s needs a person's confirmation: ask them to approve confirmation %s, then call again", req.Action, req.Resource, c.ID),
-			Details: map[string]any{"confirmationId": c.ID, "action": req.Action, "resource": req.Resource.String(), "tenantId": req.TenantID}}
+			Message: fmt.Sprintf("%s on %s needs a person's confirmation of this very call: ask them to approve confirmation %s before %s, then make the same call again",
+				req.Action, req.Resource, c.ID, c.ExpiresAt.UTC().Format(time.RFC3339)),
+			Details: map[string]any{"confirmationId": c.ID, "action": req.Action, "resource": req.Resource.String(), "tenantId": req.TenantID,
+				"method": req.Method, "expiresAt": c.ExpiresAt}}
 	}
 	return &api.Error{Code: api.CodePermissionDenied,
 		Message: fmt.Sprintf("%s on %s in tenant %s is not allowed: %s", req.Action, req.Resource, req.TenantID, d.Reason),
