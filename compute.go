@@ -96,12 +96,14 @@ func New(opts Options) (*Compute, error) {
 		c.env.ServeHTTP(w, r)
 	})
 	c.NodeHandler = gw.Handler()
-	_, join := agentv1connect.NewJoinServiceHandler(joinService{nm})
+	// Anyone may call JoinService: its requests are bounded before they are read.
+	_, join := agentv1connect.NewJoinServiceHandler(joinService{nm}, connect.WithReadMaxBytes(nodes.MaxJoinBytes))
 	c.JoinHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !c.ready.Load() {
 			envelope.Unavailable("JoinService (Initialize has not completed)").ServeHTTP(w, r)
 			return
 		}
+		r.Body = http.MaxBytesReader(w, r.Body, nodes.MaxJoinBytes+1024) // framing on top of the message
 		join.ServeHTTP(w, r)
 	})
 	return c, nil
