@@ -13,9 +13,7 @@ import (
 
 	"connectrpc.com/connect"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/status"
 
 	agentv1 "github.com/better-compute/compute/agent/v1"
 	"github.com/better-compute/compute/agent/v1/agentv1connect"
@@ -136,9 +134,9 @@ func TestOfflineNodeComesBackOnlineWhenHeartbeatsResume(t *testing.T) {
 		if _, err := p.DB.Pool.Exec(p.ctx, `UPDATE compute.node_sessions SET offline_after = now() - interval '1 second' WHERE node_id = $1`, node); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := nodes.MarkOffline(p.ctx, p.DB); err != nil {
-			t.Fatal(err)
-		}
+		// The worker marks nodes offline at once, and either may lose a deadlock to the other
+		// (or to a flush): the loop tries again, as the worker does.
+		_, _ = nodes.MarkOffline(p.ctx, p.DB)
 		n, err := p.Compute.API.Nodes.Get(p.ctx, p.RootKey, api.GetNode{Node: node})
 		return err == nil && n.Status == api.NodeOffline
 	})
@@ -235,13 +233,6 @@ func TestRenewalOfARevokedCertificateIsRefused(t *testing.T) {
 	if k := p.count(t, `SELECT count(*) FROM compute.certificates WHERE kind = 'node' AND subject = $1 AND revoked_at IS NULL`, n.id); k != 0 {
 		t.Fatalf("%d unrevoked certificates for a revoked node", k)
 	}
-	// A new session with the revoked certificate is refused explicitly, not at the handshake.
-	st, err := agentv1.NewSessionServiceClient(n.conn).Connect(p.ctx)
-	if err == nil {
-		_ = st.Send(&agentv1.NodeMessage{Body: &agentv1.NodeMessage_Hello{Hello: &agentv1.Hello{}}})
-		_, err = st.Recv()
-	}
-	_ = err // the in-memory set learns of this revocation only at its next reload
 }
 
 // TestListenIsReestablished: the gateway's LISTEN connection, killed as by a database restart,
@@ -292,6 +283,4 @@ func TestJoinBodiesAreCapped(t *testing.T) {
 	if connect.CodeOf(err) != connect.CodeResourceExhausted {
 		t.Fatalf("an 8 MiB join = %v, want resource_exhausted", err)
 	}
-	_ = status.Code
-	_ = codes.OK
 }
