@@ -8,6 +8,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/better-compute/compute"
 	agentv1 "github.com/better-compute/compute/agent/v1"
 	"github.com/better-compute/compute/agent/v1/agentv1connect"
 	"github.com/better-compute/compute/api"
@@ -162,10 +164,10 @@ func TestHandshakeFailureIsRetried(t *testing.T) {
 	}
 	p.stop()
 	node.Disconnect()
-	// A server the node trusts that refuses every client certificate: bad_certificate.
+	// A server the node trusts whose check of the client certificate fails (a revocation query
+	// that timed out under load, as before): the alert is bad_certificate.
 	refusing := cfg.Clone()
-	refusing.ClientCAs = x509.NewCertPool()
-	refusing.VerifyConnection = nil
+	refusing.VerifyConnection = func(tls.ConnectionState) error { return errors.New("revocation check timed out") }
 	var ln net.Listener
 	for range 50 {
 		if ln, err = net.Listen("tcp", p.gw); err == nil {
@@ -189,6 +191,9 @@ func TestHandshakeFailureIsRetried(t *testing.T) {
 	node.Resume()
 	eventually(t, "a refused handshake", func() bool { return node.Status().LastError != "" })
 	time.Sleep(3 * time.Second) // several attempts
+	if last := node.Status().LastError; !strings.Contains(last, "bad certificate") {
+		t.Fatalf("the handshake failed otherwise than the case at hand: %s", last)
+	}
 	if err := node.Err(); err != nil {
 		t.Fatalf("the agent gave up after a refused handshake: %v", err)
 	}
@@ -282,5 +287,23 @@ func TestJoinBodiesAreCapped(t *testing.T) {
 		Token: "bc_jt_nothing", CsrDer: big}))
 	if connect.CodeOf(err) != connect.CodeResourceExhausted {
 		t.Fatalf("an 8 MiB join = %v, want resource_exhausted", err)
+	}
+}
+
+// TestSessionEndsWithItsCertificate: a session lasts no longer than the client certificate it
+// was opened with; the node opens the next with the certificate it renewed meanwhile.
+func TestSessionEndsWithItsCertificate(t *testing.T) {
+	p := newPlane(t, func(o *compute.Options) {
+		fast(o)
+		o.NodeCertLifetime = 3 * time.Second // renewed at once: certificates start 5 minutes early
+	})
+	f := p.fleet(t, 1, "expiry", p.gw)
+	node := f.Nodes[0]
+	eventually(t, "a second session, opened when the first certificate expired", func() bool {
+		s := node.Status()
+		return s.Sessions >= 2 && s.Connected
+	})
+	if err := node.Err(); err != nil {
+		t.Fatalf("the agent stopped: %v", err)
 	}
 }
