@@ -382,7 +382,8 @@ func (s *session) handle(ctx context.Context, m *agentv1.NodeMessage) error {
 	return nil
 }
 
-// errRenewRefused is a renewal of a certificate that is revoked or whose node is retired.
+// errRenewRefused is a renewal of a certificate that is revoked or expired, or whose node is
+// retired.
 var errRenewRefused = errors.New("renewal refused")
 
 // renew issues a new certificate to a session whose own is still good: checked in the database,
@@ -416,7 +417,7 @@ func (s *session) renew(ctx context.Context, csrDER []byte) error {
 		return err
 	})
 	if errors.Is(err, errRenewRefused) {
-		s.close("the node's certificate was revoked")
+		s.close("the node's certificate was revoked or has expired; no renewal")
 		return nil
 	}
 	if err != nil {
