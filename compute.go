@@ -118,7 +118,8 @@ func (c *Compute) GatewayServices(s grpc.ServiceRegistrar) { c.gateway.Register(
 
 // GatewayTLS returns the TLS configuration of a gateway listener: a server certificate from the
 // machine CA for hosts (names or IP addresses nodes dial), TLS 1.3, client certificates required
-// and checked against revocation on every handshake. Initialize must have completed.
+// and checked against revocation (from memory) when a session opens; the server certificate is
+// reissued once two thirds of its life have passed. Initialize must have completed.
 func (c *Compute) GatewayTLS(ctx context.Context, hosts ...string) (*tls.Config, error) {
 	auth, err := c.nodes.Authority()
 	if err != nil {
