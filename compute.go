@@ -96,12 +96,14 @@ func New(opts Options) (*Compute, error) {
 		c.env.ServeHTTP(w, r)
 	})
 	c.NodeHandler = gw.Handler()
-	_, join := agentv1connect.NewJoinServiceHandler(joinService{nm})
+	// Anyone may call JoinService: its requests are bounded before they are read.
+	_, join := agentv1connect.NewJoinServiceHandler(joinService{nm}, connect.WithReadMaxBytes(nodes.MaxJoinBytes))
 	c.JoinHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !c.ready.Load() {
 			envelope.Unavailable("JoinService (Initialize has not completed)").ServeHTTP(w, r)
 			return
 		}
+		r.Body = http.MaxBytesReader(w, r.Body, nodes.MaxJoinBytes+1024) // framing on top of the message
 		join.ServeHTTP(w, r)
 	})
 	return c, nil
@@ -116,7 +118,8 @@ func (c *Compute) GatewayServices(s grpc.ServiceRegistrar) { c.gateway.Register(
 
 // GatewayTLS returns the TLS configuration of a gateway listener: a server certificate from the
 // machine CA for hosts (names or IP addresses nodes dial), TLS 1.3, client certificates required
-// and checked against revocation on every handshake. Initialize must have completed.
+// and checked against revocation (from memory) when a session opens; the server certificate is
+// reissued once two thirds of its life have passed. Initialize must have completed.
 func (c *Compute) GatewayTLS(ctx context.Context, hosts ...string) (*tls.Config, error) {
 	auth, err := c.nodes.Authority()
 	if err != nil {

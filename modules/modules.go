@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"reflect"
 	"slices"
 	"time"
@@ -164,19 +165,31 @@ type Worker struct {
 // RunsIn reports whether w runs in process mode mode.
 func (w Worker) RunsIn(mode string) bool { return mode == "all" || slices.Contains(w.Modes, mode) }
 
-// Every runs fn now and then every d until ctx ends (nil) or fn fails (its error, for the
-// supervisor to log and restart the worker). An error after ctx ended is the ending, not a failure.
+// EveryMaxBackoff bounds the wait between retries of a failing Every.
+const EveryMaxBackoff = 30 * time.Second
+
+// Every runs fn now and then every d until ctx ends. A failing fn (a database restart, say) is
+// retried in place after a jittered backoff that starts at the smaller of d and a second, doubles
+// up to EveryMaxBackoff, and starts over after every success: an outage of a few seconds costs a
+// few seconds, however many outages came before. Failures are logged (slog's default logger)
+// rather than returned, so a worker built on Every is not restarted from scratch by its
+// supervisor; Every returns nil when ctx ends.
 func Every(ctx context.Context, d time.Duration, fn func() error) error {
-	t := time.NewTicker(d)
-	defer t.Stop()
+	first := min(d, time.Second)
+	backoff := first
 	for {
+		wait := d
 		if err := fn(); err != nil && ctx.Err() == nil {
-			return err
+			wait = backoff/2 + time.Duration(rand.Int64N(int64(backoff/2)+1))
+			slog.Default().WarnContext(ctx, "modules: periodic work failed; retrying", "error", err, "in", wait.Round(time.Millisecond))
+			backoff = min(backoff*2, EveryMaxBackoff)
+		} else {
+			backoff = first
 		}
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-t.C:
+		case <-time.After(wait):
 		}
 	}
 }

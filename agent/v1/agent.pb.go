@@ -1096,6 +1096,7 @@ type ServerMessage struct {
 	//	*ServerMessage_Renewed
 	//	*ServerMessage_ResultAck
 	//	*ServerMessage_Goodbye
+	//	*ServerMessage_HeartbeatAck
 	Body          isServerMessage_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1192,6 +1193,15 @@ func (x *ServerMessage) GetGoodbye() *Goodbye {
 	return nil
 }
 
+func (x *ServerMessage) GetHeartbeatAck() *HeartbeatAck {
+	if x != nil {
+		if x, ok := x.Body.(*ServerMessage_HeartbeatAck); ok {
+			return x.HeartbeatAck
+		}
+	}
+	return nil
+}
+
 type isServerMessage_Body interface {
 	isServerMessage_Body()
 }
@@ -1220,6 +1230,10 @@ type ServerMessage_Goodbye struct {
 	Goodbye *Goodbye `protobuf:"bytes,6,opt,name=goodbye,proto3,oneof"`
 }
 
+type ServerMessage_HeartbeatAck struct {
+	HeartbeatAck *HeartbeatAck `protobuf:"bytes,7,opt,name=heartbeat_ack,json=heartbeatAck,proto3,oneof"`
+}
+
 func (*ServerMessage_Welcome) isServerMessage_Body() {}
 
 func (*ServerMessage_Desired) isServerMessage_Body() {}
@@ -1232,6 +1246,55 @@ func (*ServerMessage_ResultAck) isServerMessage_Body() {}
 
 func (*ServerMessage_Goodbye) isServerMessage_Body() {}
 
+func (*ServerMessage_HeartbeatAck) isServerMessage_Body() {}
+
+// HeartbeatAck answers every heartbeat with the interval the node must beat at from now on
+// (Nomad's way): the gateway changes it as its session count changes, and derives each node's
+// grace from the interval that node was last told.
+type HeartbeatAck struct {
+	state             protoimpl.MessageState `protogen:"open.v1"`
+	HeartbeatInterval *durationpb.Duration   `protobuf:"bytes,1,opt,name=heartbeat_interval,json=heartbeatInterval,proto3" json:"heartbeat_interval,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *HeartbeatAck) Reset() {
+	*x = HeartbeatAck{}
+	mi := &file_agent_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HeartbeatAck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HeartbeatAck) ProtoMessage() {}
+
+func (x *HeartbeatAck) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HeartbeatAck.ProtoReflect.Descriptor instead.
+func (*HeartbeatAck) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *HeartbeatAck) GetHeartbeatInterval() *durationpb.Duration {
+	if x != nil {
+		return x.HeartbeatInterval
+	}
+	return nil
+}
+
 type Welcome struct {
 	state             protoimpl.MessageState `protogen:"open.v1"`
 	NodeId            string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
@@ -1243,7 +1306,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1255,7 +1318,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1268,7 +1331,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{15}
+	return file_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Welcome) GetNodeId() string {
@@ -1303,7 +1366,7 @@ type DesiredState struct {
 
 func (x *DesiredState) Reset() {
 	*x = DesiredState{}
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1315,7 +1378,7 @@ func (x *DesiredState) String() string {
 func (*DesiredState) ProtoMessage() {}
 
 func (x *DesiredState) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1328,7 +1391,7 @@ func (x *DesiredState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesiredState.ProtoReflect.Descriptor instead.
 func (*DesiredState) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{16}
+	return file_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *DesiredState) GetGeneration() int64 {
@@ -1358,7 +1421,7 @@ type DeviceHold struct {
 
 func (x *DeviceHold) Reset() {
 	*x = DeviceHold{}
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1370,7 +1433,7 @@ func (x *DeviceHold) String() string {
 func (*DeviceHold) ProtoMessage() {}
 
 func (x *DeviceHold) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1383,7 +1446,7 @@ func (x *DeviceHold) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceHold.ProtoReflect.Descriptor instead.
 func (*DeviceHold) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{17}
+	return file_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *DeviceHold) GetHolder() string {
@@ -1427,7 +1490,7 @@ type HeldGPU struct {
 
 func (x *HeldGPU) Reset() {
 	*x = HeldGPU{}
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1439,7 +1502,7 @@ func (x *HeldGPU) String() string {
 func (*HeldGPU) ProtoMessage() {}
 
 func (x *HeldGPU) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1452,7 +1515,7 @@ func (x *HeldGPU) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeldGPU.ProtoReflect.Descriptor instead.
 func (*HeldGPU) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{18}
+	return file_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *HeldGPU) GetIndex() int32 {
@@ -1502,7 +1565,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1514,7 +1577,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1527,7 +1590,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{19}
+	return file_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Command) GetId() string {
@@ -1568,7 +1631,7 @@ type Renewed struct {
 
 func (x *Renewed) Reset() {
 	*x = Renewed{}
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1580,7 +1643,7 @@ func (x *Renewed) String() string {
 func (*Renewed) ProtoMessage() {}
 
 func (x *Renewed) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1593,7 +1656,7 @@ func (x *Renewed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Renewed.ProtoReflect.Descriptor instead.
 func (*Renewed) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{20}
+	return file_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Renewed) GetCertificateDer() []byte {
@@ -1619,7 +1682,7 @@ type ResultAck struct {
 
 func (x *ResultAck) Reset() {
 	*x = ResultAck{}
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1631,7 +1694,7 @@ func (x *ResultAck) String() string {
 func (*ResultAck) ProtoMessage() {}
 
 func (x *ResultAck) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1644,7 +1707,7 @@ func (x *ResultAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResultAck.ProtoReflect.Descriptor instead.
 func (*ResultAck) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{21}
+	return file_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ResultAck) GetCommandId() string {
@@ -1663,7 +1726,7 @@ type Goodbye struct {
 
 func (x *Goodbye) Reset() {
 	*x = Goodbye{}
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1675,7 +1738,7 @@ func (x *Goodbye) String() string {
 func (*Goodbye) ProtoMessage() {}
 
 func (x *Goodbye) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1688,7 +1751,7 @@ func (x *Goodbye) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Goodbye.ProtoReflect.Descriptor instead.
 func (*Goodbye) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{22}
+	return file_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Goodbye) GetReason() string {
@@ -1790,7 +1853,7 @@ const file_agent_proto_rawDesc = "" +
 	"\vfinished_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"finishedAt\"'\n" +
 	"\fRenewRequest\x12\x17\n" +
-	"\acsr_der\x18\x01 \x01(\fR\x06csrDer\"\xbd\x02\n" +
+	"\acsr_der\x18\x01 \x01(\fR\x06csrDer\"\xfc\x02\n" +
 	"\rServerMessage\x12-\n" +
 	"\awelcome\x18\x01 \x01(\v2\x11.agent.v1.WelcomeH\x00R\awelcome\x122\n" +
 	"\adesired\x18\x02 \x01(\v2\x16.agent.v1.DesiredStateH\x00R\adesired\x12-\n" +
@@ -1798,8 +1861,11 @@ const file_agent_proto_rawDesc = "" +
 	"\arenewed\x18\x04 \x01(\v2\x11.agent.v1.RenewedH\x00R\arenewed\x124\n" +
 	"\n" +
 	"result_ack\x18\x05 \x01(\v2\x13.agent.v1.ResultAckH\x00R\tresultAck\x12-\n" +
-	"\agoodbye\x18\x06 \x01(\v2\x11.agent.v1.GoodbyeH\x00R\agoodbyeB\x06\n" +
-	"\x04body\"\x82\x01\n" +
+	"\agoodbye\x18\x06 \x01(\v2\x11.agent.v1.GoodbyeH\x00R\agoodbye\x12=\n" +
+	"\rheartbeat_ack\x18\a \x01(\v2\x16.agent.v1.HeartbeatAckH\x00R\fheartbeatAckB\x06\n" +
+	"\x04body\"X\n" +
+	"\fHeartbeatAck\x12H\n" +
+	"\x12heartbeat_interval\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\"\x82\x01\n" +
 	"\aWelcome\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x03R\x05epoch\x12H\n" +
@@ -1853,7 +1919,7 @@ func file_agent_proto_rawDescGZIP() []byte {
 	return file_agent_proto_rawDescData
 }
 
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_agent_proto_goTypes = []any{
 	(*JoinRequest)(nil),           // 0: agent.v1.JoinRequest
 	(*MachineFacts)(nil),          // 1: agent.v1.MachineFacts
@@ -1870,21 +1936,22 @@ var file_agent_proto_goTypes = []any{
 	(*CommandResult)(nil),         // 12: agent.v1.CommandResult
 	(*RenewRequest)(nil),          // 13: agent.v1.RenewRequest
 	(*ServerMessage)(nil),         // 14: agent.v1.ServerMessage
-	(*Welcome)(nil),               // 15: agent.v1.Welcome
-	(*DesiredState)(nil),          // 16: agent.v1.DesiredState
-	(*DeviceHold)(nil),            // 17: agent.v1.DeviceHold
-	(*HeldGPU)(nil),               // 18: agent.v1.HeldGPU
-	(*Command)(nil),               // 19: agent.v1.Command
-	(*Renewed)(nil),               // 20: agent.v1.Renewed
-	(*ResultAck)(nil),             // 21: agent.v1.ResultAck
-	(*Goodbye)(nil),               // 22: agent.v1.Goodbye
-	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 24: google.protobuf.Struct
-	(*durationpb.Duration)(nil),   // 25: google.protobuf.Duration
+	(*HeartbeatAck)(nil),          // 15: agent.v1.HeartbeatAck
+	(*Welcome)(nil),               // 16: agent.v1.Welcome
+	(*DesiredState)(nil),          // 17: agent.v1.DesiredState
+	(*DeviceHold)(nil),            // 18: agent.v1.DeviceHold
+	(*HeldGPU)(nil),               // 19: agent.v1.HeldGPU
+	(*Command)(nil),               // 20: agent.v1.Command
+	(*Renewed)(nil),               // 21: agent.v1.Renewed
+	(*ResultAck)(nil),             // 22: agent.v1.ResultAck
+	(*Goodbye)(nil),               // 23: agent.v1.Goodbye
+	(*timestamppb.Timestamp)(nil), // 24: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 25: google.protobuf.Struct
+	(*durationpb.Duration)(nil),   // 26: google.protobuf.Duration
 }
 var file_agent_proto_depIdxs = []int32{
 	1,  // 0: agent.v1.JoinRequest.facts:type_name -> agent.v1.MachineFacts
-	23, // 1: agent.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
+	24, // 1: agent.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
 	4,  // 2: agent.v1.NodeMessage.hello:type_name -> agent.v1.Hello
 	5,  // 3: agent.v1.NodeMessage.heartbeat:type_name -> agent.v1.Heartbeat
 	6,  // 4: agent.v1.NodeMessage.inventory:type_name -> agent.v1.Inventory
@@ -1897,30 +1964,32 @@ var file_agent_proto_depIdxs = []int32{
 	7,  // 11: agent.v1.Inventory.gpus:type_name -> agent.v1.GPU
 	9,  // 12: agent.v1.HealthReport.gpu_events:type_name -> agent.v1.GPUEvent
 	10, // 13: agent.v1.HealthReport.host:type_name -> agent.v1.HostPressure
-	23, // 14: agent.v1.GPUEvent.at:type_name -> google.protobuf.Timestamp
-	24, // 15: agent.v1.CommandResult.output:type_name -> google.protobuf.Struct
-	23, // 16: agent.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
-	15, // 17: agent.v1.ServerMessage.welcome:type_name -> agent.v1.Welcome
-	16, // 18: agent.v1.ServerMessage.desired:type_name -> agent.v1.DesiredState
-	19, // 19: agent.v1.ServerMessage.command:type_name -> agent.v1.Command
-	20, // 20: agent.v1.ServerMessage.renewed:type_name -> agent.v1.Renewed
-	21, // 21: agent.v1.ServerMessage.result_ack:type_name -> agent.v1.ResultAck
-	22, // 22: agent.v1.ServerMessage.goodbye:type_name -> agent.v1.Goodbye
-	25, // 23: agent.v1.Welcome.heartbeat_interval:type_name -> google.protobuf.Duration
-	17, // 24: agent.v1.DesiredState.holds:type_name -> agent.v1.DeviceHold
-	18, // 25: agent.v1.DeviceHold.gpus:type_name -> agent.v1.HeldGPU
-	24, // 26: agent.v1.Command.args:type_name -> google.protobuf.Struct
-	23, // 27: agent.v1.Command.deadline:type_name -> google.protobuf.Timestamp
-	23, // 28: agent.v1.Renewed.not_after:type_name -> google.protobuf.Timestamp
-	0,  // 29: agent.v1.JoinService.Join:input_type -> agent.v1.JoinRequest
-	3,  // 30: agent.v1.SessionService.Connect:input_type -> agent.v1.NodeMessage
-	2,  // 31: agent.v1.JoinService.Join:output_type -> agent.v1.JoinResponse
-	14, // 32: agent.v1.SessionService.Connect:output_type -> agent.v1.ServerMessage
-	31, // [31:33] is the sub-list for method output_type
-	29, // [29:31] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	24, // 14: agent.v1.GPUEvent.at:type_name -> google.protobuf.Timestamp
+	25, // 15: agent.v1.CommandResult.output:type_name -> google.protobuf.Struct
+	24, // 16: agent.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
+	16, // 17: agent.v1.ServerMessage.welcome:type_name -> agent.v1.Welcome
+	17, // 18: agent.v1.ServerMessage.desired:type_name -> agent.v1.DesiredState
+	20, // 19: agent.v1.ServerMessage.command:type_name -> agent.v1.Command
+	21, // 20: agent.v1.ServerMessage.renewed:type_name -> agent.v1.Renewed
+	22, // 21: agent.v1.ServerMessage.result_ack:type_name -> agent.v1.ResultAck
+	23, // 22: agent.v1.ServerMessage.goodbye:type_name -> agent.v1.Goodbye
+	15, // 23: agent.v1.ServerMessage.heartbeat_ack:type_name -> agent.v1.HeartbeatAck
+	26, // 24: agent.v1.HeartbeatAck.heartbeat_interval:type_name -> google.protobuf.Duration
+	26, // 25: agent.v1.Welcome.heartbeat_interval:type_name -> google.protobuf.Duration
+	18, // 26: agent.v1.DesiredState.holds:type_name -> agent.v1.DeviceHold
+	19, // 27: agent.v1.DeviceHold.gpus:type_name -> agent.v1.HeldGPU
+	25, // 28: agent.v1.Command.args:type_name -> google.protobuf.Struct
+	24, // 29: agent.v1.Command.deadline:type_name -> google.protobuf.Timestamp
+	24, // 30: agent.v1.Renewed.not_after:type_name -> google.protobuf.Timestamp
+	0,  // 31: agent.v1.JoinService.Join:input_type -> agent.v1.JoinRequest
+	3,  // 32: agent.v1.SessionService.Connect:input_type -> agent.v1.NodeMessage
+	2,  // 33: agent.v1.JoinService.Join:output_type -> agent.v1.JoinResponse
+	14, // 34: agent.v1.SessionService.Connect:output_type -> agent.v1.ServerMessage
+	33, // [33:35] is the sub-list for method output_type
+	31, // [31:33] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -1944,6 +2013,7 @@ func file_agent_proto_init() {
 		(*ServerMessage_Renewed)(nil),
 		(*ServerMessage_ResultAck)(nil),
 		(*ServerMessage_Goodbye)(nil),
+		(*ServerMessage_HeartbeatAck)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1951,7 +2021,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   23,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -214,7 +214,9 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, out io.Writer
 		mux.Handle("/api/compute/", c.Handler)
 		mux.Handle("/"+compute.JoinPath, c.JoinHandler)
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	// Every route here is a bounded request and answer: a slow body or a slow reader is cut off.
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
+		WriteTimeout: 60 * time.Second, IdleTimeout: 2 * time.Minute}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }() // health answers while Initialize runs
 	if err := c.Initialize(ctx); err != nil {
@@ -241,7 +243,8 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, out io.Writer
 		if err != nil {
 			return fmt.Errorf("listen for node sessions on %s: %w", cfg.GatewayListen, err)
 		}
-		gw = &http.Server{Handler: c.NodeHandler, TLSConfig: tlsCfg, ReadHeaderTimeout: 10 * time.Second}
+		// Node sessions are long-lived streams: no read or write deadline, only idle connections end.
+		gw = &http.Server{Handler: c.NodeHandler, TLSConfig: tlsCfg, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 		go func() { gwServed <- gw.ServeTLS(gln, "", "") }()
 		fmt.Fprintf(out, "better-compute: gateway on %s (hosts %s)\n", gln.Addr(), strings.Join(hosts, ", "))
 	}

@@ -133,13 +133,16 @@ func Start(ctx context.Context, o Options) (_ *Server, err error) {
 		gwListener.Close()
 		return nil, err
 	}
-	s.gw = &http.Server{Handler: s.Compute.NodeHandler, TLSConfig: tlsCfg, ReadHeaderTimeout: 10 * time.Second}
+	// Node sessions are long-lived streams: no read or write deadline, only idle connections end.
+	s.gw = &http.Server{Handler: s.Compute.NodeHandler, TLSConfig: tlsCfg, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	go func() { s.gwServed <- s.gw.ServeTLS(gwListener, "", "") }()
 	mux := http.NewServeMux()
 	mux.Handle("/api/compute/", s.Compute.Handler)
 	mux.Handle("/"+compute.JoinPath, s.Compute.JoinHandler)
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-	s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	// Every route here is a bounded request and answer: a slow body or a slow reader is cut off.
+	s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
+		WriteTimeout: 60 * time.Second, IdleTimeout: 2 * time.Minute}
 	go func() { s.served <- s.http.Serve(s.listener) }()
 	if o.Sim > 0 {
 		if err := s.simulate(ctx, o.Sim); err != nil {

@@ -13,13 +13,19 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	mrand "math/rand/v2"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/internal/capacity"
+	"github.com/better-compute/compute/internal/events"
 	"github.com/better-compute/compute/internal/nodes"
+	"github.com/better-compute/compute/internal/pki"
 	"github.com/better-compute/compute/modules"
 )
 
@@ -32,6 +38,11 @@ const (
 	DefaultHeartbeatBudget = 100
 	MinHeartbeatInterval   = 5 * time.Second
 	MaxHeartbeatInterval   = 60 * time.Second
+	// DefaultRevocationsReload is how often the revocation set is reloaded whole, the safety
+	// net under its notifications.
+	DefaultRevocationsReload = time.Minute
+	// maxListenBackoff bounds the wait between attempts to listen again.
+	maxListenBackoff = 30 * time.Second
 )
 
 // SessionsChannel announces a session taken over: "<node id>:<epoch>".
@@ -44,6 +55,7 @@ type Config struct {
 	HeartbeatBudget   int           // heartbeats a second, in all
 	FlushInterval     time.Duration
 	PollInterval      time.Duration
+	RevocationsReload time.Duration
 }
 
 // Gateway serves sessions. Run must be running for sessions to be accepted.
@@ -52,6 +64,8 @@ type Gateway struct {
 	mod *nodes.Module
 	rt  *modules.Runtime
 	log *slog.Logger
+	// revoked is the revocation set handshakes are checked against, in memory.
+	revoked *pki.Revocations
 
 	mu       sync.Mutex
 	running  bool
@@ -66,6 +80,7 @@ type touch struct {
 	applied int64
 	errText string
 	ack     bool
+	grace   time.Duration // from the interval the node was last told
 }
 
 // New returns a gateway of the nodes module. It touches nothing until Run.
@@ -85,7 +100,11 @@ func New(mod *nodes.Module, cfg Config) *Gateway {
 	if cfg.PollInterval == 0 {
 		cfg.PollInterval = DefaultPollInterval
 	}
-	return &Gateway{cfg: cfg, mod: mod, sessions: map[string]*session{}, touched: map[string]*touch{}}
+	if cfg.RevocationsReload == 0 {
+		cfg.RevocationsReload = DefaultRevocationsReload
+	}
+	return &Gateway{cfg: cfg, mod: mod, sessions: map[string]*session{}, touched: map[string]*touch{},
+		revoked: pki.NewRevocations()}
 }
 
 // ID is the gateway's name in the sessions table.
@@ -104,8 +123,11 @@ func (g *Gateway) HeartbeatInterval() time.Duration {
 	return min(max(d, MinHeartbeatInterval), MaxHeartbeatInterval)
 }
 
-// grace is how long a silent session keeps its node online.
-func (g *Gateway) grace() time.Duration { return 3*g.HeartbeatInterval() + 2*g.cfg.FlushInterval }
+// grace is how long a silent session keeps its node online, for a node told to beat every
+// interval: what counts is what that node was told, not what the gateway would say now.
+func (g *Gateway) grace(interval time.Duration) time.Duration {
+	return 3*interval + 2*g.cfg.FlushInterval
+}
 
 // Run serves until ctx ends: it listens for commands, desired-state changes and takeovers,
 // flushes heartbeats and polls. On return every session has been closed.
@@ -115,7 +137,14 @@ func (g *Gateway) Run(ctx context.Context, rt *modules.Runtime) error {
 		g.mu.Unlock()
 		return errors.New("gateway: already running")
 	}
-	g.running, g.rt, g.log = true, rt, rt.Logger.With("gateway", g.cfg.ID)
+	g.rt, g.log = rt, rt.Logger.With("gateway", g.cfg.ID)
+	g.mu.Unlock()
+	// Sessions are refused (unavailable, which nodes retry) until revocations are known.
+	if err := g.revoked.Load(ctx, rt.DB.Pool); err != nil {
+		return fmt.Errorf("gateway: %w", err)
+	}
+	g.mu.Lock()
+	g.running = true
 	g.mu.Unlock()
 	defer func() {
 		g.mu.Lock()
@@ -129,9 +158,9 @@ func (g *Gateway) Run(ctx context.Context, rt *modules.Runtime) error {
 		_ = g.flush(fctx)
 		cancel()
 	}()
-	errc := make(chan error, 3)
+	errc := make(chan error, 4)
 	var wg sync.WaitGroup
-	for _, loop := range []func(context.Context) error{g.listen, g.flushLoop, g.pollLoop} {
+	for _, loop := range []func(context.Context) error{g.listen, g.flushLoop, g.pollLoop, g.revocationsLoop} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -149,8 +178,42 @@ func (g *Gateway) Run(ctx context.Context, rt *modules.Runtime) error {
 	return err
 }
 
-// listen follows the notifications of the nodes this gateway holds.
+// listen follows the notifications of the nodes this gateway holds. Its connection is listened
+// on again, with capped and jittered backoff, whenever it is lost (a database restart): the poll
+// covers what is missed meanwhile, and each return catches up at once.
 func (g *Gateway) listen(ctx context.Context) error {
+	backoff := 100 * time.Millisecond
+	for attempt := 0; ctx.Err() == nil; attempt++ {
+		if attempt > 0 {
+			// What was announced while not listening: revocations, takeovers, work.
+			if err := g.catchUp(ctx); err != nil && ctx.Err() == nil {
+				g.log.WarnContext(ctx, "gateway: catch up after listening again", "error", err)
+			}
+		}
+		err := g.listenOnce(ctx, func() {
+			if attempt > 0 {
+				g.log.InfoContext(ctx, "gateway: listening again for notifications")
+			}
+			backoff = 100 * time.Millisecond // it worked: the next loss starts over
+		})
+		if ctx.Err() != nil {
+			return nil
+		}
+		wait := backoff/2 + mrand.N(backoff/2+1)
+		g.log.WarnContext(ctx, "gateway: lost the listening connection; commands fall back to polling until it is back",
+			"error", err, "retry_in", wait.Round(time.Millisecond))
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+		backoff = min(backoff*2, maxListenBackoff)
+	}
+	return nil
+}
+
+// listenOnce listens on one connection until it fails; listening is called once it listens.
+func (g *Gateway) listenOnce(ctx context.Context, listening func()) error {
 	pooled, err := g.rt.DB.Pool.Acquire(ctx)
 	if err != nil {
 		return err
@@ -159,21 +222,30 @@ func (g *Gateway) listen(ctx context.Context) error {
 	// of the pool and closed when done.
 	conn := pooled.Hijack()
 	defer conn.Close(context.WithoutCancel(ctx))
-	for _, ch := range []string{nodes.CommandsChannel, nodes.DesiredChannel, SessionsChannel} {
+	for _, ch := range []string{nodes.CommandsChannel, nodes.DesiredChannel, SessionsChannel, pki.RevocationsChannel} {
 		if _, err := conn.Exec(ctx, "LISTEN "+ch); err != nil {
 			return fmt.Errorf("gateway: listen %s: %w", ch, err)
 		}
 	}
+	listening()
 	for {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
 			return err
 		}
-		g.notified(n.Channel, n.Payload)
+		g.notified(ctx, n.Channel, n.Payload)
 	}
 }
 
-func (g *Gateway) notified(channel, payload string) {
+// catchUp does what lost notifications would have done.
+func (g *Gateway) catchUp(ctx context.Context) error {
+	if err := g.reloadRevocations(ctx); err != nil {
+		return err
+	}
+	return g.poll(ctx)
+}
+
+func (g *Gateway) notified(ctx context.Context, channel, payload string) {
 	switch channel {
 	case nodes.CommandsChannel, nodes.DesiredChannel:
 		if s := g.session(payload); s != nil {
@@ -187,6 +259,50 @@ func (g *Gateway) notified(channel, payload string) {
 		}
 		if s := g.session(node); s != nil && s.epoch < epoch {
 			s.close("the session was taken over by a newer connection")
+		}
+	case pki.RevocationsChannel:
+		lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if err := g.revoked.LoadNode(lctx, g.rt.DB.Pool, payload); err != nil {
+			// The periodic reload will learn of it.
+			g.log.WarnContext(ctx, "gateway: load a node's revocations", "node", payload, "error", err)
+			return
+		}
+		g.closeRevoked()
+	}
+}
+
+// revocationsLoop reloads the revocation set whole now and then, in case a notification was lost.
+func (g *Gateway) revocationsLoop(ctx context.Context) error {
+	t := time.NewTicker(g.cfg.RevocationsReload)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		if err := g.reloadRevocations(ctx); err != nil && ctx.Err() == nil {
+			g.log.WarnContext(ctx, "gateway: reload revocations", "error", err)
+		}
+	}
+}
+
+func (g *Gateway) reloadRevocations(ctx context.Context) error {
+	if err := g.revoked.Load(ctx, g.rt.DB.Pool); err != nil {
+		return err
+	}
+	g.closeRevoked()
+	return nil
+}
+
+// closeRevoked ends every session whose certificate is revoked.
+func (g *Gateway) closeRevoked() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, s := range g.sessions {
+		if g.revoked.Revoked(s.serial) {
+			s.close("the node's certificate was revoked")
 		}
 	}
 }
@@ -213,6 +329,9 @@ func (g *Gateway) touch(node string, epoch int64, f func(*touch)) {
 		g.touched[node] = t
 	}
 	t.seen = time.Now()
+	if s := g.sessions[node]; s != nil && s.epoch == epoch {
+		t.grace = g.grace(s.interval())
+	}
 	if f != nil {
 		f(t)
 	}
@@ -229,9 +348,10 @@ func (g *Gateway) flushLoop(ctx context.Context) error {
 	})
 }
 
-// flush writes every heartbeat and acknowledgement since the last flush in three statements,
-// whatever the number of nodes: the sessions' last sight and grace, the nodes' last sight (and
-// online again, for a node marked offline while its session lived), and applied generations.
+// flush writes every heartbeat and acknowledgement since the last flush in a few statements,
+// whatever the number of nodes: the sessions' last sight and grace (from the interval each node
+// was told), the nodes' last sight, online again for a node marked offline while its session
+// lived (a process stopped a while, then continued), and applied generations.
 func (g *Gateway) flush(ctx context.Context) error {
 	g.mu.Lock()
 	batch := g.touched
@@ -240,28 +360,72 @@ func (g *Gateway) flush(ctx context.Context) error {
 	if len(batch) == 0 {
 		return nil
 	}
-	grace := g.grace()
-	var ids, ackIDs, ackErrs []string
+	// In node order, as every writer of many node rows takes them.
+	ids := make([]string, 0, len(batch))
+	for id := range batch {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	var ackIDs, ackErrs []string
 	var epochs, acks []int64
 	var seen []time.Time
-	for id, t := range batch {
-		ids, epochs, seen = append(ids, id), append(epochs, t.epoch), append(seen, t.seen)
+	var graces []float64
+	for _, id := range ids {
+		t := batch[id]
+		grace := t.grace
+		if grace == 0 {
+			grace = g.grace(g.HeartbeatInterval())
+		}
+		epochs, seen, graces = append(epochs, t.epoch), append(seen, t.seen), append(graces, grace.Seconds())
 		if t.ack {
 			ackIDs, acks, ackErrs = append(ackIDs, id), append(acks, t.applied), append(ackErrs, t.errText)
 		}
 	}
 	return g.rt.DB.Tx(ctx, func(tx pgx.Tx) error {
 		b := &pgx.Batch{}
-		b.Queue(`UPDATE compute.node_sessions s SET last_seen_at = u.t, offline_after = u.t + make_interval(secs => $5)
-			FROM unnest($1::uuid[], $2::bigint[], $3::timestamptz[]) AS u(n, e, t)
-			WHERE s.node_id = u.n AND s.epoch = u.e AND s.gateway_id = $4`, ids, epochs, seen, g.cfg.ID, grace.Seconds())
+		b.Queue(`UPDATE compute.node_sessions s SET last_seen_at = u.t, offline_after = u.t + make_interval(secs => u.g)
+			FROM unnest($1::uuid[], $2::bigint[], $3::timestamptz[], $4::float8[]) AS u(n, e, t, g)
+			WHERE s.node_id = u.n AND s.epoch = u.e AND s.gateway_id = $5`, ids, epochs, seen, graces, g.cfg.ID)
 		b.Queue(`UPDATE compute.nodes n SET last_seen_at = u.t FROM unnest($1::uuid[], $2::timestamptz[]) AS u(n, t) WHERE n.id = u.n`, ids, seen)
 		if len(ackIDs) > 0 {
 			b.Queue(`UPDATE compute.node_desired d SET applied_generation = greatest(d.applied_generation, u.g), applied_error = u.e
 				FROM unnest($1::uuid[], $2::bigint[], $3::text[]) AS u(n, g, e) WHERE d.node_id = u.n`, ackIDs, acks, ackErrs)
 		}
-		return tx.SendBatch(ctx, b).Close()
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			return err
+		}
+		return g.backOnline(ctx, tx, ids, epochs)
 	})
+}
+
+// backOnline puts online again the nodes among ids that were marked offline while this gateway
+// held their session at that epoch, and refreshes their rollups so that they take bookings.
+func (g *Gateway) backOnline(ctx context.Context, tx pgx.Tx, ids []string, epochs []int64) error {
+	rows, err := tx.Query(ctx, `UPDATE compute.nodes n SET status = 'online', updated_at = compute.compute_now()
+		FROM unnest($1::uuid[], $2::bigint[]) AS u(n, e), compute.node_sessions s
+		WHERE n.id = u.n AND s.node_id = u.n AND s.epoch = u.e AND s.gateway_id = $3
+		  AND n.status = 'offline' AND n.state <> $4
+		RETURNING n.id::text, n.tenant_id`, ids, epochs, g.cfg.ID, api.NodeRetired)
+	if err != nil {
+		return err
+	}
+	var back, tenants []string
+	var id, tenant string
+	if _, err := pgx.ForEachRow(rows, []any{&id, &tenant}, func() error {
+		back, tenants = append(back, id), append(tenants, tenant)
+		return nil
+	}); err != nil {
+		return err
+	}
+	if len(back) == 0 {
+		return nil
+	}
+	for i := range back {
+		if err := events.Emit(ctx, tx, "node.online", tenants[i], back[i], map[string]any{"gateway": g.cfg.ID, "heartbeat": true}); err != nil {
+			return err
+		}
+	}
+	return capacity.RefreshNodes(ctx, tx, back...)
 }
 
 // pollLoop is the safety net under LISTEN/NOTIFY: a notification lost while the listening
@@ -291,16 +455,22 @@ func (g *Gateway) poll(ctx context.Context) error {
 	}
 	rows, err := g.rt.DB.Pool.Query(ctx, `SELECT n::text,
 		  EXISTS (SELECT 1 FROM compute.commands c WHERE c.node_id = n AND c.state = 'pending'),
-		  coalesce((SELECT generation FROM compute.node_desired d WHERE d.node_id = n), 0)
+		  coalesce((SELECT generation FROM compute.node_desired d WHERE d.node_id = n), 0),
+		  coalesce((SELECT s.epoch FROM compute.node_sessions s WHERE s.node_id = n), 0)
 		FROM unnest($1::uuid[]) AS n`, held)
 	if err != nil {
 		return err
 	}
 	var id string
 	var pending bool
-	var gen int64
-	_, err = pgx.ForEachRow(rows, []any{&id, &pending, &gen}, func() error {
-		if s := g.session(id); s != nil && (pending || gen > sent[id]) {
+	var gen, epoch int64
+	_, err = pgx.ForEachRow(rows, []any{&id, &pending, &gen, &epoch}, func() error {
+		s := g.session(id)
+		switch {
+		case s == nil:
+		case epoch > s.epoch: // a takeover whose notification was lost
+			s.close("the session was taken over by a newer connection")
+		case pending || gen > sent[id]:
 			s.wake(pending, gen > sent[id])
 		}
 		return nil

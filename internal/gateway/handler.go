@@ -19,43 +19,34 @@ import (
 
 type nodeKey struct{}
 
+// MaxMessageBytes bounds one message of a node's session.
+const MaxMessageBytes = 4 << 20
+
 // Handler serves SessionService with Connect (which speaks gRPC) as an http.Handler, for a
 // server with TLS whose client certificates are verified against the machine CA (see
 // pki.Authority.ServerTLS). The node is identified by its certificate.
 func (g *Gateway) Handler() http.Handler {
-	path, h := agentv1connect.NewSessionServiceHandler(connectSessions{g})
+	// Bounded messages: an inventory of many GPUs is a few kilobytes.
+	path, h := agentv1connect.NewSessionServiceHandler(connectSessions{g}, connect.WithReadMaxBytes(MaxMessageBytes))
 	mux := http.NewServeMux()
 	mux.Handle(path, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
 			http.Error(w, "a node session needs a client certificate from the machine CA", http.StatusUnauthorized)
 			return
 		}
-		node, err := g.identify(r.Context(), r.TLS.PeerCertificates[0])
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusForbidden)
-			return
-		}
-		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), nodeKey{}, node)))
+		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), nodeKey{}, r.TLS.PeerCertificates[0])))
 	}))
 	return mux
-}
-
-func (g *Gateway) identify(ctx context.Context, cert *x509.Certificate) (string, error) {
-	auth, err := g.mod.Authority()
-	if err != nil {
-		return "", err
-	}
-	return auth.Check(ctx, cert)
 }
 
 type connectSessions struct{ g *Gateway }
 
 func (c connectSessions) Connect(ctx context.Context, bs *connect.BidiStream[agentv1.NodeMessage, agentv1.ServerMessage]) error {
-	node, _ := ctx.Value(nodeKey{}).(string)
-	if node == "" {
+	cert, _ := ctx.Value(nodeKey{}).(*x509.Certificate)
+	if cert == nil {
 		return connect.NewError(connect.CodeUnauthenticated, errors.New("no node certificate"))
 	}
-	return c.g.Serve(ctx, node, connectStream{bs})
+	return c.g.Serve(ctx, cert, connectStream{bs})
 }
 
 type connectStream struct {
@@ -85,9 +76,11 @@ func (s grpcSessions) Connect(st grpc.BidiStreamingServer[agentv1.NodeMessage, a
 	if !ok || len(info.State.PeerCertificates) == 0 {
 		return status.Error(codes.Unauthenticated, "a node session needs a client certificate from the machine CA")
 	}
-	node, err := s.g.identify(st.Context(), info.State.PeerCertificates[0])
-	if err != nil {
-		return status.Error(codes.PermissionDenied, err.Error())
+	err := s.g.Serve(st.Context(), info.State.PeerCertificates[0], st)
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		// The same codes as over Connect: permission denied is final for the node.
+		return status.Error(codes.Code(ce.Code()), ce.Message())
 	}
-	return s.g.Serve(st.Context(), node, st)
+	return err
 }

@@ -2,10 +2,13 @@ package gateway
 
 import (
 	"context"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"connectrpc.com/connect"
 	"github.com/jackc/pgx/v5"
@@ -18,6 +21,7 @@ import (
 	"github.com/better-compute/compute/internal/capacity"
 	"github.com/better-compute/compute/internal/events"
 	"github.com/better-compute/compute/internal/nodes"
+	"github.com/better-compute/compute/internal/pki"
 )
 
 // stream is what gRPC's and Connect's bidirectional streams have in common.
@@ -28,12 +32,15 @@ type stream interface {
 
 // session is one node's live session on this gateway.
 type session struct {
-	g     *Gateway
-	node  string
-	epoch int64
-	out   chan *agentv1.ServerMessage
-	kick  chan struct{}
-	done  chan struct{}
+	g        *Gateway
+	node     string
+	epoch    int64
+	serial   string       // of the client certificate the session was opened with
+	notAfter time.Time    // when that certificate expires, and the session with it
+	told     atomic.Int64 // the heartbeat interval the node was last told, in nanoseconds
+	out      chan *agentv1.ServerMessage
+	kick     chan struct{}
+	done     chan struct{}
 
 	mu           sync.Mutex
 	wantCommands bool
@@ -53,6 +60,8 @@ func (s *session) wake(commands, desired bool) {
 	default:
 	}
 }
+
+func (s *session) interval() time.Duration { return time.Duration(s.told.Load()) }
 
 func (s *session) sentGeneration() int64 {
 	s.mu.Lock()
@@ -89,14 +98,22 @@ func (s *session) close(reason string) {
 // ErrNotRunning is the error of a session that arrives while the gateway is not running.
 var ErrNotRunning = errors.New("gateway: not running")
 
-// Serve runs a node's session on st until it ends: the node is nodeID, whose certificate the
-// caller has checked.
-func (g *Gateway) Serve(ctx context.Context, nodeID string, st stream) error {
+// Serve runs a node's session on st until it ends: the node is the one cert names, which the TLS
+// stack has verified against the machine CA. A revoked certificate is refused explicitly
+// (permission denied, which the node takes as final), from memory: no query per connection.
+func (g *Gateway) Serve(ctx context.Context, cert *x509.Certificate, st stream) error {
 	g.mu.Lock()
 	running := g.running
 	g.mu.Unlock()
 	if !running {
 		return connect.NewError(connect.CodeUnavailable, ErrNotRunning)
+	}
+	nodeID, err := g.revoked.CheckNode(cert)
+	if err != nil {
+		return connect.NewError(connect.CodePermissionDenied, err)
+	}
+	if !time.Now().Before(cert.NotAfter) {
+		return connect.NewError(connect.CodeUnauthenticated, errors.New("the node's certificate has expired; join again"))
 	}
 	first, err := st.Recv()
 	if err != nil {
@@ -106,18 +123,28 @@ func (g *Gateway) Serve(ctx context.Context, nodeID string, st stream) error {
 	if hello == nil {
 		return connect.NewError(connect.CodeInvalidArgument, errors.New("the first message of a session must be a hello"))
 	}
-	epoch, err := g.claim(ctx, nodeID, hello)
+	interval := g.HeartbeatInterval()
+	epoch, err := g.claim(ctx, nodeID, hello, g.grace(interval))
 	if err != nil {
 		return err
 	}
-	s := &session{g: g, node: nodeID, epoch: epoch, out: make(chan *agentv1.ServerMessage, 64),
-		kick: make(chan struct{}, 1), done: make(chan struct{}), resend: true, sent: -1}
+	s := &session{g: g, node: nodeID, epoch: epoch, serial: pki.Serial(cert), notAfter: cert.NotAfter,
+		out: make(chan *agentv1.ServerMessage, 64), kick: make(chan struct{}, 1), done: make(chan struct{}), resend: true, sent: -1}
+	s.told.Store(int64(interval))
 	g.mu.Lock()
 	if old := g.sessions[nodeID]; old != nil {
 		old.close("a newer connection of the same node arrived")
 	}
 	g.sessions[nodeID] = s
 	g.mu.Unlock()
+	// A revocation announced between the check above and now.
+	if g.revoked.Revoked(s.serial) {
+		s.close("the node's certificate was revoked")
+	}
+	// The session lasts no longer than the certificate it was opened with: a renewed one opens
+	// the next.
+	expiry := time.AfterFunc(time.Until(s.notAfter), func() { s.close("the node's certificate expired") })
+	defer expiry.Stop()
 	defer func() {
 		g.mu.Lock()
 		if g.sessions[nodeID] == s {
@@ -163,7 +190,7 @@ func (g *Gateway) Serve(ctx context.Context, nodeID string, st stream) error {
 		s.work(ctx)
 	}()
 	s.send(ctx, &agentv1.ServerMessage{Body: &agentv1.ServerMessage_Welcome{Welcome: &agentv1.Welcome{
-		NodeId: nodeID, Epoch: epoch, HeartbeatInterval: durationpb.New(g.HeartbeatInterval())}}})
+		NodeId: nodeID, Epoch: epoch, HeartbeatInterval: durationpb.New(interval)}}})
 	s.wake(true, true)
 
 	msgs := make(chan *agentv1.NodeMessage)
@@ -200,7 +227,7 @@ func (g *Gateway) Serve(ctx context.Context, nodeID string, st stream) error {
 
 // claim records this gateway as the session's holder at the next epoch, puts the node online and
 // tells any other gateway that held it to let go.
-func (g *Gateway) claim(ctx context.Context, nodeID string, hello *agentv1.Hello) (int64, error) {
+func (g *Gateway) claim(ctx context.Context, nodeID string, hello *agentv1.Hello, grace time.Duration) (int64, error) {
 	var epoch int64
 	err := g.rt.DB.Tx(ctx, func(tx pgx.Tx) error {
 		var state, tenant, status string
@@ -219,7 +246,7 @@ func (g *Gateway) claim(ctx context.Context, nodeID string, hello *agentv1.Hello
 			ON CONFLICT (node_id) DO UPDATE SET gateway_id = excluded.gateway_id, epoch = compute.node_sessions.epoch + 1,
 			  agent_version = excluded.agent_version, connected_at = excluded.connected_at, last_seen_at = excluded.last_seen_at,
 			  offline_after = excluded.offline_after
-			RETURNING epoch`, nodeID, g.cfg.ID, hello.GetAgentVersion(), g.grace().Seconds()).Scan(&epoch)
+			RETURNING epoch`, nodeID, g.cfg.ID, hello.GetAgentVersion(), grace.Seconds()).Scan(&epoch)
 		if err != nil {
 			return err
 		}
@@ -315,7 +342,13 @@ func (s *session) handle(ctx context.Context, m *agentv1.NodeMessage) error {
 	g := s.g
 	switch b := m.Body.(type) {
 	case *agentv1.NodeMessage_Heartbeat:
+		// Every heartbeat is answered with the interval to beat at from now on (it moves with the
+		// number of sessions held); the grace the flush writes is derived from it.
+		interval := g.HeartbeatInterval()
+		s.told.Store(int64(interval))
 		g.touch(s.node, s.epoch, func(t *touch) { t.applied, t.ack = max(t.applied, b.Heartbeat.GetAppliedGeneration()), true })
+		s.send(ctx, &agentv1.ServerMessage{Body: &agentv1.ServerMessage_HeartbeatAck{HeartbeatAck: &agentv1.HeartbeatAck{
+			HeartbeatInterval: durationpb.New(interval)}}})
 		if p := b.Heartbeat.GetPressure(); p != nil {
 			return g.hostPressure(ctx, s.node, p)
 		}
@@ -342,18 +375,55 @@ func (s *session) handle(ctx context.Context, m *agentv1.NodeMessage) error {
 		// Acknowledged whether first or repeated, so the node can forget it.
 		s.send(ctx, &agentv1.ServerMessage{Body: &agentv1.ServerMessage_ResultAck{ResultAck: &agentv1.ResultAck{CommandId: r.GetCommandId()}}})
 	case *agentv1.NodeMessage_Renew:
-		auth, err := g.mod.Authority()
-		if err != nil {
-			return err
-		}
-		der, notAfter, err := auth.IssueNode(ctx, g.rt.DB.Pool, s.node, b.Renew.GetCsrDer(), g.mod.CertLifetime())
-		if err != nil {
-			return err
-		}
-		s.send(ctx, &agentv1.ServerMessage{Body: &agentv1.ServerMessage_Renewed{Renewed: &agentv1.Renewed{
-			CertificateDer: der, NotAfter: timestamppb.New(notAfter)}}})
+		return s.renew(ctx, b.Renew.GetCsrDer())
 	case *agentv1.NodeMessage_Hello:
 		return errors.New("a second hello in one session")
 	}
+	return nil
+}
+
+// errRenewRefused is a renewal of a certificate that is revoked or expired, or whose node is
+// retired.
+var errRenewRefused = errors.New("renewal refused")
+
+// renew issues a new certificate to a session whose own is still good: checked in the database,
+// not only in memory, under the node's row lock, which revocations (retire, a rejoin takeover)
+// take too, so that a renewal cannot slip past a revocation running at once.
+func (s *session) renew(ctx context.Context, csrDER []byte) error {
+	g := s.g
+	if g.revoked.Revoked(s.serial) {
+		s.close("the node's certificate was revoked")
+		return nil
+	}
+	auth, err := g.mod.Authority()
+	if err != nil {
+		return err
+	}
+	var der []byte
+	var notAfter time.Time
+	err = g.rt.DB.Tx(ctx, func(tx pgx.Tx) error {
+		var state string
+		var revoked bool
+		err := tx.QueryRow(ctx, `SELECT n.state, c.revoked_at IS NOT NULL OR c.not_after <= now()
+			FROM compute.nodes n JOIN compute.certificates c ON c.subject = n.id::text AND c.kind = 'node'
+			WHERE n.id = $1 AND c.serial = $2 FOR SHARE OF n`, s.node, s.serial).Scan(&state, &revoked)
+		if errors.Is(err, pgx.ErrNoRows) || err == nil && (revoked || state == api.NodeRetired) {
+			return errRenewRefused
+		}
+		if err != nil {
+			return err
+		}
+		der, notAfter, err = auth.IssueNode(ctx, tx, s.node, csrDER, g.mod.CertLifetime())
+		return err
+	})
+	if errors.Is(err, errRenewRefused) {
+		s.close("the node's certificate was revoked or has expired; no renewal")
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	s.send(ctx, &agentv1.ServerMessage{Body: &agentv1.ServerMessage_Renewed{Renewed: &agentv1.Renewed{
+		CertificateDer: der, NotAfter: timestamppb.New(notAfter)}}})
 	return nil
 }

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"strings"
 	"sync"
 	"time"
 
@@ -16,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -57,6 +57,8 @@ type Status struct {
 	CertNotAfter      time.Time `json:"certNotAfter"`
 	LastError         string    `json:"lastError,omitempty"`
 	Sessions          int       `json:"sessions"` // sessions opened since start
+	// HeartbeatInterval is what the gateway last told the node to beat at.
+	HeartbeatInterval time.Duration `json:"heartbeatInterval,omitempty"`
 }
 
 // New returns an agent; Run runs it.
@@ -198,10 +200,11 @@ type nodeSession struct {
 	sendMu sync.Mutex
 	wg     sync.WaitGroup
 
-	mu      sync.Mutex
-	applied int64
-	holds   *agentv1.DesiredState
-	renewal []byte // the key of a renewal in flight
+	mu       sync.Mutex
+	applied  int64
+	holds    *agentv1.DesiredState
+	renewal  []byte        // the key of a renewal in flight
+	interval time.Duration // the heartbeat interval the gateway last asked for
 }
 
 func (s *nodeSession) send(m *agentv1.NodeMessage) error {
@@ -251,14 +254,11 @@ func (s *nodeSession) run(ctx context.Context, addr string) error {
 	}
 	s.updatePending()
 	s.maybeRenew()
-	interval := w.GetHeartbeatInterval().AsDuration()
-	if interval <= 0 {
-		interval = 10 * time.Second
-	}
+	s.follow(w.GetHeartbeatInterval())
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		s.beat(ctx, interval)
+		s.beat(ctx)
 	}()
 	for {
 		m, err := s.st.Recv()
@@ -271,27 +271,54 @@ func (s *nodeSession) run(ctx context.Context, addr string) error {
 	}
 }
 
-// classify turns what the gateway said into whether reconnecting can help: a node refused by
-// the control plane (PermissionDenied) or a certificate refused at the handshake (a TLS alert,
-// which gRPC reports only as text) will be refused again.
+// classify turns what the gateway said into whether reconnecting can help. Only an explicit
+// refusal by the session service (PermissionDenied: the node is retired or its certificate
+// revoked) is final. A handshake that fails, whatever the TLS alert, is retried: an overloaded or
+// misconfigured gateway, a proxy, a clock off by a minute all look the same as a refused
+// certificate from here, and giving up on them would lose the node for good.
 func (s *nodeSession) classify(err error) error { return classify(err) }
 
 func classify(err error) error {
 	if err == nil {
 		return nil
 	}
-	if status.Code(err) == codes.PermissionDenied || strings.Contains(err.Error(), "tls: bad certificate") ||
-		strings.Contains(err.Error(), "tls: certificate required") {
+	if status.Code(err) == codes.PermissionDenied {
 		return fmt.Errorf("%w: %v", ErrRetired, err)
 	}
 	return err
 }
 
-// beat sends heartbeats at the interval the gateway asked for, with ±10% jitter so that a fleet
-// that reconnected at once does not beat in step, and forwards GPU events as they happen.
-func (s *nodeSession) beat(ctx context.Context, interval time.Duration) {
+// defaultHeartbeatInterval is used until a gateway names one.
+const defaultHeartbeatInterval = 10 * time.Second
+
+// follow takes the heartbeat interval of a welcome or a heartbeat reply.
+func (s *nodeSession) follow(d *durationpb.Duration) {
+	interval := d.AsDuration()
+	if d == nil || interval <= 0 {
+		if s.heartbeatInterval() > 0 {
+			return
+		}
+		interval = defaultHeartbeatInterval
+	}
+	s.mu.Lock()
+	s.interval = interval
+	s.mu.Unlock()
+	s.a.setStatus(func(st *Status) { st.HeartbeatInterval = interval })
+}
+
+func (s *nodeSession) heartbeatInterval() time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.interval
+}
+
+// beat sends heartbeats at the interval the gateway last asked for (in its welcome, then in
+// every heartbeat reply), with ±10% jitter so that a fleet that reconnected at once does not
+// beat in step, and forwards GPU events as they happen.
+func (s *nodeSession) beat(ctx context.Context) {
 	events := s.a.cfg.Hardware.Events()
 	for {
+		interval := s.heartbeatInterval()
 		jitter := time.Duration(rand.Int64N(int64(interval/5)+1)) - interval/10
 		select {
 		case <-ctx.Done():
@@ -367,6 +394,8 @@ func (s *nodeSession) handle(ctx context.Context, m *agentv1.ServerMessage) erro
 		s.updatePending()
 	case *agentv1.ServerMessage_Renewed:
 		return s.renewed(b.Renewed)
+	case *agentv1.ServerMessage_HeartbeatAck:
+		s.follow(b.HeartbeatAck.GetHeartbeatInterval())
 	case *agentv1.ServerMessage_Goodbye:
 		return fmt.Errorf("nodeagent: the gateway ended the session: %s", b.Goodbye.GetReason())
 	}

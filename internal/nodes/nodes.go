@@ -34,6 +34,10 @@ type Config struct {
 	Tick time.Duration
 }
 
+// MaxJoinBytes bounds a JoinService request, which anyone may send: a token, a CSR and a few
+// facts fit in a few kilobytes.
+const MaxJoinBytes = 64 << 10
+
 // Module registers the node groups and owns the machine CA once loaded.
 type Module struct {
 	cfg       Config

@@ -1,6 +1,7 @@
 // Package pki is the machine PKI: a CA whose private key is stored encrypted with a key derived
 // from the control plane's secret, short-lived node client certificates issued from CSRs, the
-// gateway's server certificates, and revocation checked on every handshake.
+// gateway's server certificates (rotated before they expire), and revocation, which gateways
+// hold in memory (Revocations) and learn of by NOTIFY.
 package pki
 
 import (
@@ -207,8 +208,13 @@ func (a *Authority) sign(ctx context.Context, q postgres.Querier, tmpl *x509.Cer
 }
 
 // IssueGateway makes a server certificate (and its key) for a gateway that answers as hosts
-// (DNS names or IP addresses).
+// (DNS names or IP addresses), valid for DefaultGatewayLifetime.
 func (a *Authority) IssueGateway(ctx context.Context, name string, hosts []string) (tls.Certificate, error) {
+	return a.IssueGatewayFor(ctx, name, hosts, DefaultGatewayLifetime)
+}
+
+// IssueGatewayFor is IssueGateway with a lifetime.
+func (a *Authority) IssueGatewayFor(ctx context.Context, name string, hosts []string, lifetime time.Duration) (tls.Certificate, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return tls.Certificate{}, err
@@ -218,7 +224,7 @@ func (a *Authority) IssueGateway(ctx context.Context, name string, hosts []strin
 		SerialNumber: serial(),
 		Subject:      pkix.Name{CommonName: "gateway/" + name, Organization: []string{"Better Compute"}},
 		NotBefore:    now.Add(-5 * time.Minute),
-		NotAfter:     now.Add(DefaultGatewayLifetime),
+		NotAfter:     now.Add(lifetime),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	}
@@ -248,7 +254,8 @@ func NodeID(cert *x509.Certificate) (string, error) {
 }
 
 // Check verifies, for a peer whose chain the TLS stack has already verified against the CA,
-// that its certificate is a node's, recorded and not revoked. It returns the node's id.
+// that its certificate is a node's, recorded and not revoked. It returns the node's id. It asks
+// the database: the gateway checks handshakes against a Revocations set in memory instead.
 func (a *Authority) Check(ctx context.Context, cert *x509.Certificate) (string, error) {
 	id, err := NodeID(cert)
 	if err != nil {
@@ -269,30 +276,38 @@ func (a *Authority) Check(ctx context.Context, cert *x509.Certificate) (string, 
 	return id, nil
 }
 
-// RevokeNode revokes every certificate of a node: its next handshake is refused.
+// RevokeNode revokes every certificate of a node and announces it on RevocationsChannel (on
+// commit), so that gateways refuse its next session and end the one it has open.
 func RevokeNode(ctx context.Context, q postgres.Querier, nodeID string) (int64, error) {
 	tag, err := q.Exec(ctx, `UPDATE compute.certificates SET revoked_at = compute.compute_now()
 		WHERE kind = 'node' AND subject = $1 AND revoked_at IS NULL`, nodeID)
-	return tag.RowsAffected(), err
+	if err != nil {
+		return 0, err
+	}
+	if _, err := q.Exec(ctx, `SELECT pg_catalog.pg_notify($1, $2)`, RevocationsChannel, nodeID); err != nil {
+		return 0, err
+	}
+	return tag.RowsAffected(), nil
 }
 
-// ServerTLS is the gateway's TLS configuration: TLS 1.3, a client certificate from the machine
-// CA required, and a revocation check on every handshake.
+// ServerTLS is the gateway's TLS configuration: TLS 1.3 and a client certificate from the
+// machine CA required. The server certificate is cert until two thirds of its life have passed,
+// then a new one for the same gateway and hosts, and so on (see Rotating). Revocation is not
+// checked here: a refused handshake is indistinguishable, for a node, from a network fault, so
+// the gateway refuses revoked certificates explicitly, from a Revocations set in memory.
 func (a *Authority) ServerTLS(cert tls.Certificate) *tls.Config {
+	r := a.Rotating(cert)
 	return &tls.Config{
-		MinVersion:   tls.VersionTLS13,
-		Certificates: []tls.Certificate{cert},
-		ClientAuth:   tls.RequireAndVerifyClientCert,
-		ClientCAs:    a.pool,
-		NextProtos:   []string{"h2"},
+		MinVersion:     tls.VersionTLS13,
+		GetCertificate: r.GetCertificate,
+		ClientAuth:     tls.RequireAndVerifyClientCert,
+		ClientCAs:      a.pool,
+		NextProtos:     []string{"h2"},
 		VerifyConnection: func(cs tls.ConnectionState) error {
 			if len(cs.PeerCertificates) == 0 {
 				return errors.New("pki: no client certificate")
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			_, err := a.Check(ctx, cs.PeerCertificates[0])
-			return err
+			return nil
 		},
 	}
 }
