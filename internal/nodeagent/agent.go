@@ -496,6 +496,10 @@ func (s *nodeSession) renewed(r *agentv1.Renewed) error {
 	if err != nil || !ok {
 		return err
 	}
+	if err := checkRenewed(id, key, r); err != nil {
+		s.a.cfg.Logger.Warn("nodeagent: refused a renewed certificate; keeping the current one", "error", err)
+		return nil
+	}
 	id.KeyDER, id.CertDER, id.NotAfter = key, r.GetCertificateDer(), r.GetNotAfter().AsTime()
 	if err := s.a.cfg.Store.SetIdentity(id); err != nil {
 		return err
