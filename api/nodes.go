@@ -32,6 +32,13 @@ type JoinToken struct {
 	Token  string `json:"token,omitempty"`
 }
 
+// ForReplay is what an idempotent replay of joinTokens.create answers, and so all the
+// idempotency record may keep: the token without its secret, which is shown once.
+func (t JoinToken) ForReplay() any {
+	t.Token = ""
+	return t
+}
+
 // Limits of join tokens.
 const (
 	DefaultJoinTokenTTL = 24 * time.Hour

@@ -155,3 +155,26 @@ func TestJoinPinsTheCA(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestJoinTokenIsNotKeptForReplay: the idempotency record of joinTokens.create must not hold
+// the token (anyone who can read the table could join machines); a replay answers the token's
+// record without it.
+//
+// It needs the envelope to store ForReplay() of an output that has one (api.JoinToken does)
+// instead of the output itself; until then it is skipped. See the report of branch h/bcdjoin.
+func TestJoinTokenIsNotKeptForReplay(t *testing.T) {
+	t.Skip("needs internal/envelope to store the output's ForReplay() in compute.idempotency_keys (issue 10, item 18)")
+	p := newJoinPlane(t)
+	ctx := api.WithIdempotencyKey(p.ctx, "jt-1")
+	first, err := p.env.Compute.API.JoinTokens.Create(ctx, p.env.RootKey, api.CreateJoinToken{Pool: "p"})
+	if err != nil || first.Token == "" {
+		t.Fatalf("create: %+v, %v", first, err)
+	}
+	if n := p.count(t, `SELECT count(*) FROM compute.idempotency_keys WHERE position($1 in convert_from(response::text::bytea, 'UTF8')) > 0`, first.Token); n != 0 {
+		t.Fatal("the idempotency record keeps the join token in plain text")
+	}
+	again, err := p.env.Compute.API.JoinTokens.Create(ctx, p.env.RootKey, api.CreateJoinToken{Pool: "p"})
+	if err != nil || again.ID != first.ID || again.Token != "" {
+		t.Fatalf("replay: %+v, %v; want the same token's record without the token", again, err)
+	}
+}
