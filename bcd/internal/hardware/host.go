@@ -116,6 +116,14 @@ func (m *Machine) Inventory(context.Context) (*agentv1.Inventory, error) {
 // ResetGPU implements nodeagent.Hardware with nvidia-smi: NVML has no public call for a full GPU
 // reset.
 func (m *Machine) ResetGPU(ctx context.Context, index int) error {
+	known := false
+	gpus, _ := m.GPUs.Inventory()
+	for _, g := range gpus {
+		known = known || int(g.GetIndex()) == index
+	}
+	if !known {
+		return fmt.Errorf("gpu.reset: this node has no GPU %d", index)
+	}
 	path, err := exec.LookPath("nvidia-smi")
 	if err != nil {
 		return errors.New("gpu.reset needs nvidia-smi, which is not on PATH")
