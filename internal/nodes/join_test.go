@@ -18,7 +18,7 @@ type joinPlane struct {
 	ctx context.Context
 }
 
-func newJoinPlane(t *testing.T) *joinPlane {
+func newJoinPlane(t testing.TB) *joinPlane {
 	env := computetest.New(t, computetest.Options{})
 	p := &joinPlane{env: env, url: env.Server(t), ctx: context.Background()}
 	if _, err := env.Compute.API.Pools.Create(p.ctx, env.RootKey, api.CreatePool{Name: "p"}); err != nil {
@@ -42,7 +42,7 @@ func (p *joinPlane) join(jt api.JoinToken, secret []byte) (nodeagent.Identity, e
 		Facts: &agentv1.MachineFacts{Hostname: "gpu-1", MachineId: "0123456789abcdef"}})
 }
 
-func (p *joinPlane) count(t *testing.T, q string, args ...any) int {
+func (p *joinPlane) count(t testing.TB, q string, args ...any) int {
 	t.Helper()
 	var n int
 	if err := p.env.DB.Pool.QueryRow(p.ctx, q, args...).Scan(&n); err != nil {
