@@ -71,8 +71,8 @@ type Converger struct {
 const MaxHolderLength = 200
 
 var (
-	nameRE    = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.:-]*$`)
-	migRE     = regexp.MustCompile(`^[0-9]+g\.[0-9]+gb(\+me)?$`)
+	nameRE   = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.:-]*$`)
+	migRE    = regexp.MustCompile(`^[0-9]+g\.[0-9]+gb(\+me)?$`)
 	cpusetRE = regexp.MustCompile(`^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$`)
 )
 
