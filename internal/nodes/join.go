@@ -163,11 +163,11 @@ var ErrTakeoverProof = errors.New("takeover needs proof")
 // it holds a join token an operator issued for that node. A name and a machine id are not proof:
 // anyone can read them. The old node's certificates are revoked.
 func admit(ctx context.Context, tx pgx.Tx, c claim) (string, error) {
-	var id, state string
+	var id, state, machine string
 	var stored []byte
-	err := tx.QueryRow(ctx, `SELECT n.id::text, n.state, s.secret_hash FROM compute.nodes n
+	err := tx.QueryRow(ctx, `SELECT n.id::text, n.state, coalesce(n.facts->>'machineId', ''), s.secret_hash FROM compute.nodes n
 		LEFT JOIN compute.node_takeover_secrets s ON s.node_id = n.id
-		WHERE n.pool_id = $1 AND n.name = $2 FOR UPDATE OF n`, c.pool, c.name).Scan(&id, &state, &stored)
+		WHERE n.pool_id = $1 AND n.name = $2 FOR UPDATE OF n`, c.pool, c.name).Scan(&id, &state, &machine, &stored)
 	f := c.facts
 	factMap := map[string]any{"hostname": f.GetHostname(), "machineId": f.GetMachineId(), "os": f.GetOs(),
 		"kernel": f.GetKernel(), "arch": f.GetArch(), "agentVersion": f.GetAgentVersion()}
@@ -185,6 +185,9 @@ func admit(ctx context.Context, tx pgx.Tx, c claim) (string, error) {
 		return "", err
 	case state == "retired":
 		return "", connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("the pool has a retired node named %q; give this machine another hostname", c.name))
+	case c.scoped == nil && (machine == "" || machine != f.GetMachineId()):
+		// Another machine: a name clash, not a takeover (a takeover token may still move the name).
+		return "", connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("the pool already has a node named %q (another machine); give this machine another hostname", c.name))
 	case c.scoped != nil && *c.scoped != id:
 		return "", connect.NewError(connect.CodePermissionDenied, fmt.Errorf("this join token only takes over node %s, not %s (%s)", *c.scoped, c.name, id))
 	case c.scoped == nil && !secretMatches(stored, c.secret):
