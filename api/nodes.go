@@ -25,7 +25,18 @@ type JoinToken struct {
 	RevokedAt   *time.Time `json:"revokedAt,omitempty"`
 	CreatedBy   string     `json:"createdBy"`
 	CreatedAt   time.Time  `json:"createdAt"`
-	Token       string     `json:"token,omitempty"`
+	// NodeID is set on a takeover token: it admits only a machine taking over that node.
+	NodeID string `json:"nodeId,omitempty"`
+	// CAHash pins the machine CA (sha256:… of its public key, kubeadm's form): bcd join --ca-hash.
+	CAHash string `json:"caHash,omitempty"`
+	Token  string `json:"token,omitempty"`
+}
+
+// ForReplay is what an idempotent replay of joinTokens.create answers, and so all the
+// idempotency record may keep: the token without its secret, which is shown once.
+func (t JoinToken) ForReplay() any {
+	t.Token = ""
+	return t
 }
 
 // Limits of join tokens.
@@ -42,12 +53,20 @@ type CreateJoinToken struct {
 	MaxUses     int    `json:"maxUses,omitempty"` // default 1: single use
 	TTL         string `json:"ttl,omitempty"`     // default 24h, at most 720h
 	Description string `json:"description,omitempty"`
+	// Node makes a takeover token: it admits only a machine that takes over this node of the
+	// pool (its id or name), e.g. one reinstalled and without its old journal.
+	Node string `json:"node,omitempty"`
 }
 
 // Validate implements the input check.
 func (in CreateJoinToken) Validate() error {
 	if err := ValidateRef("pool", in.Pool); err != nil {
 		return err
+	}
+	if in.Node != "" {
+		if err := ValidateRef("node", in.Node); err != nil {
+			return err
+		}
 	}
 	if in.MaxUses < 0 || in.MaxUses > MaxJoinTokenUses {
 		return InvalidField("maxUses", "must be between 1 and %d, got %d", MaxJoinTokenUses, in.MaxUses)

@@ -132,7 +132,8 @@ func signals() (context.Context, context.CancelFunc) {
 }
 
 func joinCmd(s *settings) *cobra.Command {
-	var url, token, hostname string
+	var url, token, hostname, caHash string
+	var rejoin bool
 	c := &cobra.Command{
 		Use:   "join --url URL --token TOKEN",
 		Short: "Join this server to a control plane with a join token",
@@ -152,15 +153,26 @@ token may also come from $BCD_JOIN_TOKEN.`,
 				return err
 			}
 			defer j.Close()
+			var secret []byte
 			if id, ok, _ := j.Identity(); ok {
-				return fmt.Errorf("this node already joined as %s (%s); to join again, move %s aside", id.NodeName, id.NodeID, j.Path())
+				if !rejoin {
+					return fmt.Errorf("this node already joined as %s (%s); to join it again (e.g. its certificate expired), run bcd join --rejoin", id.NodeName, id.NodeID)
+				}
+				secret = id.TakeoverSecret
+				if hostname == "" {
+					hostname = id.NodeName
+				}
 			}
 			if hostname == "" {
 				hostname, _ = os.Hostname()
 			}
+			if caHash == "" {
+				fmt.Fprintln(cmd.ErrOrStderr(), "bcd: warning: no --ca-hash; the machine CA the server sends is trusted unchecked (the join token's answer prints the hash)")
+			}
 			ctx, cancel := signals()
 			defer cancel()
-			id, err := nodeagent.Join(ctx, nil, url, token, &agentv1.MachineFacts{Hostname: hostname, MachineId: machineID(), Os: "linux", AgentVersion: version})
+			id, err := nodeagent.JoinWith(ctx, nodeagent.JoinOptions{URL: url, Token: token, CAHash: caHash, TakeoverSecret: secret,
+				Facts: &agentv1.MachineFacts{Hostname: hostname, MachineId: machineID(), Os: "linux", AgentVersion: version}})
 			if err != nil {
 				return err
 			}
@@ -174,6 +186,8 @@ token may also come from $BCD_JOIN_TOKEN.`,
 	c.Flags().StringVar(&url, "url", "", "the control plane's API URL, e.g. https://compute.example.com")
 	c.Flags().StringVar(&token, "token", "", "the join token (bcjoin_…)")
 	c.Flags().StringVar(&hostname, "hostname", "", "the node's name (default: the machine's hostname)")
+	c.Flags().StringVar(&caHash, "ca-hash", "", "the machine CA's pin, sha256:… as printed with the join token; the join is refused if the server's CA differs")
+	c.Flags().BoolVar(&rejoin, "rejoin", false, "join again as the node this journal holds, proving it with the journal's takeover secret")
 	return c
 }
 

@@ -436,7 +436,10 @@ func (s *nodeSession) execute(ctx context.Context, c *agentv1.Command) {
 
 func (s *nodeSession) carryOut(ctx context.Context, c *agentv1.Command) (map[string]any, error) {
 	hw := s.a.cfg.Hardware
-	args := c.GetArgs().AsMap()
+	args, err := DecodeArgs(c.GetKind(), c.GetArgs())
+	if err != nil {
+		return nil, err
+	}
 	switch c.GetKind() {
 	case "inventory.refresh":
 		if err := s.sendInventory(ctx); err != nil {
@@ -445,11 +448,7 @@ func (s *nodeSession) carryOut(ctx context.Context, c *agentv1.Command) (map[str
 		inv, _ := hw.Inventory(ctx)
 		return map[string]any{"gpus": len(inv.GetGpus())}, nil
 	case "gpu.reset":
-		idx, ok := args["gpu"].(float64)
-		if !ok {
-			return nil, errors.New("gpu.reset needs args.gpu")
-		}
-		force, _ := args["force"].(bool)
+		idx, force := args.GPU, args.Force
 		if holder := s.holderOf(int(idx)); holder != "" && !force {
 			return nil, fmt.Errorf("GPU %d is held by %s; refusing to reset it without force", int(idx), holder)
 		}
@@ -462,12 +461,7 @@ func (s *nodeSession) carryOut(ctx context.Context, c *agentv1.Command) (map[str
 	case "health.check":
 		return hw.HealthCheck(ctx)
 	case "diag.run":
-		test, _ := args["test"].(string)
-		if test == "" {
-			test = "quick"
-		}
-		secs, _ := args["seconds"].(float64)
-		return hw.Diag(ctx, test, int(secs))
+		return hw.Diag(ctx, args.Test, args.Seconds)
 	}
 	return nil, fmt.Errorf("unknown command kind %q", c.GetKind())
 }
@@ -524,6 +518,10 @@ func (s *nodeSession) renewed(r *agentv1.Renewed) error {
 	id, ok, err := s.a.cfg.Store.Identity()
 	if err != nil || !ok {
 		return err
+	}
+	if err := checkRenewed(id, key, r); err != nil {
+		s.a.cfg.Logger.Warn("nodeagent: refused a renewed certificate; keeping the current one", "error", err)
+		return nil
 	}
 	id.KeyDER, id.CertDER, id.NotAfter = key, r.GetCertificateDer(), r.GetNotAfter().AsTime()
 	if err := s.a.cfg.Store.SetIdentity(id); err != nil {

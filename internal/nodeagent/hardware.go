@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	agentv1 "github.com/better-compute/compute/agent/v1"
@@ -206,4 +208,74 @@ func (c *RecordingConverger) Last() *agentv1.DesiredState {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.last
+}
+
+// MaxGPUIndex bounds a GPU index in a command: no machine has more GPUs.
+const MaxGPUIndex = 1023
+
+// MaxDiagSeconds bounds how long a diag.run may be asked to take.
+const MaxDiagSeconds = 24 * 3600
+
+// CommandArgs are a command's arguments as the node reads them, checked.
+type CommandArgs struct {
+	GPU     int    // gpu.reset
+	Force   bool   // gpu.reset
+	Test    string // diag.run: quick, medium or long
+	Seconds int    // diag.run
+}
+
+// DecodeArgs reads the arguments of a command of kind. The control plane validates them too;
+// the node does not rely on it: a wrong type, a fraction, a negative or huge index, or an unknown
+// test is an error naming the argument. Keys it does not know are ignored (a newer server).
+func DecodeArgs(kind string, args *structpb.Struct) (CommandArgs, error) {
+	m := args.GetFields()
+	var a CommandArgs
+	switch kind {
+	case "gpu.reset":
+		v, ok := m["gpu"]
+		if !ok {
+			return a, errors.New("gpu.reset needs args.gpu")
+		}
+		n, err := intArg("gpu", v, 0, MaxGPUIndex)
+		if err != nil {
+			return a, err
+		}
+		a.GPU = n
+		if f, ok := m["force"]; ok {
+			b, isBool := f.GetKind().(*structpb.Value_BoolValue)
+			if !isBool {
+				return a, errors.New("args.force must be true or false")
+			}
+			a.Force = b.BoolValue
+		}
+	case "diag.run":
+		a.Test = "quick"
+		if t, ok := m["test"]; ok {
+			sv, isStr := t.GetKind().(*structpb.Value_StringValue)
+			if !isStr || (sv.StringValue != "quick" && sv.StringValue != "medium" && sv.StringValue != "long") {
+				return a, errors.New("args.test must be quick, medium or long")
+			}
+			a.Test = sv.StringValue
+		}
+		if v, ok := m["seconds"]; ok {
+			n, err := intArg("seconds", v, 0, MaxDiagSeconds)
+			if err != nil {
+				return a, err
+			}
+			a.Seconds = n
+		}
+	}
+	return a, nil
+}
+
+func intArg(name string, v *structpb.Value, lo, hi int) (int, error) {
+	nv, ok := v.GetKind().(*structpb.Value_NumberValue)
+	if !ok {
+		return 0, fmt.Errorf("args.%s must be a number", name)
+	}
+	f := nv.NumberValue
+	if math.IsNaN(f) || f != math.Trunc(f) || f < float64(lo) || f > float64(hi) {
+		return 0, fmt.Errorf("args.%s must be a whole number from %d to %d, got %v", name, lo, hi, f)
+	}
+	return int(f), nil
 }

@@ -23,6 +23,9 @@ type Identity struct {
 	Gateways []string  `json:"gateways"`
 	NotAfter time.Time `json:"notAfter"`
 	URL      string    `json:"url,omitempty"` // the control plane's API, which the node joined through
+	// TakeoverSecret proves that this node is the one that joined, should it have to join again
+	// under its name; the server keeps only its hash.
+	TakeoverSecret []byte `json:"takeoverSecret,omitempty"`
 }
 
 // Store is the agent's journal: what must survive a restart or a cut connection. Every method

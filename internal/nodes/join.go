@@ -2,11 +2,17 @@ package nodes
 
 import (
 	"context"
+	"crypto/sha256"
+	"crypto/subtle"
 	"crypto/x509"
+	"encoding/asn1"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"regexp"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"connectrpc.com/connect"
 	"github.com/jackc/pgx/v5"
@@ -40,24 +46,29 @@ func (m *Module) Join(ctx context.Context, req *agentv1.JoinRequest) (*agentv1.J
 	if err := csr.CheckSignature(); err != nil {
 		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("csr_der: its signature does not verify: %w", err))
 	}
+	name, err := checkFacts(req.GetFacts())
+	if err != nil {
+		return nil, connect.NewError(connect.CodeInvalidArgument, err)
+	}
 	facts := req.GetFacts()
-	name := strings.ToLower(facts.GetHostname())
-	if !nodeNameRE.MatchString(name) {
-		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("facts.hostname: %q is not a usable node name (letters, digits and '._-')", facts.GetHostname()))
+	secret, err := TakeoverSecret(csr)
+	if err != nil {
+		return nil, connect.NewError(connect.CodeInvalidArgument, err)
 	}
 	var resp *agentv1.JoinResponse
 	err = rt.DB.Tx(ctx, func(tx pgx.Tx) error {
 		var pool, tenant string
+		var scoped *string
 		err := tx.QueryRow(ctx, `UPDATE compute.join_tokens SET uses_left = uses_left - 1
 			WHERE token_hash = $1 AND uses_left > 0 AND revoked_at IS NULL AND expires_at > compute.compute_now()
-			RETURNING pool_id::text, tenant_id`, hashToken(req.GetToken())).Scan(&pool, &tenant)
+			RETURNING pool_id::text, tenant_id, node_id::text`, hashToken(req.GetToken())).Scan(&pool, &tenant, &scoped)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return connect.NewError(connect.CodeUnauthenticated, joinError(ctx, tx, req.GetToken()))
 		}
 		if err != nil {
 			return err
 		}
-		nodeID, err := admit(ctx, tx, pool, name, facts)
+		nodeID, err := admit(ctx, tx, claim{pool: pool, name: name, facts: facts, secret: secret, scoped: scoped})
 		if err != nil {
 			return err
 		}
@@ -92,26 +103,133 @@ func (m *Module) Join(ctx context.Context, req *agentv1.JoinRequest) (*agentv1.J
 	return resp, nil
 }
 
-// admit creates the node, or takes over the node of the same name when it is the same machine
-// (same machine id) joining again, e.g. after losing its journal: its old certificates are revoked.
-func admit(ctx context.Context, tx pgx.Tx, pool, name string, facts *agentv1.MachineFacts) (string, error) {
+// MaxFactLength bounds each machine fact: they are stored and shown, never trusted.
+const MaxFactLength = 256
+
+// checkFacts validates what a joining machine says about itself and returns the node name.
+func checkFacts(f *agentv1.MachineFacts) (string, error) {
+	name := strings.ToLower(f.GetHostname())
+	if !nodeNameRE.MatchString(name) {
+		return "", fmt.Errorf("facts.hostname: %q is not a usable node name (letters, digits and '._-')", f.GetHostname())
+	}
+	for field, v := range map[string]string{"facts.machine_id": f.GetMachineId(), "facts.os": f.GetOs(), "facts.kernel": f.GetKernel(),
+		"facts.arch": f.GetArch(), "facts.agent_version": f.GetAgentVersion()} {
+		if len(v) > MaxFactLength {
+			return "", fmt.Errorf("%s: longer than %d bytes", field, MaxFactLength)
+		}
+		if !utf8.ValidString(v) || strings.ContainsFunc(v, unicode.IsControl) {
+			return "", fmt.Errorf("%s: must be printable UTF-8 text", field)
+		}
+	}
+	return name, nil
+}
+
+// TakeoverOID names the CSR extension in which a node sends its takeover secret (the bytes it
+// keeps in its journal). It must equal the one internal/nodeagent writes. A CSR is the carrier
+// because its signature binds the secret to the key being certified.
+var TakeoverOID = asn1.ObjectIdentifier{1, 3, 6, 1, 4, 1, 59436, 1, 1}
+
+// Takeover secrets are this long; a shorter one is refused rather than hashed.
+const takeoverSecretLen = 32
+
+// TakeoverSecret returns the takeover secret a CSR carries, or nil when it carries none.
+func TakeoverSecret(csr *x509.CertificateRequest) ([]byte, error) {
+	for _, e := range csr.Extensions {
+		if !e.Id.Equal(TakeoverOID) {
+			continue
+		}
+		var secret []byte
+		if rest, err := asn1.Unmarshal(e.Value, &secret); err != nil || len(rest) != 0 || len(secret) != takeoverSecretLen {
+			return nil, fmt.Errorf("csr_der: the takeover secret extension must be an OCTET STRING of %d bytes", takeoverSecretLen)
+		}
+		return secret, nil
+	}
+	return nil, nil
+}
+
+// claim is what a join asks for: a name in a pool, with what it can prove.
+type claim struct {
+	pool, name string
+	facts      *agentv1.MachineFacts
+	secret     []byte  // the takeover secret from the CSR, if any
+	scoped     *string // the node a takeover token was issued for, if it was
+}
+
+// ErrTakeoverProof is why a join under an existing node's name is refused without proof.
+var ErrTakeoverProof = errors.New("takeover needs proof")
+
+// admit creates the node, or takes over the node of the same name when the joiner proves it may:
+// it sends the takeover secret the node was given at its first join (kept in bcd's journal), or
+// it holds a join token an operator issued for that node. A name and a machine id are not proof:
+// anyone can read them. The old node's certificates are revoked.
+func admit(ctx context.Context, tx pgx.Tx, c claim) (string, error) {
 	var id, state, machine string
-	err := tx.QueryRow(ctx, `SELECT id::text, state, coalesce(facts->>'machineId', '') FROM compute.nodes WHERE pool_id = $1 AND name = $2 FOR UPDATE`, pool, name).
-		Scan(&id, &state, &machine)
-	factMap := map[string]any{"hostname": facts.GetHostname(), "machineId": facts.GetMachineId(), "os": facts.GetOs(),
-		"kernel": facts.GetKernel(), "arch": facts.GetArch(), "agentVersion": facts.GetAgentVersion()}
+	var stored []byte
+	err := tx.QueryRow(ctx, `SELECT n.id::text, n.state, coalesce(n.facts->>'machineId', ''), s.secret_hash FROM compute.nodes n
+		LEFT JOIN compute.node_takeover_secrets s ON s.node_id = n.id
+		WHERE n.pool_id = $1 AND n.name = $2 FOR UPDATE OF n`, c.pool, c.name).Scan(&id, &state, &machine, &stored)
+	f := c.facts
+	factMap := map[string]any{"hostname": f.GetHostname(), "machineId": f.GetMachineId(), "os": f.GetOs(),
+		"kernel": f.GetKernel(), "arch": f.GetArch(), "agentVersion": f.GetAgentVersion()}
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		n, err := fleet.InsertNode(ctx, tx, fleet.NewNode{PoolID: pool, Name: name, Facts: factMap})
-		return n.ID, err
+		if c.scoped != nil {
+			return "", connect.NewError(connect.CodePermissionDenied, fmt.Errorf("this join token only takes over node %s; the pool has no node named %q", *c.scoped, c.name))
+		}
+		n, err := fleet.InsertNode(ctx, tx, fleet.NewNode{PoolID: c.pool, Name: c.name, Facts: factMap})
+		if err != nil {
+			return "", err
+		}
+		return n.ID, setTakeoverSecret(ctx, tx, n.ID, c.secret)
 	case err != nil:
 		return "", err
-	case state == "retired" || machine == "" || machine != facts.GetMachineId():
-		return "", connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("the pool already has a node named %q (a different machine, or retired); give this machine another hostname", name))
+	case state == "retired":
+		return "", connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("the pool has a retired node named %q; give this machine another hostname", c.name))
+	case c.scoped == nil && (machine == "" || machine != f.GetMachineId()):
+		// Another machine: a name clash, not a takeover (a takeover token may still move the name).
+		return "", connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("the pool already has a node named %q (another machine); give this machine another hostname", c.name))
+	case c.scoped != nil && *c.scoped != id:
+		return "", connect.NewError(connect.CodePermissionDenied, fmt.Errorf("this join token only takes over node %s, not %s (%s)", *c.scoped, c.name, id))
+	case c.scoped == nil && !secretMatches(stored, c.secret):
+		return "", connect.NewError(connect.CodePermissionDenied, fmt.Errorf(
+			"%w: the pool already has a node named %q (%s). If this machine is that node, join with the journal it joined with "+
+				"(bcd join --rejoin) or with a takeover token for it (joinTokens create --node %s); otherwise give this machine another hostname",
+			ErrTakeoverProof, c.name, id, id))
 	}
 	if _, err := pki.RevokeNode(ctx, tx, id); err != nil {
 		return "", err
 	}
-	_, err = tx.Exec(ctx, `UPDATE compute.nodes SET facts = $2, updated_at = compute.compute_now() WHERE id = $1`, id, factMap)
-	return id, err
+	if _, err = tx.Exec(ctx, `UPDATE compute.nodes SET facts = $2, updated_at = compute.compute_now() WHERE id = $1`, id, factMap); err != nil {
+		return "", err
+	}
+	// A takeover token spends the old secret: only the new joiner's holds from now on.
+	if _, err := tx.Exec(ctx, `DELETE FROM compute.node_takeover_secrets WHERE node_id = $1`, id); err != nil {
+		return "", err
+	}
+	return id, setTakeoverSecret(ctx, tx, id, c.secret)
+}
+
+func secretMatches(stored, secret []byte) bool {
+	if len(stored) == 0 || len(secret) == 0 {
+		return false
+	}
+	h := sha256.Sum256(secret)
+	return subtle.ConstantTimeCompare(stored, h[:]) == 1
+}
+
+func setTakeoverSecret(ctx context.Context, tx pgx.Tx, node string, secret []byte) error {
+	if len(secret) == 0 {
+		return nil
+	}
+	h := sha256.Sum256(secret)
+	_, err := tx.Exec(ctx, `INSERT INTO compute.node_takeover_secrets (node_id, secret_hash) VALUES ($1, $2)
+		ON CONFLICT (node_id) DO UPDATE SET secret_hash = excluded.secret_hash`, node, h[:])
+	return err
+}
+
+// CAHash is the pin of a CA certificate, kubeadm's form: "sha256:" and the hex SHA-256 of its
+// SubjectPublicKeyInfo. A joining node compares it before trusting the CA it is sent.
+func CAHash(ca *x509.Certificate) string {
+	h := sha256.Sum256(ca.RawSubjectPublicKeyInfo)
+	return "sha256:" + hex.EncodeToString(h[:])
 }

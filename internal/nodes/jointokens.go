@@ -29,15 +29,29 @@ func hashToken(t string) []byte {
 	return h[:]
 }
 
-const joinTokenColumns = `id::text, tenant_id, pool_id::text, description, hint, max_uses, uses_left, expires_at, revoked_at, created_by, created_at`
+const joinTokenColumns = `id::text, tenant_id, pool_id::text, description, hint, max_uses, uses_left, expires_at, revoked_at, created_by, created_at, coalesce(node_id::text, '')`
 
 func scanJoinToken(row pgx.Row) (api.JoinToken, error) {
 	var t api.JoinToken
-	err := row.Scan(&t.ID, &t.TenantID, &t.PoolID, &t.Description, &t.Hint, &t.MaxUses, &t.UsesLeft, &t.ExpiresAt, &t.RevokedAt, &t.CreatedBy, &t.CreatedAt)
+	err := row.Scan(&t.ID, &t.TenantID, &t.PoolID, &t.Description, &t.Hint, &t.MaxUses, &t.UsesLeft, &t.ExpiresAt, &t.RevokedAt, &t.CreatedBy, &t.CreatedAt, &t.NodeID)
 	return t, err
 }
 
-func registerJoinTokens(r *modules.Registry) {
+// takeoverNode resolves the node a takeover token is for, in the token's pool.
+func takeoverNode(ctx context.Context, tx pgx.Tx, pool, ref string) (*string, error) {
+	if ref == "" {
+		return nil, nil
+	}
+	var id string
+	err := tx.QueryRow(ctx, `SELECT id::text FROM compute.nodes WHERE pool_id = $1 AND state <> 'retired'
+		AND (name = $2 OR id::text = $2)`, pool, strings.ToLower(ref)).Scan(&id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, api.InvalidField("node", "the pool has no node %q that could be taken over (it must exist and not be retired)", ref)
+	}
+	return &id, err
+}
+
+func registerJoinTokens(r *modules.Registry, m *Module) {
 	modules.Handle(r, api.JoinTokensCreate, nil, func(ctx context.Context, c *modules.Call, in api.CreateJoinToken) (api.JoinToken, error) {
 		pool, err := fleet.PoolID(ctx, c.Tx, c.Target.TenantID, in.Pool)
 		if err != nil {
@@ -48,11 +62,18 @@ func registerJoinTokens(r *modules.Registry) {
 			ttl, _ = api.ParseDuration("ttl", in.TTL)
 		}
 		uses := max(in.MaxUses, 1)
+		node, err := takeoverNode(ctx, c.Tx, pool, in.Node)
+		if err != nil {
+			return api.JoinToken{}, err
+		}
 		token := newJoinToken()
-		t, err := scanJoinToken(c.Tx.QueryRow(ctx, `INSERT INTO compute.join_tokens (id, tenant_id, pool_id, token_hash, hint, description, max_uses, uses_left, expires_at, created_by)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $7, compute.compute_now() + make_interval(secs => $8), $9) RETURNING `+joinTokenColumns,
-			fleet.NewID(), c.Target.TenantID, pool, hashToken(token), token[len(token)-6:], in.Description, uses, ttl.Seconds(), c.Principal.ID))
+		t, err := scanJoinToken(c.Tx.QueryRow(ctx, `INSERT INTO compute.join_tokens (id, tenant_id, pool_id, token_hash, hint, description, max_uses, uses_left, expires_at, created_by, node_id)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $7, compute.compute_now() + make_interval(secs => $8), $9, $10) RETURNING `+joinTokenColumns,
+			fleet.NewID(), c.Target.TenantID, pool, hashToken(token), token[len(token)-6:], in.Description, uses, ttl.Seconds(), c.Principal.ID, node))
 		t.Token = token
+		if a, aerr := m.Authority(); aerr == nil {
+			t.CAHash = CAHash(a.Certificate())
+		}
 		return t, err
 	})
 

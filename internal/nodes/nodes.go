@@ -77,7 +77,7 @@ func (m *Module) Register(r *modules.Registry) error {
 		return nil
 	})
 	r.Worker(modules.Worker{Name: "nodes", Modes: []string{"worker"}, Run: m.runWorker})
-	registerJoinTokens(r)
+	registerJoinTokens(r, m)
 	registerLifecycle(r)
 	registerCommands(r)
 	return nil

@@ -5,9 +5,12 @@ package embedded
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/user"
@@ -47,6 +50,7 @@ type Cluster struct {
 	dataDir   string
 	port      int
 	ephemeral bool
+	password  string // the superuser's, generated at initdb; the server refuses connections without it
 	cmd       *exec.Cmd
 	exited    chan struct{}
 	waitErr   error
@@ -89,11 +93,17 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		c.cleanup()
 		return nil, err
 	}
+	legacy := false
 	if _, err := os.Stat(filepath.Join(c.dataDir, "PG_VERSION")); errors.Is(err, os.ErrNotExist) {
 		if err := c.initdb(ctx, bin, runAs); err != nil {
 			c.cleanup()
 			return nil, err
 		}
+	} else if c.password, err = readPassword(c.dataDir); errors.Is(err, os.ErrNotExist) {
+		legacy = true // made before clusters had a password: it trusts loopback until secured below
+	} else if err != nil {
+		c.cleanup()
+		return nil, err
 	}
 	// A free port can be taken between our check and the server's bind; try a few.
 	for attempt := 0; ; attempt++ {
@@ -102,7 +112,13 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 			break
 		}
 	}
+	if err == nil && legacy {
+		err = c.secure(ctx)
+	}
 	if err != nil {
+		if c.cmd != nil {
+			_ = c.Stop(ctx)
+		}
 		c.cleanup()
 		return nil, err
 	}
@@ -115,9 +131,14 @@ func (c *Cluster) Port() int { return c.port }
 // DataDir is the cluster's data directory.
 func (c *Cluster) DataDir() string { return c.dataDir }
 
-// URL returns a connection URL for database as the superuser.
+// URL returns a connection URL for database as the superuser, with its password.
 func (c *Cluster) URL(database string) string {
-	return fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s?sslmode=disable", Superuser, c.port, database)
+	u := url.URL{Scheme: "postgres", User: url.UserPassword(Superuser, c.password), Host: fmt.Sprintf("127.0.0.1:%d", c.port),
+		Path: "/" + database, RawQuery: "sslmode=disable"}
+	if c.password == "" {
+		u.User = url.User(Superuser)
+	}
+	return u.String()
 }
 
 // Stop shuts the server down (fast shutdown: open sessions are ended) and, for an ephemeral
@@ -199,12 +220,92 @@ func (c *Cluster) command(ctx context.Context, a *account, name string, args ...
 	return cmd
 }
 
+// initdb makes the cluster with a generated superuser password and scram-sha-256 for every
+// connection: any local user can reach a loopback port, so none is trusted.
 func (c *Cluster) initdb(ctx context.Context, bin string, a *account) error {
+	c.password = newPassword()
+	// The password file must not be in the data directory (initdb wants it empty) and must be
+	// readable by the server's user only.
+	pw, err := os.CreateTemp("", "better-compute-pw-")
+	if err != nil {
+		return fmt.Errorf("embedded: password file: %w", err)
+	}
+	defer os.Remove(pw.Name())
+	_, err = pw.WriteString(c.password + "\n")
+	if cerr := pw.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil && a != nil {
+		err = os.Chown(pw.Name(), int(a.uid), int(a.gid))
+	}
+	if err != nil {
+		return fmt.Errorf("embedded: password file: %w", err)
+	}
 	cmd := c.command(ctx, a, filepath.Join(bin, "initdb"),
-		"-D", c.dataDir, "-U", Superuser, "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync")
+		"-D", c.dataDir, "-U", Superuser, "-A", "scram-sha-256", "--pwfile", pw.Name(), "-E", "UTF8", "--locale=C", "--no-sync")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("embedded: initdb failed: %w\n%s", err, out)
 	}
+	return writePassword(c.dataDir, c.password)
+}
+
+// passwordFile keeps the superuser password beside the cluster, readable by its owner only, so a
+// reused DataDir opens with it.
+const passwordFile = "better-compute.password"
+
+func newPassword() string {
+	b := make([]byte, 24)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func readPassword(dataDir string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(dataDir, passwordFile))
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
+func writePassword(dataDir, pw string) error {
+	if err := os.WriteFile(filepath.Join(dataDir, passwordFile), []byte(pw+"\n"), 0o600); err != nil {
+		return fmt.Errorf("embedded: keep the password: %w", err)
+	}
+	return nil
+}
+
+// hbaConf allows password (scram-sha-256) connections only.
+const hbaConf = `# Written by Better Compute's embedded PostgreSQL: every connection needs the password.
+local all all scram-sha-256
+host  all all 127.0.0.1/32 scram-sha-256
+host  all all ::1/128 scram-sha-256
+`
+
+// secure gives a cluster made before passwords (loopback trusted) a generated password and
+// scram-sha-256 authentication, and reloads it.
+func (c *Cluster) secure(ctx context.Context) error {
+	pw := newPassword()
+	conn, err := pgx.Connect(ctx, c.URL("postgres"))
+	if err != nil {
+		return fmt.Errorf("embedded: secure the cluster: %w", err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `SET password_encryption = 'scram-sha-256'`); err != nil {
+		return err
+	}
+	if _, err := conn.Exec(ctx, `ALTER ROLE `+Superuser+` PASSWORD '`+pw+`'`); err != nil {
+		return fmt.Errorf("embedded: set the password: %w", err)
+	}
+	if err := writePassword(c.dataDir, pw); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(c.dataDir, "pg_hba.conf"), []byte(hbaConf), 0o600); err != nil {
+		return fmt.Errorf("embedded: write pg_hba.conf: %w", err)
+	}
+	if _, err := conn.Exec(ctx, `SELECT pg_reload_conf()`); err != nil {
+		return fmt.Errorf("embedded: reload: %w", err)
+	}
+	c.password = pw
 	return nil
 }
 

@@ -3,7 +3,9 @@ package embedded_test
 import (
 	"context"
 	"errors"
+	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -92,4 +94,84 @@ func TestDataDirSurvivesRestart(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// TestLocalUsersNeedThePassword: the cluster trusts nobody on loopback: a connection without
+// its generated password, or with another, is refused; the URL it returns carries it.
+func TestLocalUsersNeedThePassword(t *testing.T) {
+	ctx := context.Background()
+	c, err := embedded.Start(ctx, embedded.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Stop(ctx)
+	good, err := url.Parse(c.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pw, ok := good.User.Password(); !ok || len(pw) < 32 {
+		t.Fatalf("the URL %s carries no generated password", good.Redacted())
+	}
+	for _, u := range []*url.Userinfo{url.User(embedded.Superuser), url.UserPassword(embedded.Superuser, "wrong"), url.User("nobody")} {
+		bad := *good
+		bad.User = u
+		if conn, err := pgx.Connect(ctx, bad.String()); err == nil {
+			conn.Close(ctx)
+			t.Fatalf("%s connected without the password", bad.Redacted())
+		}
+	}
+	conn, err := pgx.Connect(ctx, good.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn.Close(ctx)
+}
+
+// TestOldTrustClusterIsSecured: a data directory made when clusters trusted loopback (no
+// password file) gets a password and password authentication when it is started again.
+func TestOldTrustClusterIsSecured(t *testing.T) {
+	ctx := context.Background()
+	parent, err := os.MkdirTemp("", "embedded-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(parent) })
+	if err := os.Chmod(parent, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dir := parent + "/pg"
+	c, err := embedded.Start(ctx, embedded.Options{DataDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Make it what an old version left: trust on loopback and no password file.
+	trust := "local all all trust\nhost all all 127.0.0.1/32 trust\n"
+	if err := os.WriteFile(filepath.Join(dir, "pg_hba.conf"), []byte(trust), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(dir, "better-compute.password")); err != nil {
+		t.Fatal(err)
+	}
+	c, err = embedded.Start(ctx, embedded.Options{DataDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Stop(ctx)
+	u, _ := url.Parse(c.URL("postgres"))
+	if _, ok := u.User.Password(); !ok {
+		t.Fatal("the secured cluster's URL has no password")
+	}
+	u.User = url.User(embedded.Superuser)
+	if conn, err := pgx.Connect(ctx, u.String()); err == nil {
+		conn.Close(ctx)
+		t.Fatal("the old cluster still trusts loopback")
+	}
+	conn, err := pgx.Connect(ctx, c.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn.Close(ctx)
 }

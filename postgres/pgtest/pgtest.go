@@ -112,6 +112,20 @@ func start() error {
 		END IF;
 		PERFORM pg_advisory_unlock(hashtext('pgtest role'));
 	END $$`)
+	if err != nil {
+		return err
+	}
+	// A server that needs passwords (the embedded one does) gets the role the superuser's: the
+	// test binaries that share a server then agree on it.
+	if u, perr := url.Parse(serverURL); perr == nil {
+		if pw, ok := u.User.Password(); ok {
+			var stmt string
+			if err := admin.QueryRow(ctx, `SELECT format('ALTER ROLE %I PASSWORD %L', $1::text, $2::text)`, Role, pw).Scan(&stmt); err != nil {
+				return err
+			}
+			_, err = admin.Exec(ctx, stmt)
+		}
+	}
 	return err
 }
 
@@ -171,7 +185,11 @@ func open(ctx context.Context, dbURL string) (*postgres.DB, error) {
 // dbURL is the URL of database name on the test server, as Role.
 func dbURL(name string) string {
 	u, _ := url.Parse(serverURL)
-	u.User = url.User(Role)
+	if pw, ok := u.User.Password(); ok {
+		u.User = url.UserPassword(Role, pw)
+	} else {
+		u.User = url.User(Role)
+	}
 	u.Path = "/" + name
 	return u.String()
 }

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -17,6 +18,7 @@ import (
 	"strings"
 
 	agentv1 "github.com/better-compute/compute/agent/v1"
+	"github.com/better-compute/compute/api"
 )
 
 // Kind is the CDI kind of the devices bcd writes.
@@ -58,9 +60,60 @@ type Converger struct {
 	Dir string
 	// DeviceRoot is where the GPUs' device files are; default "/dev".
 	DeviceRoot string
+	// Devices returns the node's GPUs as its inventory reads them. A hold may name only these
+	// (by index and UUID together); nil means the node has none.
+	Devices func() []*agentv1.GPU
+	// Logger reports refused holds; default slog.Default().
+	Logger *slog.Logger
 }
 
-var nameRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.:-]*$`)
+// MaxHolderLength bounds a holder's name, which becomes part of a file name.
+const MaxHolderLength = 200
+
+var (
+	nameRE   = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.:-]*$`)
+	migRE    = regexp.MustCompile(`^[0-9]+g\.[0-9]+gb(\+me)?$`)
+	cpusetRE = regexp.MustCompile(`^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$`)
+)
+
+// checkHold refuses a hold whose holder cannot name a file, or that names a GPU the node does
+// not have: an index out of range, a UUID that is not that GPU's (such as "all", which a
+// runtime would read as every GPU), a MIG profile or share that is not one.
+func checkHold(h *agentv1.DeviceHold, gpus map[int32]string) error {
+	if len(h.GetHolder()) > MaxHolderLength || !nameRE.MatchString(h.GetHolder()) {
+		return fmt.Errorf("cdi: holder %q cannot name a CDI device (letters, digits, '_.:-', at most %d)", h.GetHolder(), MaxHolderLength)
+	}
+	for i, g := range h.GetGpus() {
+		uuid, ok := gpus[g.GetIndex()]
+		switch {
+		case !ok:
+			return fmt.Errorf("cdi: holder %s: gpus[%d].index %d is not a GPU of this node", h.GetHolder(), i, g.GetIndex())
+		case g.GetUuid() != uuid:
+			return fmt.Errorf("cdi: holder %s: gpus[%d].uuid %q is not the UUID of GPU %d", h.GetHolder(), i, g.GetUuid(), g.GetIndex())
+		case g.GetMigProfile() != "" && (!migRE.MatchString(g.GetMigProfile()) || g.GetMigStart() < 0 || g.GetMigStart() > 7):
+			return fmt.Errorf("cdi: holder %s: gpus[%d]: MIG profile %q at %d is not one", h.GetHolder(), i, g.GetMigProfile(), g.GetMigStart())
+		case g.GetShare() < -1 || g.GetShare() >= api.MaxTimeSliceShares:
+			return fmt.Errorf("cdi: holder %s: gpus[%d].share %d is out of range", h.GetHolder(), i, g.GetShare())
+		}
+	}
+	if h.GetCpuset() != "" && (len(h.GetCpuset()) > 1024 || !cpusetRE.MatchString(h.GetCpuset())) {
+		return fmt.Errorf("cdi: holder %s: cpuset %q is not a CPU list", h.GetHolder(), h.GetCpuset())
+	}
+	return nil
+}
+
+func (c *Converger) known() map[int32]string {
+	out := map[int32]string{}
+	if c.Devices == nil {
+		return out
+	}
+	for _, g := range c.Devices() {
+		if g.GetIndex() >= 0 && g.GetUuid() != "" {
+			out[g.GetIndex()] = g.GetUuid()
+		}
+	}
+	return out
+}
 
 // Apply implements nodeagent.Converger: a spec for each hold, none for anything else.
 func (c *Converger) Apply(_ context.Context, ds *agentv1.DesiredState) error {
@@ -69,9 +122,15 @@ func (c *Converger) Apply(_ context.Context, ds *agentv1.DesiredState) error {
 	}
 	want := map[string]bool{}
 	var errs []error
+	gpus := c.known()
+	log := c.Logger
+	if log == nil {
+		log = slog.Default()
+	}
 	for _, h := range ds.GetHolds() {
-		if !nameRE.MatchString(h.GetHolder()) {
-			errs = append(errs, fmt.Errorf("cdi: holder %q cannot name a CDI device", h.GetHolder()))
+		if err := checkHold(h, gpus); err != nil {
+			log.Warn("cdi: refused a device hold of the desired state; the others converge", "generation", ds.GetGeneration(), "error", err)
+			errs = append(errs, err)
 			continue
 		}
 		name := prefix + h.GetHolder() + ".json"

@@ -78,7 +78,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	host, _ := os.Hostname()
 	a, err := nodeagent.New(nodeagent.Config{
-		Store: j, Hardware: hw, Converger: &cdi.Converger{Dir: cfg.CDIDir}, Logger: cfg.Logger, Version: cfg.Version,
+		Store: j, Hardware: hw, Converger: &cdi.Converger{Dir: cfg.CDIDir, Devices: inv.GetGpus, Logger: cfg.Logger}, Logger: cfg.Logger, Version: cfg.Version,
 		Gateway: cfg.Gateway, Facts: &agentv1.MachineFacts{Hostname: host, MachineId: machineID(), Os: "linux", AgentVersion: cfg.Version},
 	})
 	if err != nil {

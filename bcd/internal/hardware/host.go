@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"runtime"
@@ -17,6 +18,9 @@ import (
 
 	agentv1 "github.com/better-compute/compute/agent/v1"
 )
+
+// maxMemoryKiB is more memory than any one machine has (1 PiB): a larger MemTotal is a bad read.
+const maxMemoryKiB = 1 << 40
 
 // Host reads the machine's CPUs, memory and pressure.
 type Host struct {
@@ -59,9 +63,12 @@ func (h Host) Memory() (total, available int64, err error) {
 			available = v
 		}
 	}
-	if total == 0 {
-		return 0, 0, errors.New("hardware: no MemTotal in meminfo")
+	// What the file says is checked, not trusted: a total no machine has, or an available
+	// figure outside 0..total, would reach the control plane as nonsense capacity.
+	if total <= 0 || total > maxMemoryKiB {
+		return 0, 0, fmt.Errorf("hardware: meminfo has no usable MemTotal (%d KiB)", total)
 	}
+	available = min(max(available, 0), total)
 	return total, available, sc.Err()
 }
 
@@ -79,7 +86,9 @@ func (h Host) Pressure() *agentv1.HostPressure {
 	}
 	if b, err := os.ReadFile(h.proc("loadavg")); err == nil {
 		if f := strings.Fields(string(b)); len(f) > 0 {
-			p.Load1, _ = strconv.ParseFloat(f[0], 64)
+			if l, err := strconv.ParseFloat(f[0], 64); err == nil && l >= 0 && !math.IsInf(l, 0) {
+				p.Load1 = l
+			}
 		}
 	}
 	return p
@@ -116,6 +125,14 @@ func (m *Machine) Inventory(context.Context) (*agentv1.Inventory, error) {
 // ResetGPU implements nodeagent.Hardware with nvidia-smi: NVML has no public call for a full GPU
 // reset.
 func (m *Machine) ResetGPU(ctx context.Context, index int) error {
+	known := false
+	gpus, _ := m.GPUs.Inventory()
+	for _, g := range gpus {
+		known = known || int(g.GetIndex()) == index
+	}
+	if !known {
+		return fmt.Errorf("gpu.reset: this node has no GPU %d", index)
+	}
 	path, err := exec.LookPath("nvidia-smi")
 	if err != nil {
 		return errors.New("gpu.reset needs nvidia-smi, which is not on PATH")
