@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 
 	"github.com/better-compute/compute/api"
@@ -53,7 +54,11 @@ func bodyError(err error) error {
 			Message: fmt.Sprintf("%s: must be %s, got %s", field, jsonType(typ.Type.String()), typ.Value),
 			Details: map[string]any{"reason": ReasonWrongType, "field": field}}
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
-		field := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
+		quoted := strings.TrimPrefix(err.Error(), "json: unknown field ")
+		field, uerr := strconv.Unquote(quoted) // encoding/json quotes the name with %q
+		if uerr != nil {
+			field = strings.Trim(quoted, `"`)
+		}
 		return &api.Error{Code: api.CodeInvalidArgument,
 			Message: fmt.Sprintf("unknown field %q", field),
 			Details: map[string]any{"reason": ReasonUnknownField, "field": field}}

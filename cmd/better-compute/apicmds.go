@@ -15,6 +15,7 @@ import (
 
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/client"
+	"github.com/better-compute/compute/modules"
 )
 
 // apiCommands makes a command per group and method of the method table, with flags from the
@@ -58,11 +59,9 @@ func methodCmd(p *profile, d api.Describer) *cobra.Command {
 		Long:  fmt.Sprintf("%s\n\nPOST %s, IAM action %s on %s.", info.Summary, info.Path(), info.Action, info.Resource),
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			v := reflect.New(in)
-			if raw != "" {
-				if err := json.Unmarshal([]byte(raw), v.Interface()); err != nil {
-					return usageError{fmt.Errorf("--json: %w", err)}
-				}
+			v, err := decodeInput(in, raw)
+			if err != nil {
+				return err
 			}
 			for _, b := range bindings {
 				if cmd.Flags().Changed(b.flag) {
@@ -77,6 +76,11 @@ func methodCmd(p *profile, d api.Describer) *cobra.Command {
 				}
 				f := v.Elem().FieldByName(positional)
 				f.SetString(args[0])
+			}
+			if positional != "" && v.Elem().FieldByName(positional).String() == "" {
+				// Every method that takes its resource as the argument requires it (a test checks).
+				name := kebab(positional)
+				return usageError{fmt.Errorf("%s %s needs a %s: %s %s (or --%s)", kebab(info.Group), kebab(info.Name), name, cmd.CommandPath(), strings.ToUpper(name), name)}
 			}
 			if p.URL == "" {
 				return usageError{errors.New("no control plane: pass --url or set BETTER_COMPUTE_URL")}
@@ -105,6 +109,24 @@ func methodCmd(p *profile, d api.Describer) *cobra.Command {
 	}
 	bindings = bindFields(fs, in, nil)
 	return cmd
+}
+
+// decodeInput makes a method's input from --json, decoded as strictly as the API decodes a body:
+// an unknown field, a wrong type or trailing data is a usage error naming what was wrong, never
+// silently dropped.
+func decodeInput(in reflect.Type, raw string) (reflect.Value, error) {
+	v := reflect.New(in)
+	if raw == "" {
+		return v, nil
+	}
+	if err := modules.DecodeJSON([]byte(raw), v.Interface()); err != nil {
+		var ae *api.Error
+		if errors.As(err, &ae) {
+			return v, usageError{&api.Error{Code: ae.Code, Message: "--json: " + ae.Message, Details: ae.Details}}
+		}
+		return v, usageError{fmt.Errorf("--json: %w", err)}
+	}
+	return v, nil
 }
 
 // positionalField is the input field a lone argument fills: the resource the method names

@@ -27,7 +27,7 @@ func cliRun(t *testing.T, args ...string) string {
 
 func runErr(t *testing.T, args ...string) (string, error) {
 	t.Helper()
-	root := newRoot()
+	root := newRoot(&profile{})
 	var out bytes.Buffer
 	root.SetOut(&out)
 	root.SetErr(&out)

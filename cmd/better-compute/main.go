@@ -9,46 +9,45 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/spf13/cobra"
-
-	"github.com/better-compute/compute/api"
 )
 
 // version is set at build time: -ldflags "-X main.version=v0.1.0".
 var version = "dev"
 
 func main() {
-	os.Exit(run(os.Args[1:]))
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-func run(args []string) int {
-	root := newRoot()
+// Exit codes: 0 success, 1 an error from the API or while running, 2 a mistake in the command
+// line (an unknown command or flag, a missing or extra argument, input that does not decode).
+const (
+	exitError = 1
+	exitUsage = 2
+)
+
+func run(args []string, stdout, stderr io.Writer) int {
+	p := &profile{}
+	root := newRoot(p)
 	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
 	err := root.Execute()
 	if err == nil {
 		return 0
 	}
-	var ae *api.Error
-	if errors.As(err, &ae) {
-		fmt.Fprintf(os.Stderr, "better-compute: %s: %s\n", ae.Code, ae.Message)
-		if f, ok := ae.Details["field"]; ok {
-			fmt.Fprintf(os.Stderr, "  field: %v\n", f)
-		}
-		return 1
-	}
-	fmt.Fprintln(os.Stderr, "better-compute:", err)
-	var ue usageError
-	if errors.As(err, &ue) {
-		return 2
-	}
-	return 1
+	return report(stderr, p.Output, err)
 }
 
 // usageError is a mistake in the command line.
 type usageError struct{ error }
+
+func (e usageError) Unwrap() error { return e.error }
 
 // profile is where the API calls go: flags, then $BETTER_COMPUTE_URL and
 // $BETTER_COMPUTE_API_KEY, then the config file.
@@ -66,8 +65,7 @@ func defaultConfigPath() string {
 	return filepath.Join(dir, "better-compute", "config.json")
 }
 
-func newRoot() *cobra.Command {
-	p := &profile{}
+func newRoot(p *profile) *cobra.Command {
 	var configPath string
 	root := &cobra.Command{
 		Use:   "better-compute",
@@ -96,7 +94,39 @@ config file (--config, default ` + defaultConfigPath() + `: {"url": …, "apiKey
 		root.AddCommand(g)
 	}
 	root.AddCommand(devCmd(), serveCmd(), simCmd(p), iamCmd(p), mcpCmd(p))
+	root.InitDefaultCompletionCmd()
+	strictUsage(root)
 	return root
+}
+
+// strictUsage makes every mistake in a command line a usage error: a word that names no
+// subcommand (cobra would print help and succeed) answers "unknown command" with suggestions,
+// and a wrong number of arguments is a usage error too.
+func strictUsage(c *cobra.Command) {
+	c.SuggestionsMinimumDistance = 2
+	if c.HasSubCommands() && c.Run == nil && c.RunE == nil {
+		c.Args = cobra.ArbitraryArgs
+		c.RunE = func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return cmd.Help() // the group alone: its help, as asked
+			}
+			msg := fmt.Sprintf("unknown command %q for %q", args[0], cmd.CommandPath())
+			if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+				msg += "; did you mean " + strings.Join(s, " or ") + "?"
+			}
+			return usageError{errors.New(msg)}
+		}
+	} else if check := c.Args; check != nil {
+		c.Args = func(cmd *cobra.Command, args []string) error {
+			if err := check(cmd, args); err != nil {
+				return usageError{err}
+			}
+			return nil
+		}
+	}
+	for _, sub := range c.Commands() {
+		strictUsage(sub)
+	}
 }
 
 func (p *profile) load(cmd *cobra.Command, path string) error {

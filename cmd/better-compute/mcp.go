@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -20,11 +19,16 @@ func mcpCmd(p *profile) *cobra.Command {
 		Use:   "mcp",
 		Short: "Serve the API to AI agents as MCP tools, over stdio or streamable HTTP",
 		Long: `mcp serves one MCP tool per method of the API (pools_list, reservations_create, …), with JSON schemas of
-their inputs, calling the control plane at --url with --api-key (an agent's key). Over stdio (the default)
-one agent uses it; with --http ADDR it serves streamable HTTP, and a session that sends
-Authorization: Bearer <key> acts with that key instead. A mutation that the agent's delegation reserves
-for its person answers confirmation_required with a confirmation id; once the person approves it, the
-same call runs once.`,
+their inputs, calling the control plane at --url.
+
+Over stdio (the default) one agent uses it, with --api-key (that agent's key). With --http ADDR it
+serves streamable HTTP to many agents, each with its own key: every request must send
+Authorization: Bearer <key> (401 without one), that key is the credential of every call its session
+makes, a session answers only the key that opened it, and --api-key is not used: the server lends no
+rights of its own.
+
+A mutation that the agent's delegation reserves for its person answers confirmation_required with a
+confirmation id; once the person approves it, the same call runs once.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if p.URL == "" {
@@ -46,19 +50,13 @@ same call runs once.`,
 				}
 				return s.Run(ctx, &mcp.StdioTransport{})
 			}
-			h := mcp.NewStreamableHTTPHandler(func(r *http.Request) *mcp.Server {
-				key := p.APIKey
-				if a := r.Header.Get("Authorization"); len(a) > 7 && strings.EqualFold(a[:7], "bearer ") {
-					key = strings.TrimSpace(a[7:])
-				}
-				s, err := server(key)
-				if err != nil {
-					return nil
-				}
-				return s
-			}, nil)
+			// Over HTTP each agent brings its own key: the operator's --api-key is never used, so an
+			// anonymous caller cannot borrow it.
+			h := mcptools.HTTPHandler(func(key string) (*client.Client, error) {
+				return client.New(p.URL, client.WithAPIKey(key), client.WithUserAgent("better-compute-mcp/"+version))
+			}, version)
 			srv := &http.Server{Addr: httpAddr, Handler: h, ReadHeaderTimeout: 10 * time.Second}
-			fmt.Fprintf(cmd.OutOrStdout(), "better-compute mcp: streamable HTTP on %s\n", httpAddr)
+			fmt.Fprintf(cmd.OutOrStdout(), "better-compute mcp: streamable HTTP on %s; every request needs Authorization: Bearer <API key>, the credential of its calls\n", httpAddr)
 			errc := make(chan error, 1)
 			go func() { errc <- srv.ListenAndServe() }()
 			select {

@@ -45,7 +45,8 @@ func devCmd() *cobra.Command {
 		Short: "Run the development server: the whole control plane on an embedded PostgreSQL",
 		Long: `dev runs every process mode in one process on a private PostgreSQL (or $BETTER_COMPUTE_DATABASE_URL),
 prints the API's URL and an API key with every right, and with --sim N joins N simulated machines with
-8 GPUs each into the pool "gpu". Ctrl-C stops it.`,
+8 GPUs each into the pool "gpu"; it prints all this only once their GPUs are counted and schedulable,
+so a first reservation can use them. Ctrl-C stops it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signals()
@@ -58,7 +59,7 @@ prints the API's URL and an API key with every right, and with --sim N joins N s
 			out := cmd.OutOrStdout()
 			fmt.Fprintf(out, "Better Compute devserver\n  URL:     %s\n  Gateway: %s\n  API key: %s\n", s.URL, s.Gateway, s.APIKey)
 			if o.Sim > 0 {
-				fmt.Fprintf(out, "  Nodes:   %d simulated machines with 8 H100s each, in pool %q\n", o.Sim, devserver.SimPool)
+				fmt.Fprintf(out, "  Nodes:   %d simulated machines with %d H100s each, in pool %q, schedulable\n", o.Sim, devserver.SimGPUs, devserver.SimPool)
 			}
 			fmt.Fprintf(out, "\nexport BETTER_COMPUTE_URL=%s BETTER_COMPUTE_API_KEY=%s\n", s.URL, s.APIKey)
 			<-ctx.Done()

@@ -44,6 +44,9 @@ type Options struct {
 // SimPool is the pool simulated machines join.
 const SimPool = "gpu"
 
+// SimGPUs is the GPUs of each simulated machine.
+const SimGPUs = 8
+
 // Server is a running devserver.
 type Server struct {
 	URL     string // the API's base URL, e.g. http://127.0.0.1:8080
@@ -152,7 +155,8 @@ func Start(ctx context.Context, o Options) (_ *Server, err error) {
 	return s, nil
 }
 
-// simulate joins n simulated machines into SimPool (made if missing) and waits for their sessions.
+// simulate joins n simulated machines into SimPool (made if missing) and waits until they are
+// schedulable: their sessions up and their GPUs counted.
 func (s *Server) simulate(ctx context.Context, n int) error {
 	a := s.Compute.API
 	if _, err := a.Pools.Create(ctx, s.APIKey, api.CreatePool{Name: SimPool, Description: "simulated GPU machines"}); err != nil && api.CodeOf(err) != api.CodeConflict {
@@ -162,13 +166,16 @@ func (s *Server) simulate(ctx context.Context, n int) error {
 	if err != nil {
 		return err
 	}
-	s.fleet, err = sim.Start(context.WithoutCancel(ctx), sim.Options{URL: s.URL, Token: tok.Token, Nodes: n, Logger: s.logger})
+	s.fleet, err = sim.Start(context.WithoutCancel(ctx), sim.Options{URL: s.URL, Token: tok.Token, Nodes: n, GPUs: SimGPUs, Logger: s.logger})
 	if err != nil {
 		return fmt.Errorf("devserver: simulated nodes: %w", err)
 	}
 	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	return s.fleet.WaitConnected(wctx)
+	if err := s.fleet.WaitConnected(wctx); err != nil {
+		return err
+	}
+	return s.waitSchedulable(wctx, s.fleet, SimGPUs)
 }
 
 // Stop shuts everything down in order: HTTP, background work, the pool, the database.

@@ -18,6 +18,7 @@ import (
 
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/client"
+	"github.com/better-compute/compute/modules"
 )
 
 // ToolName is the MCP tool of a method: group_method.
@@ -57,13 +58,11 @@ func New(cl *client.Client, version string) (*mcp.Server, error) {
 
 func handler(cl *client.Client, info api.MethodInfo, in reflect.Type) mcp.ToolHandler {
 	return func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-		v := reflect.New(in)
-		if args := req.Params.Arguments; len(args) > 0 && string(args) != "null" {
-			if err := json.Unmarshal(args, v.Interface()); err != nil {
-				return failure(&api.Error{Code: api.CodeInvalidArgument, Message: "arguments: " + err.Error()}), nil
-			}
+		v, bad := DecodeArguments(in, req.Params.Arguments)
+		if bad != nil {
+			return failure(bad), nil
 		}
-		raw, err := cl.Do(ctx, info, v.Elem().Interface())
+		raw, err := cl.Do(ctx, info, v)
 		if err != nil {
 			var ae *api.Error
 			if errors.As(err, &ae) {
@@ -75,6 +74,23 @@ func handler(cl *client.Client, info api.MethodInfo, in reflect.Type) mcp.ToolHa
 		_ = json.Unmarshal(raw, &structured)
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(raw)}}, StructuredContent: structured}, nil
 	}
+}
+
+// DecodeArguments makes a method's input (of type in) from a tool call's arguments, as strictly as
+// the API decodes a body: an unknown field, a wrong type or trailing data is invalid_argument
+// naming what was wrong, never silently dropped. No arguments (or null) is an empty input.
+func DecodeArguments(in reflect.Type, args json.RawMessage) (any, *api.Error) {
+	v := reflect.New(in)
+	if len(args) > 0 && string(args) != "null" {
+		if err := modules.DecodeJSON(args, v.Interface()); err != nil {
+			var ae *api.Error
+			if !errors.As(err, &ae) {
+				ae = &api.Error{Code: api.CodeInvalidArgument, Message: err.Error()}
+			}
+			return nil, &api.Error{Code: ae.Code, Message: "arguments: " + ae.Message, Details: ae.Details}
+		}
+	}
+	return v.Elem().Interface(), nil
 }
 
 // failure is a tool error the agent can read: the code, what to do, and the details (a
