@@ -125,10 +125,10 @@ func poolTarget[In any](get func(In) (tenant, pool string)) modules.TargetFunc[I
 		if tenant == "" {
 			tenant = l.Principal.TenantID
 		}
-		pool, err := resolvePool(ctx, l.Q, l.IAM, tenant, ref)
+		pool, err := resolveVisiblePool(ctx, l, tenant, ref)
 		if err != nil {
 			return modules.Target{}, err
 		}
-		return modules.Target{TenantID: tenant, ResourceID: pool.ID}, nil
+		return modules.Target{TenantID: tenant, ResourceID: pool.ID, Existing: true, Kind: "pool", Ref: ref}, nil
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -11,6 +12,7 @@ import (
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/iam"
 	"github.com/better-compute/compute/internal/fleet"
+	"github.com/better-compute/compute/modules"
 	"github.com/better-compute/compute/postgres"
 )
 
@@ -30,7 +32,27 @@ func resolvePool(ctx context.Context, q postgres.Querier, port iam.Port, tenant,
 	if err != nil {
 		return poolRef{}, fmt.Errorf("capacity: tenant path: %w", err)
 	}
+	return resolvePoolIn(ctx, q, path, ref)
+}
+
+// resolveVisiblePool is resolvePool for a target function: a tenant outside the caller's own
+// and its descendants (or no tenant at all) reads as "pool not found", in the very words a pool
+// that does not exist gets, so that a caller cannot learn whether another tenant has a pool.
+func resolveVisiblePool(ctx context.Context, l modules.Lookup, tenant, ref string) (poolRef, error) {
+	path, err := l.IAM.TenantPath(ctx, tenant)
+	if err != nil {
+		return poolRef{}, fmt.Errorf("capacity: tenant path: %w", err)
+	}
+	if !slices.Contains(path, l.Principal.TenantID) {
+		return poolRef{}, api.NotFound("pool", ref)
+	}
+	return resolvePoolIn(ctx, l.Q, path, ref)
+}
+
+// resolvePoolIn finds ref among the pools of the tenants of path, the first tenant's first.
+func resolvePoolIn(ctx context.Context, q postgres.Querier, path []string, ref string) (poolRef, error) {
 	var p poolRef
+	var err error
 	if fleet.IsID(ref) {
 		err = q.QueryRow(ctx, `SELECT id::text, tenant_id, name, compute.compute_now() FROM compute.pools WHERE id = $1 AND tenant_id = ANY($2)`, ref, path).
 			Scan(&p.ID, &p.TenantID, &p.Name, &p.Now)
