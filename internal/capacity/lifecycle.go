@@ -203,11 +203,11 @@ func preemptSpot(ctx context.Context, tx pgx.Tx, ids []string, t, now time.Time,
 	rows, err := tx.Query(ctx, `UPDATE compute.reservations SET
 		  state = CASE WHEN starts_at >= $2 OR $2 <= $3 THEN 'preempted' ELSE state END,
 		  ends_at = CASE WHEN starts_at >= $2 THEN ends_at ELSE $2 END,
-		  end_reason = 'preempted',
+		  end_reason = 'preempted', ended_by = $4,
 		  ended_at = CASE WHEN starts_at >= $2 THEN $3 WHEN $2 <= $3 THEN $2 END,
 		  updated_at = $3
 		WHERE id = ANY($1::uuid[]) AND spot AND state IN ('pending', 'active')
-		RETURNING id::text, tenant_id, pool_id::text, state, claims`, ids, t, now)
+		RETURNING id::text, tenant_id, pool_id::text, state, claims`, ids, t, now, by)
 	if err != nil {
 		return nil, fmt.Errorf("capacity: preempt: %w", err)
 	}
@@ -400,7 +400,11 @@ func EndOnNode(ctx context.Context, tx pgx.Tx, nodeID string) (int, error) {
 			return 0, fmt.Errorf("capacity: end reservation %s on node %s: %w", l.id, nodeID, err)
 		}
 	}
-	return len(all), nil
+	ids := make([]string, len(all))
+	for i, l := range all {
+		ids[i] = l.id
+	}
+	return len(all), markDrained(ctx, tx, ids, nodeID)
 }
 
 // HoldsOnNode reports whether anything is booked on a node now or later.
