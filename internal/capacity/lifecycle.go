@@ -51,7 +51,7 @@ func applyQuota(ctx context.Context, tx pgx.Tx, tenant, pool string, cl claims, 
 				}
 				return &api.Error{Code: api.CodeQuotaExceeded,
 					Message: fmt.Sprintf("quota exceeded: tenant %s may hold %d %s in this pool; it holds %d and asks for %d more", tenant, limit, what, used-it.n, it.n),
-					Details: map[string]any{"resource": it.resource, "model": model, "limit": limit, "used": used - it.n, "requested": it.n}}
+					Details: map[string]any{"reason": "quota", "resource": it.resource, "model": model, "limit": limit, "used": used - it.n, "requested": it.n}}
 			}
 			return nil
 		})
@@ -109,7 +109,7 @@ func (qs quotaRows) check(tenant string, cl claims) error {
 		}
 		return &api.Error{Code: api.CodeQuotaExceeded,
 			Message: fmt.Sprintf("quota exceeded: tenant %s may hold %d %s in this pool; it holds %d and asks for %d more", tenant, q.Limit, what, q.Used, n),
-			Details: map[string]any{"resource": q.Resource, "model": q.Model, "limit": q.Limit, "used": q.Used, "requested": n}}
+			Details: map[string]any{"reason": "quota", "resource": q.Resource, "model": q.Model, "limit": q.Limit, "used": q.Used, "requested": n}}
 	}
 	return nil
 }
