@@ -186,3 +186,26 @@ func sorted(s []string) []string {
 	sort.Strings(out)
 	return out
 }
+
+func TestSpotShowsItsPreemptionAhead(t *testing.T) {
+	f := newFleet(t, fleetSpec{nodes: 1, gpus: 8})
+	spot := f.mustReserve(t, api.CreateReservation{Shape: api.Shape{GPUs: 8}, Spot: true})
+	normal := f.mustReserve(t, api.CreateReservation{Shape: api.Shape{GPUs: 8}, Start: ptr(t0.Add(time.Hour)), Duration: "1h"})
+	get := func() api.Reservation {
+		r, err := f.Compute.API.Reservations.Get(f.ctx, f.RootKey, api.GetReservation{Reservation: spot.ID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	if r := get(); r.State != api.ReservationActive || r.EndReason != api.ReservationPreempted || r.EndedBy != normal.ID || !r.EndsAt.Equal(t0.Add(time.Hour)) {
+		t.Fatalf("a spot reservation to be preempted at t0+1h = %+v", r)
+	}
+	f.DB.SetNow(t0.Add(time.Hour))
+	if _, err := capacity.Tick(f.ctx, f.DB); err != nil {
+		t.Fatal(err)
+	}
+	if r := get(); r.State != api.ReservationPreempted || r.EndReason != api.ReservationPreempted || r.EndedBy != normal.ID {
+		t.Fatalf("the spot reservation after its preemption = %+v", r)
+	}
+}
