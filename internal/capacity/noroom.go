@@ -62,7 +62,14 @@ func (r request) noCapacity(ctx context.Context, q postgres.Querier, member int)
 	for k, v := range d.details {
 		details[k] = v
 	}
-	return &api.Error{Code: api.CodeConflict, Message: msg + ": " + d.why, Details: details}
+	msg += ": " + d.why
+	switch d.reason {
+	case NoRoomBooked, NoRoomFutureBooking, NoRoomContended:
+		if !r.w.start.After(r.now) {
+			msg += fmt.Sprintf(". Free now: %d schedulable nodes, %d GPUs (at most %d on one node), %d vCPUs, %d GiB", nodes, freeGPUs, largest, freeVCPUs, freeMem)
+		}
+	}
+	return &api.Error{Code: api.CodeConflict, Message: msg, Details: details}
 }
 
 // diagnosis is the cause of a failed placement.
