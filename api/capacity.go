@@ -149,16 +149,22 @@ func ParseDuration(field, s string) (time.Duration, error) {
 
 // Reservation is a claim on capacity: one or more bookings over a window.
 type Reservation struct {
-	ID          string            `json:"id"`
-	TenantID    string            `json:"tenantId"`
-	PoolID      string            `json:"poolId"`
-	State       string            `json:"state"`
-	Spot        bool              `json:"spot,omitempty"`
-	Shape       Shape             `json:"shape"`
-	Members     int               `json:"members"`
-	StartsAt    time.Time         `json:"startsAt"`
-	EndsAt      *time.Time        `json:"endsAt,omitempty"` // nil: until released
-	EndedAt     *time.Time        `json:"endedAt,omitempty"`
+	ID       string     `json:"id"`
+	TenantID string     `json:"tenantId"`
+	PoolID   string     `json:"poolId"`
+	State    string     `json:"state"`
+	Spot     bool       `json:"spot,omitempty"`
+	Shape    Shape      `json:"shape"`
+	Members  int        `json:"members"`
+	StartsAt time.Time  `json:"startsAt"`
+	EndsAt   *time.Time `json:"endsAt,omitempty"` // nil: until released
+	EndedAt  *time.Time `json:"endedAt,omitempty"`
+	// EndReason is why it ended: released, cancelled, expired, preempted or drained (a node it
+	// held was drained with end: true). A live reservation shows preempted when a normal booking
+	// has already decided to take its capacity at EndsAt.
+	EndReason string `json:"endReason,omitempty"`
+	// EndedBy is, for preempted, the reservation that took its capacity; for drained, the node.
+	EndedBy     string            `json:"endedBy,omitempty"`
 	Allocations []Allocation      `json:"allocations"`
 	Labels      map[string]string `json:"labels"`
 	CreatedBy   string            `json:"createdBy"`
@@ -199,12 +205,17 @@ type ListReservations struct {
 	TenantID string `json:"tenantId,omitempty"`
 	Pool     string `json:"pool,omitempty"`
 	State    string `json:"state,omitempty"`
+	Node     string `json:"node,omitempty"` // id or name: only reservations that hold (or held) something on it
 	PageRequest
 }
 
 // Validate implements the input check.
 func (in ListReservations) Validate() error {
-	return first(ValidateEnum("state", in.State, ReservationPending, ReservationActive, ReservationReleased,
+	var node error
+	if in.Node != "" {
+		node = ValidateRef("node", in.Node)
+	}
+	return first(node, ValidateEnum("state", in.State, ReservationPending, ReservationActive, ReservationReleased,
 		ReservationCancelled, ReservationExpired, ReservationPreempted), in.PageRequest.Validate())
 }
 
@@ -463,6 +474,20 @@ type Device struct {
 	Shares       int       `json:"shares,omitempty"` // in timeslice mode
 	MIGProfiles  []string  `json:"migProfiles,omitempty"`
 	UpdatedAt    time.Time `json:"updatedAt"`
+	// Holders are the bookings on the GPU that have not ended, now or later, soonest first.
+	Holders []DeviceHolder `json:"holders"`
+}
+
+// DeviceHolder is one booking of (part of) a GPU: who holds which atoms, from when until when.
+type DeviceHolder struct {
+	Reservation string     `json:"reservation"`
+	TenantID    string     `json:"tenantId"`
+	State       string     `json:"state"`           // the reservation's
+	Kind        string     `json:"kind"`            // gpu (the whole GPU), mig (a slice) or share (a time-slice share)
+	Atoms       string     `json:"atoms"`           // the node's atoms held on this GPU, e.g. [64,128) (see docs/capacity.md)
+	Spot        bool       `json:"spot,omitempty"`  // preemptible
+	From        time.Time  `json:"from"`            // when the booking starts
+	Until       *time.Time `json:"until,omitempty"` // nil: until released
 }
 
 // ListDevices is the input of devices.list.

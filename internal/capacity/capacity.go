@@ -129,6 +129,6 @@ func poolTarget[In any](get func(In) (tenant, pool string)) modules.TargetFunc[I
 		if err != nil {
 			return modules.Target{}, err
 		}
-		return modules.Target{TenantID: tenant, ResourceID: pool.ID}, nil
+		return modules.Target{TenantID: tenant, ResourceID: pool.ID, Existing: true, Kind: "pool", Ref: ref}, nil
 	}
 }

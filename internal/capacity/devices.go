@@ -17,6 +17,7 @@ const deviceColumns = `id::text, node_id::text, index, uuid, model, name, memory
 func scanDevice(row pgx.Row) (api.Device, error) {
 	var d api.Device
 	err := row.Scan(&d.ID, &d.NodeID, &d.Index, &d.UUID, &d.Model, &d.Name, &d.MemoryMiB, &d.NVLinkDomain, &d.Health, &d.Mode, &d.Shares, &d.UpdatedAt)
+	d.Holders = []api.DeviceHolder{}
 	for _, p := range MIGProfiles(d.Model) {
 		d.MIGProfiles = append(d.MIGProfiles, p.Profile)
 	}
@@ -42,10 +43,13 @@ func registerDevices(r *modules.Registry) {
 				return nil, err
 			}
 			out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (api.Device, error) { return scanDevice(row) })
+			if err != nil {
+				return nil, err
+			}
 			if out == nil {
 				out = []api.Device{}
 			}
-			return out, err
+			return out, loadHolders(ctx, c.Tx, in.Node, out)
 		})
 
 	modules.Handle(r, api.DevicesSetMode,

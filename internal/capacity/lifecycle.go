@@ -51,7 +51,7 @@ func applyQuota(ctx context.Context, tx pgx.Tx, tenant, pool string, cl claims, 
 				}
 				return &api.Error{Code: api.CodeQuotaExceeded,
 					Message: fmt.Sprintf("quota exceeded: tenant %s may hold %d %s in this pool; it holds %d and asks for %d more", tenant, limit, what, used-it.n, it.n),
-					Details: map[string]any{"resource": it.resource, "model": model, "limit": limit, "used": used - it.n, "requested": it.n}}
+					Details: map[string]any{"reason": "quota", "resource": it.resource, "model": model, "limit": limit, "used": used - it.n, "requested": it.n}}
 			}
 			return nil
 		})
@@ -109,7 +109,7 @@ func (qs quotaRows) check(tenant string, cl claims) error {
 		}
 		return &api.Error{Code: api.CodeQuotaExceeded,
 			Message: fmt.Sprintf("quota exceeded: tenant %s may hold %d %s in this pool; it holds %d and asks for %d more", tenant, q.Limit, what, q.Used, n),
-			Details: map[string]any{"resource": q.Resource, "model": q.Model, "limit": q.Limit, "used": q.Used, "requested": n}}
+			Details: map[string]any{"reason": "quota", "resource": q.Resource, "model": q.Model, "limit": q.Limit, "used": q.Used, "requested": n}}
 	}
 	return nil
 }
@@ -203,11 +203,11 @@ func preemptSpot(ctx context.Context, tx pgx.Tx, ids []string, t, now time.Time,
 	rows, err := tx.Query(ctx, `UPDATE compute.reservations SET
 		  state = CASE WHEN starts_at >= $2 OR $2 <= $3 THEN 'preempted' ELSE state END,
 		  ends_at = CASE WHEN starts_at >= $2 THEN ends_at ELSE $2 END,
-		  end_reason = 'preempted',
+		  end_reason = 'preempted', ended_by = $4,
 		  ended_at = CASE WHEN starts_at >= $2 THEN $3 WHEN $2 <= $3 THEN $2 END,
 		  updated_at = $3
 		WHERE id = ANY($1::uuid[]) AND spot AND state IN ('pending', 'active')
-		RETURNING id::text, tenant_id, pool_id::text, state, claims`, ids, t, now)
+		RETURNING id::text, tenant_id, pool_id::text, state, claims`, ids, t, now, by)
 	if err != nil {
 		return nil, fmt.Errorf("capacity: preempt: %w", err)
 	}
@@ -403,7 +403,11 @@ func EndOnNode(ctx context.Context, tx pgx.Tx, nodeID string) (int, error) {
 			return 0, fmt.Errorf("capacity: end reservation %s on node %s: %w", l.id, nodeID, err)
 		}
 	}
-	return len(all), nil
+	ids := make([]string, len(all))
+	for i, l := range all {
+		ids[i] = l.id
+	}
+	return len(all), markDrained(ctx, tx, ids, nodeID)
 }
 
 // HoldsOnNode reports whether anything is booked on a node now or later.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -29,6 +30,12 @@ func lookupPool(ctx context.Context, l modules.Lookup, tenant, ref string) (pool
 	path, err := l.IAM.TenantPath(ctx, tenant)
 	if err != nil {
 		return poolRef{}, fmt.Errorf("capacity: tenant path: %w", err)
+	}
+	if !slices.Contains(path, l.Principal.TenantID) {
+		// A tenant outside the caller's own and its descendants (or no tenant at all) reads as
+		// "pool not found", in the very words a pool that does not exist gets, so that a caller
+		// cannot learn whether another tenant has a pool.
+		return poolRef{}, api.NotFound("pool", ref)
 	}
 	return resolvePool(ctx, l.Q, path, ref)
 }

@@ -14,12 +14,13 @@ import (
 	"github.com/better-compute/compute/postgres"
 )
 
-const reservationColumns = `id::text, tenant_id, pool_id::text, state, spot, shape, members, starts_at, ends_at, ended_at, labels, created_by, created_at, updated_at`
+const reservationColumns = `id::text, tenant_id, pool_id::text, state, spot, shape, members, starts_at, ends_at, ended_at,
+	coalesce(end_reason, ''), coalesce(ended_by, ''), labels, created_by, created_at, updated_at`
 
 func scanReservation(row pgx.Row) (api.Reservation, error) {
 	var r api.Reservation
 	err := row.Scan(&r.ID, &r.TenantID, &r.PoolID, &r.State, &r.Spot, &r.Shape, &r.Members, &r.StartsAt, &r.EndsAt, &r.EndedAt,
-		&r.Labels, &r.CreatedBy, &r.CreatedAt, &r.UpdatedAt)
+		&r.EndReason, &r.EndedBy, &r.Labels, &r.CreatedBy, &r.CreatedAt, &r.UpdatedAt)
 	return r, err
 }
 
@@ -49,7 +50,7 @@ func listReservations(ctx context.Context, c *modules.Call, in api.ListReservati
 		}
 		after = &id
 	}
-	var poolID, state *string
+	var poolID, state, node *string
 	if in.Pool != "" {
 		p, err := resolvePool(ctx, c.Tx, c.Target.TenantPath, in.Pool)
 		if err != nil {
@@ -60,10 +61,14 @@ func listReservations(ctx context.Context, c *modules.Call, in api.ListReservati
 	if in.State != "" {
 		state = &in.State
 	}
+	if in.Node != "" {
+		node = &in.Node
+	}
 	limit := in.PageLimit()
 	rows, err := c.Tx.Query(ctx, `SELECT `+reservationColumns+` FROM compute.reservations
 		WHERE tenant_id = $1 AND ($2::uuid IS NULL OR pool_id = $2) AND ($3::text IS NULL OR state = $3) AND ($4::uuid IS NULL OR id > $4)
-		ORDER BY id LIMIT $5`, c.Target.TenantID, poolID, state, after, limit+1)
+		  AND ($6::text IS NULL OR `+onNodeSQL+`)
+		ORDER BY id LIMIT $5`, c.Target.TenantID, poolID, state, after, limit+1, node)
 	if err != nil {
 		return api.Page[api.Reservation]{}, err
 	}

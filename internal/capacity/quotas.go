@@ -20,16 +20,10 @@ func scanQuota(row pgx.Row) (api.Quota, error) {
 }
 
 // quotaTarget decides a quota change in the tenant that owns the pool, not the tenant limited: a
-// tenant does not raise its own quota.
+// tenant does not raise its own quota. A limited tenant outside the caller's reads as the pool
+// not found, as a tenant that does not exist does.
 func quotaTarget(ctx context.Context, l modules.Lookup, limited, pool string) (modules.Target, error) {
-	path, err := l.IAM.TenantPath(ctx, limited)
-	if err != nil {
-		return modules.Target{}, err
-	}
-	if len(path) == 0 {
-		return modules.Target{}, api.NotFound("tenant", limited)
-	}
-	p, err := resolvePool(ctx, l.Q, path, pool)
+	p, err := lookupPool(ctx, l, limited, pool)
 	if err != nil {
 		return modules.Target{}, err
 	}

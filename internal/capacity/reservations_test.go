@@ -38,7 +38,7 @@ func TestWholeGPUsPackToKeepNVLinkSetsWhole(t *testing.T) {
 	if api.CodeOf(err) != api.CodeConflict {
 		t.Fatalf("2 NVLink GPUs with one free = %v, want conflict", err)
 	}
-	if d := err.(*api.Error).Details; d["reason"] != "no_capacity" || d["freeGPUs"] != 1 {
+	if d := err.(*api.Error).Details; d["reason"] != capacity.NoRoomBooked || d["freeGPUs"] != 1 {
 		t.Fatalf("the conflict does not say what is free: %v", err)
 	}
 	s := f.summary(t)

@@ -371,36 +371,6 @@ func queueBookings(b *pgx.Batch, reservation string, member int, node string, pi
 		reservation, member, node, w.start, w.end, spot, res, kinds, models, units, lo, hi)
 }
 
-// noCapacity is the conflict error of a request that does not fit, saying what the pool has free
-// now for its shape.
-func (r request) noCapacity(ctx context.Context, q postgres.Querier, member int) error {
-	var nodes, freeGPUs, largest, freeVCPUs, freeMem int
-	err := q.QueryRow(ctx, `SELECT count(*) FILTER (WHERE n.state = 'active' AND n.status = 'online' AND n.health <> 'unhealthy'),
-		  coalesce(sum(nc.gpus_free + CASE WHEN $3 THEN 0 ELSE nc.gpus_spot END) FILTER (WHERE n.state = 'active' AND n.status = 'online' AND n.health <> 'unhealthy' AND ($2 = '' OR nc.gpu_model IN ($2, 'mixed'))), 0),
-		  coalesce(max(nc.gpus_free + CASE WHEN $3 THEN 0 ELSE nc.gpus_spot END) FILTER (WHERE n.state = 'active' AND n.status = 'online' AND n.health <> 'unhealthy' AND ($2 = '' OR nc.gpu_model IN ($2, 'mixed'))), 0),
-		  coalesce(sum(nc.vcpus_total - nc.vcpus_used) FILTER (WHERE n.state = 'active' AND n.status = 'online'), 0),
-		  coalesce(sum(nc.memory_total - nc.memory_used) FILTER (WHERE n.state = 'active' AND n.status = 'online'), 0)
-		FROM compute.node_capacity nc JOIN compute.nodes n ON n.id = nc.node_id WHERE nc.pool_id = $1`,
-		r.pool, r.in.Model, r.in.Spot).Scan(&nodes, &freeGPUs, &largest, &freeVCPUs, &freeMem)
-	if err != nil {
-		return err
-	}
-	what := describeShape(r.in.Shape)
-	msg := fmt.Sprintf("pool %s has no room for %s", r.in.Pool, what)
-	if m := r.in.MemberCount(); m > 1 {
-		msg = fmt.Sprintf("pool %s has room for %d of %d members of %s", r.in.Pool, member, m, what)
-	}
-	if !r.w.start.After(r.now) {
-		msg += fmt.Sprintf(" now: %d schedulable nodes, %d free GPUs (at most %d on one node), %d free vCPUs, %d free GiB", nodes, freeGPUs, largest, freeVCPUs, freeMem)
-	} else {
-		msg += " over the window asked for; reservations.availability finds the earliest window that has it"
-	}
-	return &api.Error{Code: api.CodeConflict, Message: msg, Details: map[string]any{
-		"reason": "no_capacity", "schedulableNodes": nodes, "freeGPUs": freeGPUs, "largestFreeBlock": largest,
-		"freeVCPUs": freeVCPUs, "freeMemoryGiB": freeMem, "membersPlaced": member,
-	}}
-}
-
 func describeShape(s api.Shape) string {
 	var parts []string
 	model := s.Model
