@@ -245,7 +245,12 @@ func (e *Envelope) transactAlone(ctx context.Context, p iam.Principal, h *module
 	}
 }
 
+// storeResponse records the answer a replay of key gets. An answer carrying a secret shown once
+// (a join token) says what to keep instead through ForReplay.
 func storeResponse(ctx context.Context, tx pgx.Tx, principal, method, key string, out any) error {
+	if r, ok := out.(interface{ ForReplay() any }); ok {
+		out = r.ForReplay()
+	}
 	b, err := json.Marshal(out)
 	if err != nil {
 		return err

@@ -159,11 +159,7 @@ func TestJoinPinsTheCA(t *testing.T) {
 // TestJoinTokenIsNotKeptForReplay: the idempotency record of joinTokens.create must not hold
 // the token (anyone who can read the table could join machines); a replay answers the token's
 // record without it.
-//
-// It needs the envelope to store ForReplay() of an output that has one (api.JoinToken does)
-// instead of the output itself; until then it is skipped. See the report of branch h/bcdjoin.
 func TestJoinTokenIsNotKeptForReplay(t *testing.T) {
-	t.Skip("needs internal/envelope to store the output's ForReplay() in compute.idempotency_keys (issue 10, item 18)")
 	p := newJoinPlane(t)
 	ctx := api.WithIdempotencyKey(p.ctx, "jt-1")
 	first, err := p.env.Compute.API.JoinTokens.Create(ctx, p.env.RootKey, api.CreateJoinToken{Pool: "p"})
