@@ -6,6 +6,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -158,6 +160,33 @@ func ErrorCode(err error) string {
 		return pg.Code
 	}
 	return ""
+}
+
+// Retryable reports a transaction the database refereed and undid (a deadlock or a
+// serialization failure): nothing of it was written, and running it again is safe.
+func Retryable(err error) bool {
+	code := ErrorCode(err)
+	return code == DeadlockDetected || code == SerializationFailure
+}
+
+// Unavailable reports an error that says the database could not be reached or went away (a
+// failed connect, a connection cut, the server shutting down or out of connections), as
+// opposed to one about the statement. Callers answer it as "try again", not as a bug.
+func Unavailable(err error) bool {
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) {
+		switch {
+		case strings.HasPrefix(pg.Code, "08"), // connection exception
+			strings.HasPrefix(pg.Code, "53"),                           // insufficient resources: too many connections, out of memory
+			pg.Code == "57P01", pg.Code == "57P02", pg.Code == "57P03": // admin or crash shutdown, starting up
+			return true
+		}
+		return false
+	}
+	var connect *pgconn.ConnectError
+	var netErr net.Error
+	return errors.As(err, &connect) || errors.As(err, &netErr) || errors.Is(err, pgconn.ErrConnClosed) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
 // Constraint returns the name of the constraint err violated, or "".

@@ -188,3 +188,52 @@ func count(t *testing.T, db *postgres.DB, q string) int {
 	}
 	return n
 }
+
+// TestErrorClasses: a connection cut by the server, a refused connect and a shutdown are
+// Unavailable; a statement's own error is not; a deadlock is Retryable.
+func TestErrorClasses(t *testing.T) {
+	ctx := context.Background()
+	db := pgtest.New(t)
+	conn, err := db.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	var pid int
+	if err := conn.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
+		t.Fatal(err)
+	}
+	_, err = conn.Exec(ctx, `SELECT 1`)
+	if err == nil || !postgres.Unavailable(err) {
+		t.Errorf("a query on a terminated connection: %v; want Unavailable", err)
+	}
+	if postgres.Retryable(err) {
+		t.Errorf("a cut connection is not Retryable: the transaction may have committed")
+	}
+
+	_, err = postgres.Open(ctx, "postgres://nobody@127.0.0.1:1/none?connect_timeout=2")
+	if !postgres.Unavailable(err) {
+		t.Errorf("a refused connect: %v; want Unavailable", err)
+	}
+
+	_, err = db.Pool.Exec(ctx, `SELECT * FROM no_such_table`)
+	if err == nil || postgres.Unavailable(err) || postgres.Retryable(err) {
+		t.Errorf("a statement's own error: %v; want neither Unavailable nor Retryable", err)
+	}
+
+	for _, code := range []string{"57P01", "08006", "53300"} {
+		_, err = db.Pool.Exec(ctx, `DO $$ BEGIN RAISE EXCEPTION 'x' USING ERRCODE = '`+code+`'; END $$`)
+		if !postgres.Unavailable(err) {
+			t.Errorf("SQLSTATE %s: %v; want Unavailable", code, err)
+		}
+	}
+	for _, code := range []string{"40P01", "40001"} {
+		_, err = db.Pool.Exec(ctx, `DO $$ BEGIN RAISE EXCEPTION 'x' USING ERRCODE = '`+code+`'; END $$`)
+		if !postgres.Retryable(err) || postgres.Unavailable(err) {
+			t.Errorf("SQLSTATE %s: %v; want Retryable only", code, err)
+		}
+	}
+}

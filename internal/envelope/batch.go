@@ -132,7 +132,7 @@ func (e *Envelope) runBatch(h *modules.Handler, calls []*pending) {
 			mcalls[j] = &modules.Call{Principal: calls[i].p, Target: calls[i].t, Runtime: e.rt}
 			ins[j] = calls[i].in
 		}
-		res, err := h.RunBatch(ctx, tx, e.rt, mcalls, ins)
+		res, err := safely(func() ([]modules.BatchResult[any], error) { return h.RunBatch(ctx, tx, e.rt, mcalls, ins) })
 		if err != nil {
 			return err
 		}

@@ -12,10 +12,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
+	"runtime/debug"
 	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/iam"
@@ -100,7 +103,14 @@ func (e *Envelope) authenticate(ctx context.Context, credential string) (iam.Pri
 	return p, nil
 }
 
-func (e *Envelope) invoke(ctx context.Context, p iam.Principal, h *modules.Handler, in any) (Result, error) {
+func (e *Envelope) invoke(ctx context.Context, p iam.Principal, h *modules.Handler, in any) (res Result, err error) {
+	// A method that panics answers internal: it must not take an in-process host down with it.
+	// (Inside a transaction, pgx has rolled it back by the time this runs.)
+	defer func() {
+		if r := recover(); r != nil {
+			res, err = Result{}, e.mapError(ctx, h, panicked(r))
+		}
+	}()
 	if err := api.CheckInput(in); err != nil {
 		return Result{}, err
 	}
@@ -223,7 +233,9 @@ func (e *Envelope) transactAlone(ctx context.Context, p iam.Principal, h *module
 					return err
 				}
 			}
-			out, err := h.Run(ctx, &modules.Call{Principal: p, Target: t, Tx: tx, Runtime: e.rt}, in)
+			out, err := safely(func() (any, error) {
+				return h.Run(ctx, &modules.Call{Principal: p, Target: t, Tx: tx, Runtime: e.rt}, in)
+			})
 			if err != nil {
 				return err
 			}
@@ -233,16 +245,67 @@ func (e *Envelope) transactAlone(ctx context.Context, p iam.Principal, h *module
 			}
 			return nil
 		})
-		code := postgres.ErrorCode(err)
-		retry := code == postgres.DeadlockDetected || code == postgres.SerializationFailure || errors.Is(err, modules.ErrRetry)
-		if retry && attempt < 4 && ctx.Err() == nil {
-			continue
+		if err == nil {
+			return res, nil
 		}
-		if err != nil {
+		if !retryable(err) || attempt == maxAttempts || ctx.Err() != nil {
 			return Result{}, e.mapError(ctx, h, err)
 		}
-		return res, nil
+		if err := sleep(ctx, backoff(attempt)); err != nil {
+			return Result{}, e.mapError(ctx, h, err)
+		}
 	}
+}
+
+// maxAttempts bounds the runs of a call the database keeps refereeing against it. Past it the
+// call answers unavailable (contention), never internal.
+const maxAttempts = 8
+
+// retryable reports a failure after which the whole transaction may run again: the database
+// undid it (a deadlock, a serialization failure), the method asked (modules.ErrRetry), or the
+// connection failed before anything was sent.
+func retryable(err error) bool {
+	return postgres.Retryable(err) || errors.Is(err, modules.ErrRetry) ||
+		(postgres.Unavailable(err) && pgconn.SafeToRetry(err))
+}
+
+// backoff is the wait before run attempt+1: exponential from 2 ms to 250 ms, with full jitter
+// so that the calls a deadlock set against each other do not meet again.
+func backoff(attempt int) time.Duration {
+	d := min(2*time.Millisecond<<attempt, 250*time.Millisecond)
+	return d/2 + rand.N(d/2+1)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// panicError is a method's panic, turned into an error with where it happened.
+type panicError struct {
+	value any
+	stack []byte
+}
+
+func (p *panicError) Error() string { return fmt.Sprintf("panic: %v\n%s", p.value, p.stack) }
+
+func panicked(r any) error { return &panicError{value: r, stack: debug.Stack()} }
+
+// safely runs a method's code, turning its panic into an error: the transaction around it rolls
+// back as for any error, and a batch's leader goes on to answer the other calls.
+func safely[T any](fn func() (T, error)) (out T, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = panicked(r)
+		}
+	}()
+	return fn()
 }
 
 // storeResponse records the answer a replay of key gets. An answer carrying a secret shown once
@@ -298,6 +361,17 @@ func (e *Envelope) mapError(ctx context.Context, h *modules.Handler, err error) 
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return &api.Error{Code: api.CodeUnavailable, Message: "the call was cancelled or ran out of time: " + err.Error()}
 	}
+	if postgres.Unavailable(err) {
+		// The error's text may name the database's host and user: it goes to the log only.
+		e.log.WarnContext(ctx, "compute: database unavailable", "method", h.Info.FullName(), "error", err)
+		return &api.Error{Code: api.CodeUnavailable, Message: "the database is unavailable; try again shortly",
+			Details: map[string]any{"reason": "database_unavailable"}}
+	}
+	if postgres.Retryable(err) || errors.Is(err, modules.ErrRetry) {
+		e.log.WarnContext(ctx, "compute: contention", "method", h.Info.FullName(), "error", err)
+		return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("%s met concurrent calls %d times in a row; try again", h.Info.FullName(), maxAttempts),
+			Details: map[string]any{"reason": "contention"}}
+	}
 	switch postgres.ErrorCode(err) {
 	case postgres.UniqueViolation, postgres.ExclusionViolation:
 		return &api.Error{Code: api.CodeConflict, Message: "conflicts with an existing record",
@@ -313,9 +387,12 @@ func (e *Envelope) mapError(ctx context.Context, h *modules.Handler, err error) 
 	return &api.Error{Code: api.CodeInternal, Message: "internal error in " + h.Info.FullName() + "; the server log has the detail"}
 }
 
+// unavailable answers an IAM port's failure. Its text (a URL, a database's host) goes to the
+// log only.
 func (e *Envelope) unavailable(ctx context.Context, step string, err error) error {
 	e.log.WarnContext(ctx, "compute: IAM failed", "step", step, "error", err)
-	return &api.Error{Code: api.CodeUnavailable, Message: "IAM could not " + step + ": " + err.Error()}
+	return &api.Error{Code: api.CodeUnavailable, Message: "IAM could not " + step + "; try again shortly (the server log has the detail)",
+		Details: map[string]any{"reason": "iam_unavailable"}}
 }
 
 func asAPIError(err error) *api.Error {
