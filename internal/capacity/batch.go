@@ -42,10 +42,6 @@ func reserveBatch(ctx context.Context, tx pgx.Tx, rt *modules.Runtime, calls []*
 		return out, nil
 	}
 	now := pool.Now
-	quotas, err := lockQuotas(ctx, tx, tenant, pool.ID)
-	if err != nil {
-		return nil, err
-	}
 	smallest := first.In.GPUs
 	for _, c := range calls {
 		smallest = min(smallest, c.In.GPUs)
@@ -67,6 +63,11 @@ func reserveBatch(ctx context.Context, tx pgx.Tx, rt *modules.Runtime, calls []*
 		return nil, err
 	}
 	snaps, err := loadSnapshots(ctx, tx, cands, now)
+	if err != nil {
+		return nil, err
+	}
+	// Quotas after the nodes (see docs/capacity.md, "Lock order").
+	quotas, err := lockQuotas(ctx, tx, tenant, pool.ID)
 	if err != nil {
 		return nil, err
 	}
@@ -144,8 +145,8 @@ type batchWrite struct {
 	bunits                        []float64
 	bstarts                       []time.Time
 	bends                         []*time.Time
-	// what each node loses, and the quota each claim adds to
-	taken map[string]int
+	// the nodes that take bookings, and the quota the claims add to
+	taken map[string]bool
 	total claims
 }
 
@@ -164,7 +165,7 @@ func (w *batchWrite) add(id, creator, node string, shape api.Shape, cl claims, l
 	w.starts = append(w.starts, win.start)
 	w.ends = append(w.ends, win.end)
 	if w.taken == nil {
-		w.taken = map[string]int{}
+		w.taken = map[string]bool{}
 		w.total.GPUs = map[string]int{}
 	}
 	for _, p := range picks {
@@ -177,8 +178,8 @@ func (w *batchWrite) add(id, creator, node string, shape api.Shape, cl claims, l
 		w.bunits = append(w.bunits, p.Units)
 		w.bstarts = append(w.bstarts, win.start)
 		w.bends = append(w.bends, win.end)
+		w.taken[node] = true
 		if p.Kind == "gpu" {
-			w.taken[node] += int(p.Units)
 			w.total.GPUs[p.Model] += int(p.Units)
 		}
 	}
@@ -200,12 +201,8 @@ func (w *batchWrite) send(ctx context.Context, tx pgx.Tx, tenant, pool string, n
 		FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::float8[], $6::int[], $7::int[], $8::timestamptz[], $9::timestamptz[])
 		  AS u(r, n, k, m, units, lo, hi, s, e)`,
 		w.bres, w.bnodes, w.bkinds, w.bmodels, w.bunits, w.blo, w.bhi, w.bstarts, w.bends)
-	nodes, counts := make([]string, 0, len(w.taken)), make([]int32, 0, len(w.taken))
-	for n, c := range w.taken {
-		nodes, counts = append(nodes, n), append(counts, int32(c))
-	}
-	b.Queue(`UPDATE compute.node_capacity nc SET gpus_free = nc.gpus_free - u.c
-		FROM unnest($1::uuid[], $2::int[]) AS u(n, c) WHERE nc.node_id = u.n`, nodes, counts)
+	// Recounted, not decremented: see refreshSQL. The candidates are locked already.
+	b.Queue(refreshSQL, sortedKeys(w.taken))
 	quotas.queue(b, tenant, pool, w.total)
 	b.Queue(`INSERT INTO compute.events (type, tenant_id, subject, data)
 		SELECT 'reservation.created', $1, u.id::text, jsonb_build_object('pool', $2::text, 'state', 'active', 'spot', false)

@@ -62,6 +62,11 @@ func SetInventory(ctx context.Context, q postgres.Querier, nodeID string, inv In
 	if err := inv.Validate(); err != nil {
 		return err
 	}
+	// The node's rollup row first, as every writer of its devices takes it (setGPUMode, placers
+	// reading them): devices changed before it would invert the lock order.
+	if _, err := q.Exec(ctx, lockSQL, []string{nodeID}); err != nil {
+		return fmt.Errorf("capacity: inventory: %w", err)
+	}
 	indexes := make([]int32, 0, len(inv.GPUs))
 	for _, g := range inv.GPUs {
 		health := g.Health
@@ -107,6 +112,9 @@ func SetInventory(ctx context.Context, q postgres.Querier, nodeID string, inv In
 // SetGPUHealth changes one GPU's health (the gateway reports XIDs, ECC and thermal events through
 // it) and refreshes the node's rollup.
 func SetGPUHealth(ctx context.Context, q postgres.Querier, nodeID string, index int, health string) error {
+	if _, err := q.Exec(ctx, lockSQL, []string{nodeID}); err != nil {
+		return fmt.Errorf("capacity: GPU health: %w", err)
+	}
 	tag, err := q.Exec(ctx, `UPDATE compute.devices SET health = $3, updated_at = compute.compute_now()
 		WHERE node_id = $1 AND index = $2 AND health <> $3`, nodeID, index, health)
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/internal/events"
+	"github.com/better-compute/compute/modules"
 	"github.com/better-compute/compute/postgres"
 )
 
@@ -17,6 +18,10 @@ import (
 // tenant in its pool. Each quota row is changed under its row lock, so concurrent bookings are
 // counted one after the other; adding over a limit is a quota_exceeded error.
 func applyQuota(ctx context.Context, tx pgx.Tx, tenant, pool string, cl claims, sign int) error {
+	// The rows are taken in one order before any is changed (a no-op when the caller holds them).
+	if err := lockQuotaSets(ctx, tx, quotaKey{tenant, pool}); err != nil {
+		return err
+	}
 	type item struct {
 		resource, model string
 		n               int
@@ -62,17 +67,49 @@ func applyQuota(ctx context.Context, tx pgx.Tx, tenant, pool string, cl claims, 
 	return nil
 }
 
-// quotaRows are a tenant's quotas in a pool, locked, as the booking transaction read them.
+// quotaRows are a tenant's quotas in a pool, as the booking transaction read them.
 type quotaRows []api.Quota
 
-// lockQuotas locks and reads a tenant's quotas in a pool, in a fixed order.
-func lockQuotas(ctx context.Context, tx pgx.Tx, tenant, pool string) (quotaRows, error) {
-	rows, err := tx.Query(ctx, `SELECT tenant_id, pool_id::text, resource, model, "limit", used FROM compute.quotas
-		WHERE tenant_id = $1 AND pool_id = $2 ORDER BY resource, model FOR UPDATE`, tenant, pool)
+const quotaRowsSQL = `SELECT tenant_id, pool_id::text, resource, model, "limit", used FROM compute.quotas
+	WHERE tenant_id = $1 AND pool_id = $2 ORDER BY resource, model`
+
+// readQuotas reads a tenant's quotas in a pool without locking them: enough to refuse a request
+// that is over quota before looking for room. The check that counts is made under lockQuotas.
+func readQuotas(ctx context.Context, q postgres.Querier, tenant, pool string) (quotaRows, error) {
+	rows, err := q.Query(ctx, quotaRowsSQL, tenant, pool)
 	if err != nil {
 		return nil, err
 	}
 	return pgx.CollectRows(rows, pgx.RowToStructByPos[api.Quota])
+}
+
+// lockQuotas locks and reads a tenant's quotas in a pool. A transaction that locks quotas of
+// several tenants takes them all first with lockQuotaSets.
+func lockQuotas(ctx context.Context, tx pgx.Tx, tenant, pool string) (quotaRows, error) {
+	rows, err := tx.Query(ctx, quotaRowsSQL+" FOR UPDATE", tenant, pool)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[api.Quota])
+}
+
+// quotaKey names the quotas of one tenant in one pool.
+type quotaKey struct{ tenant, pool string }
+
+// lockQuotaSets locks every quota row of keys, in one statement and one order. Quotas are the
+// last rows a capacity transaction locks (see docs/capacity.md, "Lock order"), so a transaction
+// that holds them waits for nothing else.
+func lockQuotaSets(ctx context.Context, tx pgx.Tx, keys ...quotaKey) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	tenants, pools := make([]string, len(keys)), make([]string, len(keys))
+	for i, k := range keys {
+		tenants[i], pools[i] = k.tenant, k.pool
+	}
+	_, err := tx.Exec(ctx, `SELECT 1 FROM compute.quotas q, unnest($1::text[], $2::uuid[]) AS k(t, p)
+		WHERE q.tenant_id = k.t AND q.pool_id = k.p ORDER BY q.tenant_id, q.pool_id, q.resource, q.model FOR UPDATE OF q`, tenants, pools)
+	return err
 }
 
 // amount is how much of quota q's resource cl claims.
@@ -164,41 +201,66 @@ func lockReservation(ctx context.Context, tx pgx.Tx, id, tenant string) (liveRes
 }
 
 // lockNodesOf takes the rollup locks of every node the reservations hold something on, in node
-// order: the lock order of every path is rollups first, then bookings (and what their triggers
-// touch), as the placer's is.
-func lockNodesOf(ctx context.Context, q postgres.Querier, ids []string) error {
-	_, err := q.Exec(ctx, `SELECT node_id FROM compute.node_capacity WHERE node_id IN (
-		  SELECT node_id FROM compute.bookings WHERE reservation_id = ANY($1::uuid[])) ORDER BY node_id FOR UPDATE`, ids)
-	return err
+// order, before their reservation rows: nodes come before reservations in every path (see
+// docs/capacity.md, "Lock order").
+// It returns the nodes: the ones whose rollups a change to the reservations recounts (all of
+// them, not only those whose bookings change now: a booking that ended before the worker saw it is
+// still counted until then).
+func lockNodesOf(ctx context.Context, q postgres.Querier, ids []string) ([]string, error) {
+	return collectNodes(q.Query(ctx, lockNodesOfSQL, ids))
 }
 
-// truncateBookings ends the bookings of reservations at t: those that start at or after t are
-// deleted, the others end at t. It returns the nodes touched.
-func truncateBookings(ctx context.Context, q postgres.Querier, ids []string, t time.Time) ([]string, error) {
-	if err := lockNodesOf(ctx, q, ids); err != nil {
-		return nil, err
-	}
-	rows, err := q.Query(ctx, `WITH d AS (
-		  DELETE FROM compute.bookings WHERE reservation_id = ANY($1::uuid[]) AND lower(during) >= $2 RETURNING node_id
-		), u AS (
-		  UPDATE compute.bookings SET during = tstzrange(lower(during), $2, '[)')
-		  WHERE reservation_id = ANY($1::uuid[]) AND lower(during) < $2 AND (upper_inf(during) OR upper(during) > $2)
-		  RETURNING node_id
-		)
-		SELECT DISTINCT node_id::text FROM (SELECT node_id FROM d UNION ALL SELECT node_id FROM u) x ORDER BY 1`, ids, t)
+const lockNodesOfSQL = `SELECT node_id::text FROM compute.node_capacity WHERE node_id IN (
+	SELECT node_id FROM compute.bookings WHERE reservation_id = ANY($1::uuid[])) ORDER BY node_id FOR UPDATE`
+
+func collectNodes(rows pgx.Rows, err error) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
 	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
+// lockMoreNodesOf is lockNodesOf for a transaction that already holds other nodes (a placer's
+// candidates, an extension's own nodes): it never waits, since waiting while holding could close
+// a cycle with another such transaction. A node held elsewhere makes the whole call run again.
+func lockMoreNodesOf(ctx context.Context, q postgres.Querier, ids []string) ([]string, error) {
+	nodes, err := collectNodes(q.Query(ctx, lockNodesOfSQL+" NOWAIT", ids))
+	return nodes, retryIfLocked(err)
+}
+
+// retryIfLocked turns a NOWAIT refusal into a retry of the whole call, from a transaction that
+// holds nothing.
+func retryIfLocked(err error) error {
+	if postgres.ErrorCode(err) == postgres.LockNotAvailable {
+		return modules.Retry(&api.Error{Code: api.CodeUnavailable, Message: "the nodes this call needs were busy with concurrent calls; try again",
+			Details: map[string]any{"reason": "contention"}})
+	}
+	return err
+}
+
+// truncateBookings ends the bookings of reservations at t: those that start at or after t are
+// deleted, the others end at t. The caller holds the nodes' locks.
+func truncateBookings(ctx context.Context, q postgres.Querier, ids []string, t time.Time) error {
+	_, err := q.Exec(ctx, `WITH d AS (
+		  DELETE FROM compute.bookings WHERE reservation_id = ANY($1::uuid[]) AND lower(during) >= $2
+		)
+		UPDATE compute.bookings SET during = tstzrange(lower(during), $2, '[)')
+		WHERE reservation_id = ANY($1::uuid[]) AND lower(during) < $2 AND (upper_inf(during) OR upper(during) > $2)`, ids, t)
+	return err
+}
+
 // preemptSpot ends spot reservations at t, because normal booking by now needs their atoms from
 // t on. One that has not started by t is preempted at once; one that has is preempted at t
-// (now, or later by the worker, which finishes what is decided here).
-func preemptSpot(ctx context.Context, tx pgx.Tx, ids []string, t, now time.Time, by string) ([]string, error) {
-	nodes, err := truncateBookings(ctx, tx, ids, t)
+// (now, or later by the worker, which finishes what is decided here). The caller holds the locks
+// of the nodes it planned on; the victims' other nodes are taken without waiting. It returns the
+// nodes touched and the victims whose quota the caller releases, after locking quotas.
+func preemptSpot(ctx context.Context, tx pgx.Tx, ids []string, t, now time.Time, by string) ([]string, []ended, error) {
+	nodes, err := lockMoreNodesOf(ctx, tx, ids)
 	if err != nil {
-		return nil, fmt.Errorf("capacity: preempt: %w", err)
+		return nil, nil, err
+	}
+	if err := truncateBookings(ctx, tx, ids, t); err != nil {
+		return nil, nil, fmt.Errorf("capacity: preempt: %w", err)
 	}
 	rows, err := tx.Query(ctx, `UPDATE compute.reservations SET
 		  state = CASE WHEN starts_at >= $2 OR $2 <= $3 THEN 'preempted' ELSE state END,
@@ -209,11 +271,7 @@ func preemptSpot(ctx context.Context, tx pgx.Tx, ids []string, t, now time.Time,
 		WHERE id = ANY($1::uuid[]) AND spot AND state IN ('pending', 'active')
 		RETURNING id::text, tenant_id, pool_id::text, state, claims`, ids, t, now, by)
 	if err != nil {
-		return nil, fmt.Errorf("capacity: preempt: %w", err)
-	}
-	type ended struct {
-		id, tenant, pool, state string
-		cl                      claims
+		return nil, nil, fmt.Errorf("capacity: preempt: %w", err)
 	}
 	var all []ended
 	var e ended
@@ -221,23 +279,59 @@ func preemptSpot(ctx context.Context, tx pgx.Tx, ids []string, t, now time.Time,
 		all = append(all, e)
 		return nil
 	}); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	for _, e := range all {
-		if e.state == api.ReservationPreempted {
-			if err := applyQuota(ctx, tx, e.tenant, e.pool, e.cl, -1); err != nil {
-				return nil, err
-			}
-		}
 		if err := events.Emit(ctx, tx, "reservation.preempted", e.tenant, e.id, map[string]any{"at": t, "by": by}); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
-	return nodes, nil
+	return nodes, all, nil
+}
+
+// ended is a reservation a transaction moved to an end state (or decided to end later).
+type ended struct {
+	id, tenant, pool, state string
+	cl                      claims
+}
+
+// quotaKeys lists the quota sets of own (may be zero) and of the reservations in es that ended now.
+func quotaKeys(own quotaKey, es []ended) []quotaKey {
+	var keys []quotaKey
+	if own != (quotaKey{}) {
+		keys = append(keys, own)
+	}
+	for _, e := range es {
+		if isEnded(e.state) {
+			keys = append(keys, quotaKey{e.tenant, e.pool})
+		}
+	}
+	return keys
+}
+
+// releaseQuotas gives back the quota of the reservations in es that ended now. The caller has
+// locked their quota sets with lockQuotaSets.
+func releaseQuotas(ctx context.Context, tx pgx.Tx, es []ended) error {
+	for _, e := range es {
+		if isEnded(e.state) {
+			if err := applyQuota(ctx, tx, e.tenant, e.pool, e.cl, -1); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func isEnded(state string) bool {
+	return state != api.ReservationPending && state != api.ReservationActive
 }
 
 // release ends an active reservation now.
 func release(ctx context.Context, tx pgx.Tx, id, tenant string) error {
+	nodes, err := lockNodesOf(ctx, tx, []string{id})
+	if err != nil {
+		return err
+	}
 	r, err := lockReservation(ctx, tx, id, tenant)
 	if err != nil {
 		return err
@@ -249,8 +343,7 @@ func release(ctx context.Context, tx pgx.Tx, id, tenant string) error {
 	if err != nil {
 		return err
 	}
-	nodes, err := truncateBookings(ctx, tx, []string{r.ID}, now)
-	if err != nil {
+	if err := truncateBookings(ctx, tx, []string{r.ID}, now); err != nil {
 		return err
 	}
 	if _, err := tx.Exec(ctx, `UPDATE compute.reservations SET state = 'released', ended_at = $2, updated_at = $2 WHERE id = $1`, r.ID, now); err != nil {
@@ -261,6 +354,10 @@ func release(ctx context.Context, tx pgx.Tx, id, tenant string) error {
 
 // cancel ends a pending reservation before it starts.
 func cancel(ctx context.Context, tx pgx.Tx, id, tenant string) error {
+	nodes, err := lockNodesOf(ctx, tx, []string{id})
+	if err != nil {
+		return err
+	}
 	r, err := lockReservation(ctx, tx, id, tenant)
 	if err != nil {
 		return err
@@ -272,16 +369,15 @@ func cancel(ctx context.Context, tx pgx.Tx, id, tenant string) error {
 	if err != nil {
 		return err
 	}
-	if err := lockNodesOf(ctx, tx, []string{r.ID}); err != nil {
-		return err
-	}
+	// A pending reservation whose start the worker has not yet seen pass holds its nodes now:
+	// their rollups are recounted like any other change's.
 	if _, err := tx.Exec(ctx, `DELETE FROM compute.bookings WHERE reservation_id = $1`, r.ID); err != nil {
 		return err
 	}
 	if _, err := tx.Exec(ctx, `UPDATE compute.reservations SET state = 'cancelled', ended_at = $2, updated_at = $2 WHERE id = $1`, r.ID, now); err != nil {
 		return err
 	}
-	return finish(ctx, tx, r, "reservation.cancelled", nil)
+	return finish(ctx, tx, r, "reservation.cancelled", nodes)
 }
 
 // finish releases an ended reservation's quota, refreshes its nodes and writes its event.
@@ -304,6 +400,9 @@ func notLive(r liveReservation, verb, hint string) error {
 // extend moves a reservation's end later. The spot bookings in the way are preempted; a normal
 // booking in the way makes the database refuse it.
 func extend(ctx context.Context, tx pgx.Tx, in api.ExtendReservation, tenant string) error {
+	if _, err := lockNodesOf(ctx, tx, []string{in.Reservation}); err != nil {
+		return err
+	}
 	r, err := lockReservation(ctx, tx, in.Reservation, tenant)
 	if err != nil {
 		return err
@@ -336,6 +435,12 @@ func extend(ctx context.Context, tx pgx.Tx, in api.ExtendReservation, tenant str
 	if err != nil {
 		return err
 	}
+	if !oldEnd.After(now) {
+		// Ended, though the worker has not yet marked it so.
+		return &api.Error{Code: api.CodeFailedPrecondition,
+			Message: fmt.Sprintf("reservation %s ended at %s and cannot be extended", r.ID, oldEnd.Format(time.RFC3339)),
+			Details: map[string]any{"reason": "state", "state": api.ReservationExpired}}
+	}
 	if !r.Spot {
 		rows, err := tx.Query(ctx, `SELECT DISTINCT s.reservation_id::text FROM compute.bookings b
 			JOIN compute.bookings s ON s.node_id = b.node_id AND s.resource = b.resource AND s.atoms && b.atoms AND s.spot
@@ -349,17 +454,20 @@ func extend(ctx context.Context, tx pgx.Tx, in api.ExtendReservation, tenant str
 			return err
 		}
 		if len(spot) > 0 {
-			nodes, err := preemptSpot(ctx, tx, spot, oldEnd, now, r.ID)
+			nodes, victims, err := preemptSpot(ctx, tx, spot, oldEnd, now, r.ID)
 			if err != nil {
+				return err
+			}
+			if err := lockQuotaSets(ctx, tx, quotaKeys(quotaKey{}, victims)...); err != nil {
+				return err
+			}
+			if err := releaseQuotas(ctx, tx, victims); err != nil {
 				return err
 			}
 			if err := RefreshNodes(ctx, tx, nodes...); err != nil {
 				return err
 			}
 		}
-	}
-	if err := lockNodesOf(ctx, tx, []string{r.ID}); err != nil {
-		return err
 	}
 	_, err = tx.Exec(ctx, `UPDATE compute.bookings SET during = tstzrange(lower(during), $2, '[)') WHERE reservation_id = $1`, r.ID, newEnd)
 	if postgres.ErrorCode(err) == postgres.ExclusionViolation {
@@ -393,6 +501,29 @@ func EndOnNode(ctx context.Context, tx pgx.Tx, nodeID string) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	// Every lock the loop needs, in the lock order, before it ends the first: nodes, reservations,
+	// quotas.
+	ids := make([]string, len(all))
+	for i, l := range all {
+		ids[i] = l.id
+	}
+	if _, err := lockNodesOf(ctx, tx, ids); err != nil {
+		return 0, err
+	}
+	krows, err := tx.Query(ctx, `SELECT tenant_id, pool_id::text FROM compute.reservations WHERE id = ANY($1::uuid[]) ORDER BY id FOR UPDATE`, ids)
+	if err != nil {
+		return 0, err
+	}
+	keys, err := pgx.CollectRows(krows, func(r pgx.CollectableRow) (quotaKey, error) {
+		var k quotaKey
+		return k, r.Scan(&k.tenant, &k.pool)
+	})
+	if err != nil {
+		return 0, err
+	}
+	if err := lockQuotaSets(ctx, tx, keys...); err != nil {
+		return 0, err
+	}
 	for _, l := range all {
 		if l.state == api.ReservationActive {
 			err = release(ctx, tx, l.id, l.tenant)
@@ -402,10 +533,6 @@ func EndOnNode(ctx context.Context, tx pgx.Tx, nodeID string) (int, error) {
 		if err != nil {
 			return 0, fmt.Errorf("capacity: end reservation %s on node %s: %w", l.id, nodeID, err)
 		}
-	}
-	ids := make([]string, len(all))
-	for i, l := range all {
-		ids[i] = l.id
 	}
 	return len(all), markDrained(ctx, tx, ids, nodeID)
 }

@@ -9,12 +9,13 @@ import (
 	"github.com/better-compute/compute/api"
 )
 
-// TestNoConnectionWaitInsideTransaction: with a pool of one connection, every kind of placement
-// and read still completes. A call that asked IAM (whose embedded port reads the same pool) for
-// the tenant path while its transaction held the only connection would wait forever; under load
-// with a larger pool the same wait left every connection idle in transaction.
+// TestNoConnectionWaitInsideTransaction: with a pool of two connections (the fewest migrations
+// need), every kind of placement and read still completes. Calls that asked IAM (whose embedded
+// port reads the same pool) for the tenant path while their transactions held every connection
+// would wait forever; under load with a larger pool the same wait left every connection idle in
+// transaction.
 func TestNoConnectionWaitInsideTransaction(t *testing.T) {
-	f := newFleet(t, fleetSpec{nodes: 2, gpus: 8, vcpus: 64, mem: 256, maxConns: 1})
+	f := newFleet(t, fleetSpec{nodes: 2, gpus: 8, vcpus: 64, mem: 256, maxConns: 2})
 	ctx, cancel := context.WithTimeout(f.ctx, 60*time.Second)
 	defer cancel()
 	shapes := []api.CreateReservation{
@@ -42,7 +43,7 @@ func TestNoConnectionWaitInsideTransaction(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		if err != nil {
-			t.Errorf("with a pool of one connection: %v", err)
+			t.Errorf("with a pool of two connections: %v", err)
 		}
 	}
 }

@@ -96,13 +96,12 @@ func reserve(ctx context.Context, c *modules.Call, in api.CreateReservation) (ap
 	}
 	r := request{tenant: c.Target.TenantID, pool: pool.ID, principal: c.Principal.ID, in: in, w: w, now: now, id: fleet.NewID()}
 
-	// Quota rows are locked before any node: a transaction never holds nodes while it queues on
-	// its tenant's quota, which would starve other tenants' placements.
-	quotas, err := lockQuotas(ctx, tx, r.tenant, r.pool)
+	// Over quota is known before placing: say so rather than look for room. The rows are read,
+	// not locked: quotas are locked last, after the nodes (see docs/capacity.md, "Lock order").
+	quotas, err := readQuotas(ctx, tx, r.tenant, r.pool)
 	if err != nil {
 		return api.Reservation{}, err
 	}
-	// Over quota is known before placing: say so rather than look for room.
 	if err := quotas.check(r.tenant, requested(in)); err != nil {
 		return api.Reservation{}, err
 	}
@@ -153,14 +152,30 @@ func reserve(ctx context.Context, c *modules.Call, in api.CreateReservation) (ap
 		preempt = append(preempt, p.plan.Preempts...)
 	}
 	touched := map[string]bool{}
+	var victims []ended
 	if len(preempt) > 0 {
-		nodes, err := preemptSpot(ctx, tx, uniq(preempt), w.start, now, r.id)
+		nodes, es, err := preemptSpot(ctx, tx, uniq(preempt), w.start, now, r.id)
 		if err != nil {
 			return api.Reservation{}, err
 		}
 		for _, n := range nodes {
 			touched[n] = true
 		}
+		victims = es
+	}
+
+	// Quotas last: this tenant's and the victims', at once; then the check that counts.
+	if err := lockQuotaSets(ctx, tx, quotaKeys(quotaKey{r.tenant, r.pool}, victims)...); err != nil {
+		return api.Reservation{}, err
+	}
+	if quotas, err = lockQuotas(ctx, tx, r.tenant, r.pool); err != nil {
+		return api.Reservation{}, err
+	}
+	if err := quotas.check(r.tenant, cl); err != nil {
+		return api.Reservation{}, err
+	}
+	if err := releaseQuotas(ctx, tx, victims); err != nil {
+		return api.Reservation{}, err
 	}
 
 	b := &pgx.Batch{}
@@ -170,20 +185,13 @@ func reserve(ctx context.Context, c *modules.Call, in api.CreateReservation) (ap
 	quotas.queue(b, r.tenant, r.pool, cl)
 	for m, p := range plans {
 		queueBookings(b, r.id, m, p.node.NodeID, p.plan.Picks, w, in.Spot)
-		switch {
-		case !active:
-		case len(preempt) == 0 && !in.Spot:
-			// Free atoms taken now, under the node's lock: the rollup changes by exactly this.
-			b.Queue(takeSQL, p.node.NodeID, wholeGPUs(p.plan.Picks), in.VCPUs, in.MemoryGiB)
-		default:
+		if active {
 			touched[p.node.NodeID] = true
 		}
 	}
 	if nodes := sortedKeys(touched); len(nodes) > 0 {
-		b.Queue(lockSQL, nodes)
-		for _, n := range nodes {
-			b.Queue(refreshSQL, n)
-		}
+		// Recounted, not decremented: see refreshSQL. The nodes are locked already.
+		b.Queue(refreshSQL, nodes)
 	}
 	events.QueueEmit(b, "reservation.created", r.tenant, r.id, map[string]any{"pool": r.pool, "state": state, "spot": in.Spot})
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
@@ -241,7 +249,13 @@ func (r request) placeMember(ctx context.Context, tx pgx.Tx, used []string) (*me
 		}
 		err := tx.QueryRow(ctx, q+" SKIP LOCKED", args...).Scan(&nodeID, &name)
 		if err == pgx.ErrNoRows {
-			err = tx.QueryRow(ctx, q, args...).Scan(&nodeID, &name)
+			// Every candidate left is locked by another placer. One that holds no node yet waits
+			// for the best; one that does never waits (it could close a cycle) and runs again.
+			wait := q
+			if len(tried) > 0 {
+				wait += " NOWAIT"
+			}
+			err = retryIfLocked(tx.QueryRow(ctx, wait, args...).Scan(&nodeID, &name))
 		}
 		if err == pgx.ErrNoRows && simple && pass+1 < len(passes) {
 			pass++
@@ -434,14 +448,4 @@ func sortedKeys(m map[string]bool) []string {
 	}
 	sort.Strings(out)
 	return out
-}
-
-func wholeGPUs(picks []Pick) int {
-	n := 0
-	for _, p := range picks {
-		if p.Kind == "gpu" {
-			n += int(p.Units)
-		}
-	}
-	return n
 }

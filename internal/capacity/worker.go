@@ -78,6 +78,16 @@ func tickBatchOnce(ctx context.Context, db *postgres.DB, res *TickResult) (int, 
 		}); err != nil {
 			return err
 		}
+		// Quotas last, all of them at once (see docs/capacity.md, "Lock order").
+		var keys []quotaKey
+		for _, m := range all {
+			if m.state != "active" {
+				keys = append(keys, quotaKey{m.tenant, m.pool})
+			}
+		}
+		if err := lockQuotaSets(ctx, tx, keys...); err != nil {
+			return err
+		}
 		ids := make([]string, len(all))
 		for i, m := range all {
 			ids[i] = m.id

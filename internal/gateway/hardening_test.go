@@ -136,9 +136,11 @@ func TestOfflineNodeComesBackOnlineWhenHeartbeatsResume(t *testing.T) {
 		if _, err := p.DB.Pool.Exec(p.ctx, `UPDATE compute.node_sessions SET offline_after = now() - interval '1 second' WHERE node_id = $1`, node); err != nil {
 			t.Fatal(err)
 		}
-		// The worker marks nodes offline at once, and either may lose a deadlock to the other
-		// (or to a flush): the loop tries again, as the worker does.
-		_, _ = nodes.MarkOffline(p.ctx, p.DB)
+		// MarkOffline and the heartbeat flush take the nodes' rows in one order: neither may lose
+		// a deadlock to the other.
+		if _, err := nodes.MarkOffline(p.ctx, p.DB); err != nil {
+			t.Fatalf("MarkOffline: %v", err)
+		}
 		n, err := p.Compute.API.Nodes.Get(p.ctx, p.RootKey, api.GetNode{Node: node})
 		return err == nil && n.Status == api.NodeOffline
 	})

@@ -210,10 +210,22 @@ func FailOverdueCommands(ctx context.Context, q postgres.Querier) (int64, error)
 func MarkOffline(ctx context.Context, db *postgres.DB) (int, error) {
 	var ids []string
 	err := db.Tx(ctx, func(tx pgx.Tx) error {
+		// Lock the silent nodes in id order (the order every path that changes nodes takes them),
+		// then decide again in a new statement: one that waited sees the heartbeat that came
+		// meanwhile.
+		lrows, err := tx.Query(ctx, `SELECT n.id::text FROM compute.nodes n JOIN compute.node_sessions s ON s.node_id = n.id
+			WHERE n.status = 'online' AND s.offline_after <= compute.compute_now() ORDER BY n.id FOR UPDATE OF n`)
+		if err != nil {
+			return err
+		}
+		silent, err := pgx.CollectRows(lrows, pgx.RowTo[string])
+		if err != nil || len(silent) == 0 {
+			return err
+		}
 		rows, err := tx.Query(ctx, `UPDATE compute.nodes n SET status = 'offline', updated_at = compute.compute_now()
 			FROM compute.node_sessions s
-			WHERE s.node_id = n.id AND n.status = 'online' AND s.offline_after <= compute.compute_now()
-			RETURNING n.id::text, n.tenant_id`)
+			WHERE n.id = ANY($1::uuid[]) AND s.node_id = n.id AND n.status = 'online' AND s.offline_after <= compute.compute_now()
+			RETURNING n.id::text, n.tenant_id`, silent)
 		if err != nil {
 			return err
 		}
