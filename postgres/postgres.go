@@ -151,7 +151,7 @@ const (
 	ExclusionViolation   = "23P01"
 	SerializationFailure = "40001"
 	DeadlockDetected     = "40P01"
-	LockNotAvailable     = "55P03" // FOR UPDATE NOWAIT found the row locked
+	LockNotAvailable     = "55P03" // NOWAIT found a row locked, or lock_timeout passed
 )
 
 // ErrorCode returns the SQLSTATE of err, or "" when err is not a PostgreSQL error.

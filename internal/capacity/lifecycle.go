@@ -4,13 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/internal/events"
-	"github.com/better-compute/compute/modules"
 	"github.com/better-compute/compute/postgres"
 )
 
@@ -22,21 +23,7 @@ func applyQuota(ctx context.Context, tx pgx.Tx, tenant, pool string, cl claims, 
 	if err := lockQuotaSets(ctx, tx, quotaKey{tenant, pool}); err != nil {
 		return err
 	}
-	type item struct {
-		resource, model string
-		n               int
-	}
-	var items []item
-	for m, n := range cl.GPUs {
-		items = append(items, item{api.QuotaGPUs, m, n})
-	}
-	if cl.VCPUs > 0 {
-		items = append(items, item{api.QuotaVCPUs, "", cl.VCPUs})
-	}
-	if cl.MemoryGiB > 0 {
-		items = append(items, item{api.QuotaMemoryGiB, "", cl.MemoryGiB})
-	}
-	for _, it := range items {
+	for _, it := range quotaItems(cl) {
 		rows, err := tx.Query(ctx, `UPDATE compute.quotas SET used = greatest(used + $5, 0), updated_at = compute.compute_now()
 			WHERE tenant_id = $1 AND pool_id = $2 AND resource = $3 AND (model = '' OR model = $4)
 			RETURNING model, "limit", used`, tenant, pool, it.resource, it.model, sign*it.n)
@@ -65,6 +52,41 @@ func applyQuota(ctx context.Context, tx pgx.Tx, tenant, pool string, cl claims, 
 		}
 	}
 	return nil
+}
+
+// quotaItem is one resource a reservation claims, as quotas count it.
+type quotaItem struct {
+	resource, model string
+	n               int
+}
+
+// quotaItems lists what cl claims, in a fixed order.
+func quotaItems(cl claims) []quotaItem {
+	var items []quotaItem
+	for _, m := range slices.Sorted(maps.Keys(cl.GPUs)) {
+		items = append(items, quotaItem{api.QuotaGPUs, m, cl.GPUs[m]})
+	}
+	if cl.MemoryGiB > 0 {
+		items = append(items, quotaItem{api.QuotaMemoryGiB, "", cl.MemoryGiB})
+	}
+	if cl.VCPUs > 0 {
+		items = append(items, quotaItem{api.QuotaVCPUs, "", cl.VCPUs})
+	}
+	return items
+}
+
+// queueQuotaRelease gives cl back to the quotas of tenant in pool, in b: the rows are locked in
+// one order first, as lockQuotaSets does.
+func queueQuotaRelease(b *pgx.Batch, tenant, pool string, cl claims) {
+	items := quotaItems(cl)
+	if len(items) == 0 {
+		return
+	}
+	b.Queue(lockQuotaSetsSQL, []string{tenant}, []string{pool})
+	for _, it := range items {
+		b.Queue(`UPDATE compute.quotas SET used = greatest(used - $5, 0), updated_at = compute.compute_now()
+			WHERE tenant_id = $1 AND pool_id = $2 AND resource = $3 AND (model = '' OR model = $4)`, tenant, pool, it.resource, it.model, it.n)
+	}
 }
 
 // quotaRows are a tenant's quotas in a pool, as the booking transaction read them.
@@ -107,10 +129,12 @@ func lockQuotaSets(ctx context.Context, tx pgx.Tx, keys ...quotaKey) error {
 	for i, k := range keys {
 		tenants[i], pools[i] = k.tenant, k.pool
 	}
-	_, err := tx.Exec(ctx, `SELECT 1 FROM compute.quotas q, unnest($1::text[], $2::uuid[]) AS k(t, p)
-		WHERE q.tenant_id = k.t AND q.pool_id = k.p ORDER BY q.tenant_id, q.pool_id, q.resource, q.model FOR UPDATE OF q`, tenants, pools)
+	_, err := tx.Exec(ctx, lockQuotaSetsSQL, tenants, pools)
 	return err
 }
+
+const lockQuotaSetsSQL = `SELECT 1 FROM compute.quotas q, unnest($1::text[], $2::uuid[]) AS k(t, p)
+	WHERE q.tenant_id = k.t AND q.pool_id = k.p ORDER BY q.tenant_id, q.pool_id, q.resource, q.model FOR UPDATE OF q`
 
 // amount is how much of quota q's resource cl claims.
 func amount(q api.Quota, cl claims) int {
@@ -169,13 +193,29 @@ func (qs quotaRows) add(cl claims) {
 	}
 }
 
-// queue adds the claims to the locked quotas, in b.
+// queue adds the claims to the quotas read, in b. Each UPDATE locks its row and checks the limit
+// again against what is counted now, so a quota read without a lock still holds: over it, the
+// batch fails with quota_exceeded and the transaction is rolled back.
 func (qs quotaRows) queue(b *pgx.Batch, tenant, pool string, cl claims) {
 	for _, q := range qs {
-		if n := amount(q, cl); n > 0 {
-			b.Queue(`UPDATE compute.quotas SET used = used + $5, updated_at = compute.compute_now()
-				WHERE tenant_id = $1 AND pool_id = $2 AND resource = $3 AND model = $4`, tenant, pool, q.Resource, q.Model, n)
+		n := amount(q, cl)
+		if n == 0 {
+			continue
 		}
+		b.Queue(`UPDATE compute.quotas SET used = used + $5, updated_at = compute.compute_now()
+			WHERE tenant_id = $1 AND pool_id = $2 AND resource = $3 AND model = $4 RETURNING "limit", used`, tenant, pool, q.Resource, q.Model, n).
+			QueryRow(func(row pgx.Row) error {
+				var limit, used int
+				err := row.Scan(&limit, &used)
+				if errors.Is(err, pgx.ErrNoRows) || (err == nil && used <= limit) {
+					return nil // deleted meanwhile, or within its limit
+				}
+				if err != nil {
+					return err
+				}
+				q.Limit, q.Used = limit, used-n
+				return quotaRows{q}.check(tenant, cl)
+			})
 	}
 }
 
@@ -187,13 +227,14 @@ type liveReservation struct {
 	EndsAt                      *time.Time
 	EndReason                   *string
 	Claims                      claims
+	Now                         time.Time // compute_now(), read with it
 }
 
 func lockReservation(ctx context.Context, tx pgx.Tx, id, tenant string) (liveReservation, error) {
 	var r liveReservation
-	err := tx.QueryRow(ctx, `SELECT id::text, tenant_id, pool_id::text, state, spot, starts_at, ends_at, end_reason, claims
-		FROM compute.reservations WHERE id = $1 AND tenant_id = $2 FOR UPDATE`, id, tenant).
-		Scan(&r.ID, &r.TenantID, &r.PoolID, &r.State, &r.Spot, &r.StartsAt, &r.EndsAt, &r.EndReason, &r.Claims)
+	err := tx.QueryRow(ctx, `SELECT id::text, tenant_id, pool_id::text, state, spot, starts_at, ends_at, end_reason, claims, compute.compute_now()
+		FROM compute.reservations WHERE id = $1 AND tenant_id = $2 FOR NO KEY UPDATE`, id, tenant).
+		Scan(&r.ID, &r.TenantID, &r.PoolID, &r.State, &r.Spot, &r.StartsAt, &r.EndsAt, &r.EndReason, &r.Claims, &r.Now)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return r, api.NotFound("reservation", id)
 	}
@@ -220,42 +261,28 @@ func collectNodes(rows pgx.Rows, err error) ([]string, error) {
 	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
-// lockMoreNodesOf is lockNodesOf for a transaction that already holds other nodes (a placer's
-// candidates, an extension's own nodes): it never waits, since waiting while holding could close
-// a cycle with another such transaction. A node held elsewhere makes the whole call run again.
-func lockMoreNodesOf(ctx context.Context, q postgres.Querier, ids []string) ([]string, error) {
-	nodes, err := collectNodes(q.Query(ctx, lockNodesOfSQL+" NOWAIT", ids))
-	return nodes, retryIfLocked(err)
-}
-
-// retryIfLocked turns a NOWAIT refusal into a retry of the whole call, from a transaction that
-// holds nothing.
-func retryIfLocked(err error) error {
-	if postgres.ErrorCode(err) == postgres.LockNotAvailable {
-		return modules.Retry(&api.Error{Code: api.CodeUnavailable, Message: "the nodes this call needs were busy with concurrent calls; try again",
-			Details: map[string]any{"reason": "contention"}})
-	}
-	return err
-}
-
 // truncateBookings ends the bookings of reservations at t: those that start at or after t are
 // deleted, the others end at t. The caller holds the nodes' locks.
 func truncateBookings(ctx context.Context, q postgres.Querier, ids []string, t time.Time) error {
-	_, err := q.Exec(ctx, `WITH d AS (
-		  DELETE FROM compute.bookings WHERE reservation_id = ANY($1::uuid[]) AND lower(during) >= $2
-		)
-		UPDATE compute.bookings SET during = tstzrange(lower(during), $2, '[)')
-		WHERE reservation_id = ANY($1::uuid[]) AND lower(during) < $2 AND (upper_inf(during) OR upper(during) > $2)`, ids, t)
+	_, err := q.Exec(ctx, truncateSQL, ids, t)
 	return err
 }
+
+const truncateSQL = `WITH d AS (
+	  DELETE FROM compute.bookings WHERE reservation_id = ANY($1::uuid[]) AND lower(during) >= $2
+	)
+	UPDATE compute.bookings SET during = tstzrange(lower(during), $2, '[)')
+	WHERE reservation_id = ANY($1::uuid[]) AND lower(during) < $2 AND (upper_inf(during) OR upper(during) > $2)`
 
 // preemptSpot ends spot reservations at t, because normal booking by now needs their atoms from
 // t on. One that has not started by t is preempted at once; one that has is preempted at t
 // (now, or later by the worker, which finishes what is decided here). The caller holds the locks
-// of the nodes it planned on; the victims' other nodes are taken without waiting. It returns the
-// nodes touched and the victims whose quota the caller releases, after locking quotas.
+// of the nodes it planned on. It returns the victims' nodes and the victims, whose quota the
+// caller releases after locking quotas.
 func preemptSpot(ctx context.Context, tx pgx.Tx, ids []string, t, now time.Time, by string) ([]string, []ended, error) {
-	nodes, err := lockMoreNodesOf(ctx, tx, ids)
+	// The victims' nodes other than the caller's: a wait while holding nodes, as a placer's for
+	// its next candidate (see docs/capacity.md, "Lock order").
+	nodes, err := lockNodesOf(ctx, tx, ids)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -326,7 +353,8 @@ func isEnded(state string) bool {
 	return state != api.ReservationPending && state != api.ReservationActive
 }
 
-// release ends an active reservation now.
+// release ends an active reservation now. After its locks it is one round trip: a release
+// holds its nodes, which placers wait for, for as short a time as it can.
 func release(ctx context.Context, tx pgx.Tx, id, tenant string) error {
 	nodes, err := lockNodesOf(ctx, tx, []string{id})
 	if err != nil {
@@ -339,17 +367,11 @@ func release(ctx context.Context, tx pgx.Tx, id, tenant string) error {
 	if r.State != api.ReservationActive {
 		return notLive(r, "released", "only an active reservation is released; a pending one is cancelled")
 	}
-	now, err := dbNow(ctx, tx)
-	if err != nil {
-		return err
-	}
-	if err := truncateBookings(ctx, tx, []string{r.ID}, now); err != nil {
-		return err
-	}
-	if _, err := tx.Exec(ctx, `UPDATE compute.reservations SET state = 'released', ended_at = $2, updated_at = $2 WHERE id = $1`, r.ID, now); err != nil {
-		return err
-	}
-	return finish(ctx, tx, r, "reservation.released", nodes)
+	b := &pgx.Batch{}
+	b.Queue(truncateSQL, []string{r.ID}, r.Now)
+	b.Queue(`UPDATE compute.reservations SET state = 'released', ended_at = $2, updated_at = $2 WHERE id = $1`, r.ID, r.Now)
+	queueFinish(b, r, "reservation.released", nodes)
+	return tx.SendBatch(ctx, b).Close()
 }
 
 // cancel ends a pending reservation before it starts.
@@ -365,30 +387,23 @@ func cancel(ctx context.Context, tx pgx.Tx, id, tenant string) error {
 	if r.State != api.ReservationPending {
 		return notLive(r, "cancelled", "only a pending reservation is cancelled; an active one is released")
 	}
-	now, err := dbNow(ctx, tx)
-	if err != nil {
-		return err
-	}
+	b := &pgx.Batch{}
+	b.Queue(`DELETE FROM compute.bookings WHERE reservation_id = $1`, r.ID)
+	b.Queue(`UPDATE compute.reservations SET state = 'cancelled', ended_at = $2, updated_at = $2 WHERE id = $1`, r.ID, r.Now)
 	// A pending reservation whose start the worker has not yet seen pass holds its nodes now:
 	// their rollups are recounted like any other change's.
-	if _, err := tx.Exec(ctx, `DELETE FROM compute.bookings WHERE reservation_id = $1`, r.ID); err != nil {
-		return err
-	}
-	if _, err := tx.Exec(ctx, `UPDATE compute.reservations SET state = 'cancelled', ended_at = $2, updated_at = $2 WHERE id = $1`, r.ID, now); err != nil {
-		return err
-	}
-	return finish(ctx, tx, r, "reservation.cancelled", nodes)
+	queueFinish(b, r, "reservation.cancelled", nodes)
+	return tx.SendBatch(ctx, b).Close()
 }
 
-// finish releases an ended reservation's quota, refreshes its nodes and writes its event.
-func finish(ctx context.Context, tx pgx.Tx, r liveReservation, event string, nodes []string) error {
-	if err := applyQuota(ctx, tx, r.TenantID, r.PoolID, r.Claims, -1); err != nil {
-		return err
+// queueFinish gives back an ended reservation's quota, recounts its nodes and writes its event, in b.
+func queueFinish(b *pgx.Batch, r liveReservation, event string, nodes []string) {
+	queueQuotaRelease(b, r.TenantID, r.PoolID, r.Claims)
+	if len(nodes) > 0 {
+		b.Queue(lockSQL, nodes)
+		b.Queue(refreshSQL, nodes)
 	}
-	if err := RefreshNodes(ctx, tx, nodes...); err != nil {
-		return err
-	}
-	return events.Emit(ctx, tx, event, r.TenantID, r.ID, nil)
+	events.QueueEmit(b, event, r.TenantID, r.ID, nil)
 }
 
 func notLive(r liveReservation, verb, hint string) error {
@@ -510,7 +525,7 @@ func EndOnNode(ctx context.Context, tx pgx.Tx, nodeID string) (int, error) {
 	if _, err := lockNodesOf(ctx, tx, ids); err != nil {
 		return 0, err
 	}
-	krows, err := tx.Query(ctx, `SELECT tenant_id, pool_id::text FROM compute.reservations WHERE id = ANY($1::uuid[]) ORDER BY id FOR UPDATE`, ids)
+	krows, err := tx.Query(ctx, `SELECT tenant_id, pool_id::text FROM compute.reservations WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE`, ids)
 	if err != nil {
 		return 0, err
 	}

@@ -2,6 +2,7 @@ package capacity
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -164,25 +165,21 @@ func reserve(ctx context.Context, c *modules.Call, in api.CreateReservation) (ap
 		victims = es
 	}
 
-	// Quotas last: this tenant's and the victims', at once; then the check that counts.
-	if err := lockQuotaSets(ctx, tx, quotaKeys(quotaKey{r.tenant, r.pool}, victims)...); err != nil {
-		return api.Reservation{}, err
-	}
-	if quotas, err = lockQuotas(ctx, tx, r.tenant, r.pool); err != nil {
-		return api.Reservation{}, err
-	}
-	if err := quotas.check(r.tenant, cl); err != nil {
-		return api.Reservation{}, err
-	}
-	if err := releaseQuotas(ctx, tx, victims); err != nil {
-		return api.Reservation{}, err
+	// Quotas last: the victims' and this tenant's, all at once, when spot was preempted. This
+	// tenant's increments in the write below check the limits again under their row locks.
+	if len(victims) > 0 {
+		if err := lockQuotaSets(ctx, tx, quotaKeys(quotaKey{r.tenant, r.pool}, victims)...); err != nil {
+			return api.Reservation{}, err
+		}
+		if err := releaseQuotas(ctx, tx, victims); err != nil {
+			return api.Reservation{}, err
+		}
 	}
 
 	b := &pgx.Batch{}
 	b.Queue(`INSERT INTO compute.reservations (id, tenant_id, pool_id, state, spot, shape, members, claims, starts_at, ends_at, labels, created_by, created_at, updated_at)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13)`,
 		r.id, r.tenant, r.pool, state, in.Spot, in.Shape, len(plans), cl, w.start, w.end, labels, r.principal, now)
-	quotas.queue(b, r.tenant, r.pool, cl)
 	for m, p := range plans {
 		queueBookings(b, r.id, m, p.node.NodeID, p.plan.Picks, w, in.Spot)
 		if active {
@@ -193,8 +190,12 @@ func reserve(ctx context.Context, c *modules.Call, in api.CreateReservation) (ap
 		// Recounted, not decremented: see refreshSQL. The nodes are locked already.
 		b.Queue(refreshSQL, nodes)
 	}
+	quotas.queue(b, r.tenant, r.pool, cl) // quotas last
 	events.QueueEmit(b, "reservation.created", r.tenant, r.id, map[string]any{"pool": r.pool, "state": state, "spot": in.Spot})
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		if isAPIError(err) {
+			return api.Reservation{}, err // over quota, counted under the rows' locks
+		}
 		if postgres.ErrorCode(err) == postgres.ExclusionViolation {
 			// Someone booked these atoms without the node lock (another path): try again afresh.
 			return api.Reservation{}, modules.Retry(&api.Error{Code: api.CodeConflict, Message: "the capacity chosen was booked concurrently; try again"})
@@ -249,13 +250,11 @@ func (r request) placeMember(ctx context.Context, tx pgx.Tx, used []string) (*me
 		}
 		err := tx.QueryRow(ctx, q+" SKIP LOCKED", args...).Scan(&nodeID, &name)
 		if err == pgx.ErrNoRows {
-			// Every candidate left is locked by another placer. One that holds no node yet waits
-			// for the best; one that does never waits (it could close a cycle) and runs again.
-			wait := q
-			if len(tried) > 0 {
-				wait += " NOWAIT"
-			}
-			err = retryIfLocked(tx.QueryRow(ctx, wait, args...).Scan(&nodeID, &name))
+			// Every candidate left is locked by another placer: wait for the best, for at most
+			// placementWait. A placer that holds candidates already may so close a cycle with
+			// another; PostgreSQL breaks it (40P01) and the envelope runs the call again (see
+			// docs/capacity.md, "Lock order").
+			err = r.waitForCandidate(ctx, tx, q, args, &nodeID, &name)
 		}
 		if err == pgx.ErrNoRows && simple && pass+1 < len(passes) {
 			pass++
@@ -277,6 +276,32 @@ func (r request) placeMember(ctx context.Context, tx pgx.Tx, used []string) (*me
 		}
 	}
 	return nil, nil
+}
+
+// placementWait bounds how long a placer waits for a node another placer holds. Past it the
+// answer is no room, contended: under a storm of requests for the last free GPUs, a caller
+// hears within seconds that it should try again, rather than queue behind every other.
+const placementWait = "1s"
+
+// waitForCandidate runs the candidate query q without SKIP LOCKED, under placementWait.
+func (r request) waitForCandidate(ctx context.Context, tx pgx.Tx, q string, args []any, nodeID, name *string) error {
+	var was string
+	if err := tx.QueryRow(ctx, `SELECT current_setting('lock_timeout'), set_config('lock_timeout', $1, true)`, placementWait).Scan(&was, nil); err != nil {
+		return err
+	}
+	err := tx.QueryRow(ctx, q, args...).Scan(nodeID, name)
+	if postgres.ErrorCode(err) == postgres.LockNotAvailable {
+		return &api.Error{Code: api.CodeConflict,
+			Message: fmt.Sprintf("pool %s has no room for %s now: the nodes that may fit stayed busy with concurrent requests for %s; try again", r.in.Pool, describeShape(r.in.Shape), placementWait),
+			Details: map[string]any{"reason": NoRoomContended}}
+	}
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return err // the transaction is aborted
+	}
+	if _, rerr := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, was); rerr != nil {
+		return rerr
+	}
+	return err
 }
 
 // fitSQL is the common case, N whole GPUs now with no label filter: an index walk over the pool's
@@ -428,6 +453,11 @@ func labelsOrEmpty(l map[string]string) map[string]string {
 		return map[string]string{}
 	}
 	return l
+}
+
+func isAPIError(err error) bool {
+	var ae *api.Error
+	return errors.As(err, &ae)
 }
 
 func uniq(s []string) []string {

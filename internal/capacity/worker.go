@@ -42,16 +42,22 @@ func tickBatchOnce(ctx context.Context, db *postgres.DB, res *TickResult) (int, 
 	moved := 0
 	err := db.Tx(ctx, func(tx pgx.Tx) error {
 		// Rollups before reservations: their state change touches what the nodes should hold.
-		if _, err := tx.Exec(ctx, `SELECT node_id FROM compute.node_capacity WHERE node_id IN (
+		// The tick waits for no node: one a placer holds now is skipped, and so are the
+		// reservations on it, until the next tick. A tick that waited for nodes while holding
+		// others stalled every placer behind it (and lost deadlocks to them).
+		nrows, err := tx.Query(ctx, `SELECT node_id::text FROM compute.node_capacity WHERE node_id IN (
 			  SELECT b.node_id FROM compute.bookings b JOIN compute.reservations r ON r.id = b.reservation_id
 			  WHERE r.state IN ('pending', 'active') AND (r.starts_at <= compute.compute_now() AND r.state = 'pending' OR r.ends_at <= compute.compute_now()))
-			ORDER BY node_id FOR UPDATE`); err != nil {
+			ORDER BY node_id FOR UPDATE SKIP LOCKED`)
+		locked, err := collectNodes(nrows, err)
+		if err != nil || len(locked) == 0 {
 			return err
 		}
 		rows, err := tx.Query(ctx, `WITH due AS (
-			  SELECT id FROM compute.reservations
-			  WHERE state IN ('pending', 'active') AND (starts_at <= compute.compute_now() AND state = 'pending' OR ends_at <= compute.compute_now())
-			  ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED
+			  SELECT r.id FROM compute.reservations r
+			  WHERE r.state IN ('pending', 'active') AND (r.starts_at <= compute.compute_now() AND r.state = 'pending' OR r.ends_at <= compute.compute_now())
+			    AND NOT EXISTS (SELECT 1 FROM compute.bookings b WHERE b.reservation_id = r.id AND NOT b.node_id = ANY($2::uuid[]))
+			  ORDER BY r.id LIMIT $1 FOR NO KEY UPDATE SKIP LOCKED
 			)
 			UPDATE compute.reservations r SET
 			  state = CASE
@@ -62,7 +68,7 @@ func tickBatchOnce(ctx context.Context, db *postgres.DB, res *TickResult) (int, 
 			  ended_at = CASE WHEN r.ends_at <= compute.compute_now() THEN r.ends_at END,
 			  updated_at = compute.compute_now()
 			FROM due WHERE r.id = due.id
-			RETURNING r.id::text, r.tenant_id, r.pool_id::text, r.state, r.claims`, tickBatch)
+			RETURNING r.id::text, r.tenant_id, r.pool_id::text, r.state, r.claims`, tickBatch, locked)
 		if err != nil {
 			return err
 		}
@@ -108,11 +114,7 @@ func tickBatchOnce(ctx context.Context, db *postgres.DB, res *TickResult) (int, 
 		if moved == 0 {
 			return nil
 		}
-		nrows, err := tx.Query(ctx, `SELECT DISTINCT node_id::text FROM compute.bookings WHERE reservation_id = ANY($1::uuid[]) ORDER BY 1`, ids)
-		if err != nil {
-			return err
-		}
-		nodes, err := pgx.CollectRows(nrows, pgx.RowTo[string])
+		nodes, err := collectNodes(tx.Query(ctx, `SELECT DISTINCT node_id::text FROM compute.bookings WHERE reservation_id = ANY($1::uuid[]) ORDER BY 1`, ids))
 		if err != nil {
 			return err
 		}

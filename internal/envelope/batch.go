@@ -2,6 +2,7 @@ package envelope
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -61,30 +62,47 @@ func (e *Envelope) batched(ctx context.Context, h *modules.Handler, bkey string,
 	c.done = make(chan outcome, 1)
 	b.mu.Lock()
 	b.pending = append(b.pending, c)
-	if !b.running {
-		b.running = true
-		for len(b.pending) > 0 {
-			n := min(len(b.pending), MaxBatch)
-			calls := b.pending[:n:n]
-			b.pending = b.pending[n:]
-			b.mu.Unlock()
-			e.runBatch(h, calls)
-			b.mu.Lock()
-		}
-		b.running = false
-		e.batch.mu.Lock()
-		if len(b.pending) == 0 && e.batch.m[name] == b {
-			delete(e.batch.m, name)
-		}
-		e.batch.mu.Unlock()
-	}
+	lead := !b.running
+	b.running = true
 	b.mu.Unlock()
+	if lead {
+		e.lead(h, b, name, c)
+	}
 	select {
 	case o := <-c.done:
 		return o.res, o.err
 	case <-ctx.Done():
 		// The batch goes on; this caller stops waiting. What it wrote, if anything, stands.
 		return Result{}, e.mapError(ctx, h, ctx.Err())
+	}
+}
+
+// lead runs b's pending calls, batch after batch, until none is left or the batch with the
+// leader's own call (mine) has run: then, with calls still pending, a new goroutine goes on
+// leading, so that the leader's caller is answered now. (A leader that stayed until the queue
+// was empty was never answered while calls kept coming.)
+func (e *Envelope) lead(h *modules.Handler, b *batcher, name string, mine *pending) {
+	for {
+		b.mu.Lock()
+		if len(b.pending) == 0 {
+			b.running = false
+			e.batch.mu.Lock()
+			if e.batch.m[name] == b {
+				delete(e.batch.m, name)
+			}
+			e.batch.mu.Unlock()
+			b.mu.Unlock()
+			return
+		}
+		n := min(len(b.pending), MaxBatch)
+		calls := b.pending[:n:n]
+		b.pending = b.pending[n:]
+		b.mu.Unlock()
+		e.runBatch(h, calls)
+		if mine != nil && slices.Contains(calls, mine) {
+			go e.lead(h, b, name, nil)
+			return
+		}
 	}
 }
 
@@ -170,11 +188,17 @@ func (e *Envelope) runBatch(h *modules.Handler, calls []*pending) {
 			}
 		}
 	}
+	// The calls sent back run alone at once, side by side, as they would have unbatched: run one
+	// after another by the leader, twenty of them waiting for nodes took seconds.
+	var wg sync.WaitGroup
 	for _, i := range alone {
 		c := calls[i]
-		res, err := e.transactAlone(c.ctx, c.p, h, c.t, c.key, c.hash, c.in)
-		out[i] = &outcome{res: res, err: err}
+		wg.Go(func() {
+			res, err := e.transactAlone(c.ctx, c.p, h, c.t, c.key, c.hash, c.in)
+			out[i] = &outcome{res: res, err: err}
+		})
 	}
+	wg.Wait()
 	for i, c := range calls {
 		c.done <- *out[i]
 	}

@@ -385,8 +385,9 @@ func (g *Gateway) flush(ctx context.Context) error {
 		b := &pgx.Batch{}
 		// The nodes' rows first, in id order, as every path that changes a node takes them (a
 		// session's claim, MarkOffline): updating sessions or nodes in the order of a join would
-		// deadlock with those.
-		b.Queue(`SELECT 1 FROM compute.nodes WHERE id = ANY($1::uuid[]) ORDER BY id FOR UPDATE`, ids)
+		// deadlock with those. NO KEY UPDATE, as the UPDATE itself takes: a placement's booking
+		// holds KEY SHARE on its node through the foreign key, and must not wait for a flush.
+		b.Queue(`SELECT 1 FROM compute.nodes WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE`, ids)
 		b.Queue(`UPDATE compute.node_sessions s SET last_seen_at = u.t, offline_after = u.t + make_interval(secs => u.g)
 			FROM unnest($1::uuid[], $2::bigint[], $3::timestamptz[], $4::float8[]) AS u(n, e, t, g)
 			WHERE s.node_id = u.n AND s.epoch = u.e AND s.gateway_id = $5`, ids, epochs, seen, graces, g.cfg.ID)

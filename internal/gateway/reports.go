@@ -22,12 +22,12 @@ func (g *Gateway) inventory(ctx context.Context, node string, inv *agentv1.Inven
 		})
 	}
 	return g.rt.DB.Tx(ctx, func(tx pgx.Tx) error {
-		if err := capacity.SetInventory(ctx, tx, node, in); err != nil {
+		// The node's row before its rollup's, the order of every path (docs/capacity.md).
+		if _, err := tx.Exec(ctx, `UPDATE compute.nodes SET facts = facts || jsonb_build_object('gpuStatus', $2::text), updated_at = compute.compute_now()
+			WHERE id = $1`, node, inv.GetGpuStatus()); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, `UPDATE compute.nodes SET facts = facts || jsonb_build_object('gpuStatus', $2::text), updated_at = compute.compute_now()
-			WHERE id = $1`, node, inv.GetGpuStatus())
-		return err
+		return capacity.SetInventory(ctx, tx, node, in)
 	})
 }
 
@@ -40,6 +40,10 @@ var criticalXIDs = map[int32]bool{48: true, 63: true, 64: true, 74: true, 79: tr
 // node's health.
 func (g *Gateway) health(ctx context.Context, node string, h *agentv1.HealthReport) error {
 	return g.rt.DB.Tx(ctx, func(tx pgx.Tx) error {
+		// The node's row before its rollup's, the order of every path (docs/capacity.md).
+		if _, err := tx.Exec(ctx, `SELECT 1 FROM compute.nodes WHERE id = $1 FOR NO KEY UPDATE`, node); err != nil {
+			return err
+		}
 		for _, e := range h.GetGpuEvents() {
 			health := ""
 			switch {

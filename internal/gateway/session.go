@@ -231,7 +231,7 @@ func (g *Gateway) claim(ctx context.Context, nodeID string, hello *agentv1.Hello
 	var epoch int64
 	err := g.rt.DB.Tx(ctx, func(tx pgx.Tx) error {
 		var state, tenant, status string
-		err := tx.QueryRow(ctx, `SELECT state, tenant_id, status FROM compute.nodes WHERE id = $1 FOR UPDATE`, nodeID).Scan(&state, &tenant, &status)
+		err := tx.QueryRow(ctx, `SELECT state, tenant_id, status FROM compute.nodes WHERE id = $1 FOR NO KEY UPDATE`, nodeID).Scan(&state, &tenant, &status)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("node %s does not exist", nodeID))
 		}

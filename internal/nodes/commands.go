@@ -214,7 +214,7 @@ func MarkOffline(ctx context.Context, db *postgres.DB) (int, error) {
 		// then decide again in a new statement: one that waited sees the heartbeat that came
 		// meanwhile.
 		lrows, err := tx.Query(ctx, `SELECT n.id::text FROM compute.nodes n JOIN compute.node_sessions s ON s.node_id = n.id
-			WHERE n.status = 'online' AND s.offline_after <= compute.compute_now() ORDER BY n.id FOR UPDATE OF n`)
+			WHERE n.status = 'online' AND s.offline_after <= compute.compute_now() ORDER BY n.id FOR NO KEY UPDATE OF n`)
 		if err != nil {
 			return err
 		}

@@ -44,7 +44,7 @@ func transition(ctx context.Context, c *modules.Call, to string, allowed ...stri
 }
 
 func lockNode(ctx context.Context, c *modules.Call) (api.Node, error) {
-	if _, err := c.Tx.Exec(ctx, `SELECT 1 FROM compute.nodes WHERE id = $1 FOR UPDATE`, c.Target.ResourceID); err != nil {
+	if _, err := c.Tx.Exec(ctx, `SELECT 1 FROM compute.nodes WHERE id = $1 FOR NO KEY UPDATE`, c.Target.ResourceID); err != nil {
 		return api.Node{}, err
 	}
 	return fleet.GetNode(ctx, c.Tx, c.Target.ResourceID, c.Target.TenantID)
