@@ -48,7 +48,7 @@ type stormStats struct {
 	calls, noRoom int
 	latencies     []time.Duration
 	failures      []string
-	slow          []string // calls over stormLimit
+	slow          []string          // calls over stormLimit
 	created       map[string]bool   // acknowledged creates
 	ended         map[string]string // acknowledged releases and cancels: id → state
 }
