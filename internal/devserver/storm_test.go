@@ -273,10 +273,3 @@ func storm(ctx context.Context, c *client.Client, st *stormStats, rng *rand.Rand
 		end(0)
 	}
 }
-
-func deref(s *string) string {
-	if s == nil {
-		return "-"
-	}
-	return *s
-}
