@@ -2,6 +2,7 @@ package capacity
 
 import (
 	"context"
+	"slices"
 	"sort"
 	"time"
 
@@ -82,19 +83,7 @@ func during(n NodeSnapshot, from, to time.Time) NodeSnapshot {
 // distinct nodes each fit shape for d. It tries after and every end of a booking: a window can
 // only open when something ends. Spot bookings count as free, as a normal booking preempts them.
 func Earliest(snaps []NodeSnapshot, shape api.Shape, members int, d time.Duration, after, horizon time.Time) (time.Time, []string, bool) {
-	starts := []time.Time{after}
-	for _, n := range snaps {
-		for _, h := range n.Held {
-			if h.To != nil && h.To.After(after) && !h.To.After(horizon) {
-				starts = append(starts, *h.To)
-			}
-		}
-	}
-	sort.Slice(starts, func(i, j int) bool { return starts[i].Before(starts[j]) })
-	for i, t := range starts {
-		if i > 0 && t.Equal(starts[i-1]) {
-			continue
-		}
+	for _, t := range windowStarts(snaps, after, horizon) {
 		var fit []string
 		for _, n := range snaps {
 			if _, ok := Plan(during(n, t, t.Add(d)), shape, false); ok {
@@ -106,6 +95,21 @@ func Earliest(snaps []NodeSnapshot, shape api.Shape, members int, d time.Duratio
 		}
 	}
 	return time.Time{}, nil, false
+}
+
+// windowStarts lists, in order and once each, the times a window can open at: after, and every
+// end of a booking of snaps within horizon (a window only opens when something ends).
+func windowStarts(snaps []NodeSnapshot, after, horizon time.Time) []time.Time {
+	starts := []time.Time{after}
+	for _, n := range snaps {
+		for _, h := range n.Held {
+			if h.To != nil && h.To.After(after) && !h.To.After(horizon) {
+				starts = append(starts, *h.To)
+			}
+		}
+	}
+	slices.SortFunc(starts, time.Time.Compare)
+	return slices.CompactFunc(starts, time.Time.Equal)
 }
 
 func availability(ctx context.Context, c *modules.Call, in api.Availability) (api.AvailabilityAnswer, error) {

@@ -349,16 +349,7 @@ func firstBlock(n NodeSnapshot, from time.Time, to *time.Time, fits func(NodeSna
 // earliestFit is the earliest start at or after after, up to horizon, from which need nodes
 // each fit for length (0: until released). A window opens only when a booking ends.
 func earliestFit(snaps []NodeSnapshot, need int, length time.Duration, after, horizon time.Time, fits func(NodeSnapshot, time.Time, *time.Time) bool) (time.Time, bool) {
-	starts := []time.Time{after}
-	for _, n := range snaps {
-		for _, h := range n.Held {
-			if h.To != nil && h.To.After(after) && !h.To.After(horizon) {
-				starts = append(starts, *h.To)
-			}
-		}
-	}
-	sort.Slice(starts, func(i, j int) bool { return starts[i].Before(starts[j]) })
-	for _, t := range starts {
+	for _, t := range windowStarts(snaps, after, horizon) {
 		var end *time.Time
 		if length > 0 {
 			e := t.Add(length)
