@@ -15,43 +15,15 @@ import (
 	"github.com/better-compute/compute/postgres"
 )
 
-// applyQuota adds (sign +1) or removes (sign -1) a reservation's claims from the quotas of its
-// tenant in its pool. Each quota row is changed under its row lock, so concurrent bookings are
-// counted one after the other; adding over a limit is a quota_exceeded error.
-func applyQuota(ctx context.Context, tx pgx.Tx, tenant, pool string, cl claims, sign int) error {
-	// The rows are taken in one order before any is changed (a no-op when the caller holds them).
-	if err := lockQuotaSets(ctx, tx, quotaKey{tenant, pool}); err != nil {
-		return err
+// releaseQuota gives a reservation's claims back to the quotas of its tenant in its pool. (Adding
+// is the placement's, in its final write: quotaRows.queue checks the limits there.)
+func releaseQuota(ctx context.Context, tx pgx.Tx, tenant, pool string, cl claims) error {
+	b := &pgx.Batch{}
+	queueQuotaRelease(b, tenant, pool, cl)
+	if b.Len() == 0 {
+		return nil
 	}
-	for _, it := range quotaItems(cl) {
-		rows, err := tx.Query(ctx, `UPDATE compute.quotas SET used = greatest(used + $5, 0), updated_at = compute.compute_now()
-			WHERE tenant_id = $1 AND pool_id = $2 AND resource = $3 AND (model = '' OR model = $4)
-			RETURNING model, "limit", used`, tenant, pool, it.resource, it.model, sign*it.n)
-		if err != nil {
-			return err
-		}
-		var model string
-		var limit, used int
-		_, err = pgx.ForEachRow(rows, []any{&model, &limit, &used}, func() error {
-			if sign > 0 && used > limit {
-				what := it.resource
-				if it.resource == api.QuotaGPUs {
-					what = "GPUs"
-					if model != "" {
-						what = model + " GPUs"
-					}
-				}
-				return &api.Error{Code: api.CodeQuotaExceeded,
-					Message: fmt.Sprintf("quota exceeded: tenant %s may hold %d %s in this pool; it holds %d and asks for %d more", tenant, limit, what, used-it.n, it.n),
-					Details: map[string]any{"reason": "quota", "resource": it.resource, "model": model, "limit": limit, "used": used - it.n, "requested": it.n}}
-			}
-			return nil
-		})
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+	return tx.SendBatch(ctx, b).Close()
 }
 
 // quotaItem is one resource a reservation claims, as quotas count it.
@@ -341,7 +313,7 @@ func quotaKeys(own quotaKey, es []ended) []quotaKey {
 func releaseQuotas(ctx context.Context, tx pgx.Tx, es []ended) error {
 	for _, e := range es {
 		if isEnded(e.state) {
-			if err := applyQuota(ctx, tx, e.tenant, e.pool, e.cl, -1); err != nil {
+			if err := releaseQuota(ctx, tx, e.tenant, e.pool, e.cl); err != nil {
 				return err
 			}
 		}

@@ -102,7 +102,7 @@ func tickBatchOnce(ctx context.Context, db *postgres.DB, res *TickResult) (int, 
 				err = events.Emit(ctx, tx, "reservation.activated", m.tenant, m.id, nil)
 			} else {
 				res.Ended++
-				if err = applyQuota(ctx, tx, m.tenant, m.pool, m.cl, -1); err == nil {
+				if err = releaseQuota(ctx, tx, m.tenant, m.pool, m.cl); err == nil {
 					err = events.Emit(ctx, tx, "reservation."+m.state, m.tenant, m.id, nil)
 				}
 			}
