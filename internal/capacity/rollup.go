@@ -14,6 +14,11 @@ import (
 // that writes it, however stale it was before (a booking that ended while no worker had ticked
 // yet, a concurrent change). Each node's bookings are read through the exclusion constraint's
 // index, so it is cheap enough to run in every transaction that changes the node.
+//
+// It counts as of this statement, not of its transaction's start (compute_now() without a test
+// clock): a transaction that began before a booking's end and waited for the node's lock behind
+// the worker's tick for that end would otherwise recount the ended booking as held, after the
+// tick, and no later change would correct it.
 const refreshSQL = `
 INSERT INTO compute.node_capacity AS nc (node_id, pool_id, schedulable, gpu_model, gpus_total, gpus_free, gpus_spot, mig_gpus, ts_gpus,
   vcpus_total, vcpus_used, vcpus_spot, memory_total, memory_used, memory_spot)
@@ -21,7 +26,7 @@ SELECT n.id, n.pool_id, n.state = 'active' AND n.status = 'online' AND n.health 
   g.model, g.total, g.free, g.spot, g.mig, g.ts,
   coalesce(r.vcpus, 0), least(u.vcpus_used, coalesce(r.vcpus, 0)), least(u.vcpus_spot, greatest(coalesce(r.vcpus, 0) - u.vcpus_used, 0)),
   coalesce(r.memory_gib, 0), least(u.memory_used, coalesce(r.memory_gib, 0)), least(u.memory_spot, greatest(coalesce(r.memory_gib, 0) - u.memory_used, 0))
-FROM (SELECT compute.compute_now() AS now) t
+FROM (SELECT coalesce(nullif(pg_catalog.current_setting('compute.now', true), '')::timestamptz, pg_catalog.statement_timestamp()) AS now) t
 CROSS JOIN compute.nodes n
 LEFT JOIN compute.node_resources r ON r.node_id = n.id
 CROSS JOIN LATERAL (
