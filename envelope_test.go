@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -185,37 +186,74 @@ func TestMethodTableRoute(t *testing.T) {
 	}
 }
 
-// TestOneDecisionPerMutation checks that each mutation asks IAM exactly once, with its own
-// action, and that repeated reads are served from the decision cache.
+// TestOneDecisionPerMutation checks that every mutating method of the core table asks IAM
+// exactly once, with its own action and in the caller's tenant, and that repeated reads are served
+// from the decision cache. A mutating method added to the table without a step here fails it.
 func TestOneDecisionPerMutation(t *testing.T) {
-	env := newEnv(t)
+	ff := newFuzzFleet(t)
+	env := ff.env
 	url := env.Server(t)
+	ids := map[string]string{} // the ids earlier steps answered, by step name
+	future := time.Now().Add(3 * time.Hour).UTC().Format(time.RFC3339)
 	steps := []struct {
-		method, body, action string
-		resourceIsID         bool
+		method   string
+		body     func() string
+		wildcard bool // creates decide on "*": the resource has no id yet
 	}{
-		{"sites/create", `{"name": "fra1"}`, "compute:sites:create", false},
-		{"pools/create", `{"name": "h100", "site": "fra1"}`, "compute:pools:create", false},
-		{"pools/update", `{"pool": "h100", "description": "eight H100s a node"}`, "compute:pools:update", true},
-		{"sites/update", `{"site": "fra1", "labels": {"region": "eu"}}`, "compute:sites:update", true},
-		{"pools/delete", `{"pool": "h100"}`, "compute:pools:delete", true},
-		{"sites/delete", `{"site": "fra1"}`, "compute:sites:delete", true},
+		{"sites/create", fixed(`{"name": "fra1"}`), true},
+		{"sites/update", fixed(`{"site": "fra1", "labels": {"region": "eu"}}`), false},
+		{"pools/create", fixed(`{"name": "h100", "site": "fra1"}`), true},
+		{"pools/update", fixed(`{"pool": "h100", "description": "eight H100s a node"}`), false},
+		{"pools/delete", fixed(`{"pool": "h100"}`), false},
+		{"sites/delete", fixed(`{"site": "fra1"}`), false},
+		{"quotas/set", fixed(`{"tenantId": "t1", "pool": "p1", "resource": "gpus", "limit": 4}`), false},
+		{"quotas/delete", fixed(`{"tenantId": "t1", "pool": "p1", "resource": "gpus"}`), false},
+		{"nodes/setLabels", fixed(`{"node": "n1", "pool": "p1", "labels": {"zone": "z1"}}`), false},
+		{"nodes/cordon", fixed(`{"node": "n1", "pool": "p1"}`), false},
+		{"nodes/uncordon", fixed(`{"node": "n1", "pool": "p1"}`), false},
+		{"devices/setMode", fixed(`{"device": "GPU-n1-7", "mode": "timeslice", "shares": 4}`), false},
+		{"reservations/create", fixed(`{"pool": "p1", "gpus": 1, "duration": "1h"}`), true},
+		{"reservations/extend", func() string {
+			return `{"reservation": "` + ids["reservations/create"] + `", "end": "` + future + `"}`
+		}, false},
+		{"reservations/release", func() string { return `{"reservation": "` + ids["reservations/create"] + `"}` }, false},
+		{"reservations/create", fixed(`{"pool": "p1", "gpus": 1, "start": "2030-01-01T00:00:00Z", "duration": "1h"}`), true},
+		{"reservations/cancel", func() string { return `{"reservation": "` + ids["reservations/create"] + `"}` }, false},
+		{"joinTokens/create", fixed(`{"pool": "p1", "ttl": "1h"}`), true},
+		{"joinTokens/revoke", func() string { return `{"token": "` + ids["joinTokens/create"] + `"}` }, false},
+		{"commands/create", func() string {
+			return `{"node": "` + ff.nodeID + `", "kind": "gpu.reset", "args": {"gpu": 0}, "deadline": "1m"}`
+		}, true},
+		{"commands/cancel", func() string { return `{"command": "` + ids["commands/create"] + `"}` }, false},
+		{"nodes/drain", fixed(`{"node": "n1", "pool": "p1"}`), false},
+		{"nodes/retire", func() string { return `{"node": "` + ff.nodeID + `"}` }, false},
 	}
+	covered := map[string]bool{}
 	for _, s := range steps {
 		env.Counter.Reset()
-		c := post(t, url, env.RootKey, s.method, s.body)
+		c := post(t, url, env.RootKey, s.method, s.body())
 		if c.status != 200 {
 			t.Fatalf("%s = %d %s", s.method, c.status, c.raw)
+		}
+		if id, ok := c.body["id"].(string); ok {
+			ids[s.method] = id
 		}
 		ds := env.Counter.Decisions()
 		if len(ds) != 1 {
 			t.Fatalf("%s made %d IAM decisions, want exactly 1: %v", s.method, len(ds), ds)
 		}
-		if ds[0].Action != s.action || ds[0].TenantID != computetest.RootTenantID {
-			t.Fatalf("%s decided %+v, want action %s in the root tenant", s.method, ds[0], s.action)
+		group, name, _ := strings.Cut(s.method, "/")
+		if ds[0].Action != api.Action(group, name) || ds[0].TenantID != computetest.RootTenantID {
+			t.Fatalf("%s decided %+v, want action %s in the root tenant", s.method, ds[0], api.Action(group, name))
 		}
-		if got := ds[0].Resource.ID; s.resourceIsID != (got != "*") {
+		if got := ds[0].Resource.ID; s.wildcard != (got == "*") {
 			t.Fatalf("%s decided on resource %q", s.method, got)
+		}
+		covered[group+"."+name] = true
+	}
+	for _, m := range api.Methods() {
+		if m.Mutating && !covered[m.FullName()] {
+			t.Errorf("mutating method %s has no step here", m.FullName())
 		}
 	}
 
@@ -230,6 +268,8 @@ func TestOneDecisionPerMutation(t *testing.T) {
 		t.Fatalf("5 identical reads made %d decisions, want 1 (the rest cached)", n)
 	}
 }
+
+func fixed(body string) func() string { return func() string { return body } }
 
 func TestIdempotencyKey(t *testing.T) {
 	env := newEnv(t)
