@@ -177,3 +177,37 @@ func checkRecount(rt *rapid.T, f *testFleet) {
 		rt.Fatal(strings.Join(wrong, "\n"))
 	}
 }
+
+// TestRollupCountsAsOfItsStatement pins down what the storm test found: a transaction that began
+// while a booking held and refreshed the node's rollup after the booking ended (having waited for
+// the node's lock, say) counted the ended booking as held, because now() is the transaction's
+// start. It runs on the real clock, which is what the fix is about.
+func TestRollupCountsAsOfItsStatement(t *testing.T) {
+	f := newFleet(t, fleetSpec{nodes: 1, gpus: 8})
+	f.DB.ResetNow()
+	r := f.mustReserve(t, api.CreateReservation{Shape: api.Shape{GPUs: 1}, Duration: "1h"})
+	end := time.Now().Add(time.Second)
+	if _, err := f.DB.Pool.Exec(f.ctx, `UPDATE compute.bookings SET during = tstzrange(lower(during), $2) WHERE reservation_id = $1`,
+		r.ID, end); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := f.DB.Pool.Begin(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(f.ctx)
+	if _, err := tx.Exec(f.ctx, `SELECT 1`); err != nil { // the transaction starts while the booking holds
+		t.Fatal(err)
+	}
+	time.Sleep(time.Until(end) + 200*time.Millisecond)
+	if err := capacity.RefreshNodes(f.ctx, tx, f.nodes[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	var free int
+	if err := tx.QueryRow(f.ctx, `SELECT gpus_free FROM compute.node_capacity WHERE node_id = $1`, f.nodes[0].ID).Scan(&free); err != nil {
+		t.Fatal(err)
+	}
+	if free != 8 {
+		t.Fatalf("after the booking ended the refresh counts %d GPUs free, want 8", free)
+	}
+}
