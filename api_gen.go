@@ -5,6 +5,8 @@ package compute
 import (
 	"context"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/better-compute/compute/api"
 )
 
@@ -33,6 +35,11 @@ func (g SitesGroup) Create(ctx context.Context, cred string, in api.CreateSite) 
 	return Invoke(ctx, g.c, cred, api.SitesCreate, in)
 }
 
+// CreateTx calls sites.create in the host's transaction tx: see InvokeTx.
+func (g SitesGroup) CreateTx(ctx context.Context, tx pgx.Tx, cred string, in api.CreateSite) (api.Site, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.SitesCreate, in)
+}
+
 // Get calls sites.get: Get a site by id or name.
 func (g SitesGroup) Get(ctx context.Context, cred string, in api.GetSite) (api.Site, error) {
 	return Invoke(ctx, g.c, cred, api.SitesGet, in)
@@ -48,9 +55,19 @@ func (g SitesGroup) Update(ctx context.Context, cred string, in api.UpdateSite) 
 	return Invoke(ctx, g.c, cred, api.SitesUpdate, in)
 }
 
+// UpdateTx calls sites.update in the host's transaction tx: see InvokeTx.
+func (g SitesGroup) UpdateTx(ctx context.Context, tx pgx.Tx, cred string, in api.UpdateSite) (api.Site, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.SitesUpdate, in)
+}
+
 // Delete calls sites.delete: Delete a site that has no pools.
 func (g SitesGroup) Delete(ctx context.Context, cred string, in api.DeleteSite) (api.Site, error) {
 	return Invoke(ctx, g.c, cred, api.SitesDelete, in)
+}
+
+// DeleteTx calls sites.delete in the host's transaction tx: see InvokeTx.
+func (g SitesGroup) DeleteTx(ctx context.Context, tx pgx.Tx, cred string, in api.DeleteSite) (api.Site, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.SitesDelete, in)
 }
 
 // PoolsGroup is the pools group.
@@ -59,6 +76,11 @@ type PoolsGroup struct{ c *Compute }
 // Create calls pools.create: Create a pool.
 func (g PoolsGroup) Create(ctx context.Context, cred string, in api.CreatePool) (api.Pool, error) {
 	return Invoke(ctx, g.c, cred, api.PoolsCreate, in)
+}
+
+// CreateTx calls pools.create in the host's transaction tx: see InvokeTx.
+func (g PoolsGroup) CreateTx(ctx context.Context, tx pgx.Tx, cred string, in api.CreatePool) (api.Pool, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.PoolsCreate, in)
 }
 
 // Get calls pools.get: Get a pool by id or name.
@@ -76,9 +98,19 @@ func (g PoolsGroup) Update(ctx context.Context, cred string, in api.UpdatePool) 
 	return Invoke(ctx, g.c, cred, api.PoolsUpdate, in)
 }
 
+// UpdateTx calls pools.update in the host's transaction tx: see InvokeTx.
+func (g PoolsGroup) UpdateTx(ctx context.Context, tx pgx.Tx, cred string, in api.UpdatePool) (api.Pool, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.PoolsUpdate, in)
+}
+
 // Delete calls pools.delete: Delete a pool that has no nodes.
 func (g PoolsGroup) Delete(ctx context.Context, cred string, in api.DeletePool) (api.Pool, error) {
 	return Invoke(ctx, g.c, cred, api.PoolsDelete, in)
+}
+
+// DeleteTx calls pools.delete in the host's transaction tx: see InvokeTx.
+func (g PoolsGroup) DeleteTx(ctx context.Context, tx pgx.Tx, cred string, in api.DeletePool) (api.Pool, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.PoolsDelete, in)
 }
 
 // NodesGroup is the nodes group.
@@ -99,9 +131,19 @@ func (g NodesGroup) Cordon(ctx context.Context, cred string, in api.CordonNode) 
 	return Invoke(ctx, g.c, cred, api.NodesCordon, in)
 }
 
+// CordonTx calls nodes.cordon in the host's transaction tx: see InvokeTx.
+func (g NodesGroup) CordonTx(ctx context.Context, tx pgx.Tx, cred string, in api.CordonNode) (api.Node, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.NodesCordon, in)
+}
+
 // Uncordon calls nodes.uncordon: Let a cordoned or draining node be booked again.
 func (g NodesGroup) Uncordon(ctx context.Context, cred string, in api.UncordonNode) (api.Node, error) {
 	return Invoke(ctx, g.c, cred, api.NodesUncordon, in)
+}
+
+// UncordonTx calls nodes.uncordon in the host's transaction tx: see InvokeTx.
+func (g NodesGroup) UncordonTx(ctx context.Context, tx pgx.Tx, cred string, in api.UncordonNode) (api.Node, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.NodesUncordon, in)
 }
 
 // Drain calls nodes.drain: Stop new bookings and end the existing ones, or let them run out.
@@ -109,14 +151,29 @@ func (g NodesGroup) Drain(ctx context.Context, cred string, in api.DrainNode) (a
 	return Invoke(ctx, g.c, cred, api.NodesDrain, in)
 }
 
+// DrainTx calls nodes.drain in the host's transaction tx: see InvokeTx.
+func (g NodesGroup) DrainTx(ctx context.Context, tx pgx.Tx, cred string, in api.DrainNode) (api.Node, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.NodesDrain, in)
+}
+
 // Retire calls nodes.retire: Retire a node that holds nothing; its certificates are revoked.
 func (g NodesGroup) Retire(ctx context.Context, cred string, in api.RetireNode) (api.Node, error) {
 	return Invoke(ctx, g.c, cred, api.NodesRetire, in)
 }
 
+// RetireTx calls nodes.retire in the host's transaction tx: see InvokeTx.
+func (g NodesGroup) RetireTx(ctx context.Context, tx pgx.Tx, cred string, in api.RetireNode) (api.Node, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.NodesRetire, in)
+}
+
 // SetLabels calls nodes.setLabels: Replace a node's labels.
 func (g NodesGroup) SetLabels(ctx context.Context, cred string, in api.SetNodeLabels) (api.Node, error) {
 	return Invoke(ctx, g.c, cred, api.NodesSetLabels, in)
+}
+
+// SetLabelsTx calls nodes.setLabels in the host's transaction tx: see InvokeTx.
+func (g NodesGroup) SetLabelsTx(ctx context.Context, tx pgx.Tx, cred string, in api.SetNodeLabels) (api.Node, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.NodesSetLabels, in)
 }
 
 // ReservationsGroup is the reservations group.
@@ -125,6 +182,11 @@ type ReservationsGroup struct{ c *Compute }
 // Create calls reservations.create: Reserve capacity in a pool: now or in a future window, whole GPUs, a MIG slice, a time-slice share or vCPUs and memory; a gang of members; spot.
 func (g ReservationsGroup) Create(ctx context.Context, cred string, in api.CreateReservation) (api.Reservation, error) {
 	return Invoke(ctx, g.c, cred, api.ReservationsCreate, in)
+}
+
+// CreateTx calls reservations.create in the host's transaction tx: see InvokeTx.
+func (g ReservationsGroup) CreateTx(ctx context.Context, tx pgx.Tx, cred string, in api.CreateReservation) (api.Reservation, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.ReservationsCreate, in)
 }
 
 // Get calls reservations.get: Get a reservation and what it holds.
@@ -142,14 +204,29 @@ func (g ReservationsGroup) Cancel(ctx context.Context, cred string, in api.Cance
 	return Invoke(ctx, g.c, cred, api.ReservationsCancel, in)
 }
 
+// CancelTx calls reservations.cancel in the host's transaction tx: see InvokeTx.
+func (g ReservationsGroup) CancelTx(ctx context.Context, tx pgx.Tx, cred string, in api.CancelReservation) (api.Reservation, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.ReservationsCancel, in)
+}
+
 // Release calls reservations.release: End an active reservation now.
 func (g ReservationsGroup) Release(ctx context.Context, cred string, in api.ReleaseReservation) (api.Reservation, error) {
 	return Invoke(ctx, g.c, cred, api.ReservationsRelease, in)
 }
 
+// ReleaseTx calls reservations.release in the host's transaction tx: see InvokeTx.
+func (g ReservationsGroup) ReleaseTx(ctx context.Context, tx pgx.Tx, cred string, in api.ReleaseReservation) (api.Reservation, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.ReservationsRelease, in)
+}
+
 // Extend calls reservations.extend: Move a reservation's end later.
 func (g ReservationsGroup) Extend(ctx context.Context, cred string, in api.ExtendReservation) (api.Reservation, error) {
 	return Invoke(ctx, g.c, cred, api.ReservationsExtend, in)
+}
+
+// ExtendTx calls reservations.extend in the host's transaction tx: see InvokeTx.
+func (g ReservationsGroup) ExtendTx(ctx context.Context, tx pgx.Tx, cred string, in api.ExtendReservation) (api.Reservation, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.ReservationsExtend, in)
 }
 
 // Availability calls reservations.availability: Find the earliest window in which a shape is free.
@@ -178,6 +255,11 @@ func (g QuotasGroup) Set(ctx context.Context, cred string, in api.SetQuota) (api
 	return Invoke(ctx, g.c, cred, api.QuotasSet, in)
 }
 
+// SetTx calls quotas.set in the host's transaction tx: see InvokeTx.
+func (g QuotasGroup) SetTx(ctx context.Context, tx pgx.Tx, cred string, in api.SetQuota) (api.Quota, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.QuotasSet, in)
+}
+
 // List calls quotas.list: List the quotas that limit a tenant.
 func (g QuotasGroup) List(ctx context.Context, cred string, in api.ListQuotas) (api.Page[api.Quota], error) {
 	return Invoke(ctx, g.c, cred, api.QuotasList, in)
@@ -186,6 +268,11 @@ func (g QuotasGroup) List(ctx context.Context, cred string, in api.ListQuotas) (
 // Delete calls quotas.delete: Remove a quota.
 func (g QuotasGroup) Delete(ctx context.Context, cred string, in api.DeleteQuota) (api.Quota, error) {
 	return Invoke(ctx, g.c, cred, api.QuotasDelete, in)
+}
+
+// DeleteTx calls quotas.delete in the host's transaction tx: see InvokeTx.
+func (g QuotasGroup) DeleteTx(ctx context.Context, tx pgx.Tx, cred string, in api.DeleteQuota) (api.Quota, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.QuotasDelete, in)
 }
 
 // DevicesGroup is the devices group.
@@ -201,12 +288,22 @@ func (g DevicesGroup) SetMode(ctx context.Context, cred string, in api.SetGPUMod
 	return Invoke(ctx, g.c, cred, api.DevicesSetMode, in)
 }
 
+// SetModeTx calls devices.setMode in the host's transaction tx: see InvokeTx.
+func (g DevicesGroup) SetModeTx(ctx context.Context, tx pgx.Tx, cred string, in api.SetGPUMode) (api.Device, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.DevicesSetMode, in)
+}
+
 // JoinTokensGroup is the joinTokens group.
 type JoinTokensGroup struct{ c *Compute }
 
 // Create calls joinTokens.create: Make a token that admits machines into a pool, shown once.
 func (g JoinTokensGroup) Create(ctx context.Context, cred string, in api.CreateJoinToken) (api.JoinToken, error) {
 	return Invoke(ctx, g.c, cred, api.JoinTokensCreate, in)
+}
+
+// CreateTx calls joinTokens.create in the host's transaction tx: see InvokeTx.
+func (g JoinTokensGroup) CreateTx(ctx context.Context, tx pgx.Tx, cred string, in api.CreateJoinToken) (api.JoinToken, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.JoinTokensCreate, in)
 }
 
 // List calls joinTokens.list: List join tokens.
@@ -219,12 +316,22 @@ func (g JoinTokensGroup) Revoke(ctx context.Context, cred string, in api.RevokeJ
 	return Invoke(ctx, g.c, cred, api.JoinTokensRevoke, in)
 }
 
+// RevokeTx calls joinTokens.revoke in the host's transaction tx: see InvokeTx.
+func (g JoinTokensGroup) RevokeTx(ctx context.Context, tx pgx.Tx, cred string, in api.RevokeJoinToken) (api.JoinToken, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.JoinTokensRevoke, in)
+}
+
 // CommandsGroup is the commands group.
 type CommandsGroup struct{ c *Compute }
 
 // Create calls commands.create: Send one-shot work to a node.
 func (g CommandsGroup) Create(ctx context.Context, cred string, in api.CreateCommand) (api.Command, error) {
 	return Invoke(ctx, g.c, cred, api.CommandsCreate, in)
+}
+
+// CreateTx calls commands.create in the host's transaction tx: see InvokeTx.
+func (g CommandsGroup) CreateTx(ctx context.Context, tx pgx.Tx, cred string, in api.CreateCommand) (api.Command, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.CommandsCreate, in)
 }
 
 // Get calls commands.get: Get a command and its result.
@@ -240,4 +347,9 @@ func (g CommandsGroup) List(ctx context.Context, cred string, in api.ListCommand
 // Cancel calls commands.cancel: Cancel a command that has not finished.
 func (g CommandsGroup) Cancel(ctx context.Context, cred string, in api.CancelCommand) (api.Command, error) {
 	return Invoke(ctx, g.c, cred, api.CommandsCancel, in)
+}
+
+// CancelTx calls commands.cancel in the host's transaction tx: see InvokeTx.
+func (g CommandsGroup) CancelTx(ctx context.Context, tx pgx.Tx, cred string, in api.CancelCommand) (api.Command, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.CommandsCancel, in)
 }

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/jackc/pgx/v5"
 	"google.golang.org/grpc"
 
 	agentv1 "github.com/better-compute/compute/agent/v1"
@@ -284,17 +285,50 @@ func (c *Compute) Methods() []api.MethodInfo { return c.env.Methods() }
 // typed calls for their own methods.
 func Invoke[In, Out any](ctx context.Context, c *Compute, credential string, m api.Method[In, Out], in In) (Out, error) {
 	var out Out
-	if !c.ready.Load() {
-		return out, api.Errorf(api.CodeUnavailable, "compute: Initialize has not completed")
-	}
-	h, ok := c.reg.Lookup(m.Group, m.Name)
-	if !ok {
-		return out, api.Errorf(api.CodeNotFound, "method %s is not registered (is its module in Options.Modules?)", m.FullName())
+	h, err := c.handler(m.Info())
+	if err != nil {
+		return out, err
 	}
 	res, err := c.env.Invoke(ctx, credential, h, in)
 	if err != nil {
 		return out, err
 	}
+	return answer[Out](m.Info(), res)
+}
+
+// InvokeTx calls method m in-process inside the host's transaction tx: what the call writes
+// commits or rolls back with the host's own rows. Authentication, validation and the one IAM
+// decision are Invoke's; the method runs in a savepoint of tx (retried there when the database
+// reports a deadlock), never in a batch. tx must be READ COMMITTED, and the IAM decision is made
+// while it is open (see docs/modules.md, "In the host's transaction").
+func InvokeTx[In, Out any](ctx context.Context, c *Compute, tx pgx.Tx, credential string, m api.Method[In, Out], in In) (Out, error) {
+	var out Out
+	h, err := c.handler(m.Info())
+	if err != nil {
+		return out, err
+	}
+	res, err := c.env.InvokeTx(ctx, tx, credential, h, in)
+	if err != nil {
+		return out, err
+	}
+	return answer[Out](m.Info(), res)
+}
+
+// handler finds the registered implementation of m, once Initialize has completed.
+func (c *Compute) handler(m api.MethodInfo) (*modules.Handler, error) {
+	if !c.ready.Load() {
+		return nil, api.Errorf(api.CodeUnavailable, "compute: Initialize has not completed")
+	}
+	h, ok := c.reg.Lookup(m.Group, m.Name)
+	if !ok {
+		return nil, api.Errorf(api.CodeNotFound, "method %s is not registered (is its module in Options.Modules?)", m.FullName())
+	}
+	return h, nil
+}
+
+// answer is a call's typed result: its value, or the stored answer an idempotency key replayed.
+func answer[Out any](m api.MethodInfo, res envelope.Result) (Out, error) {
+	var out Out
 	if res.Replay != nil {
 		if err := decodeReplay(res.Replay, &out); err != nil {
 			return out, api.Errorf(api.CodeInternal, "decode the stored answer of %s: %v", m.FullName(), err)

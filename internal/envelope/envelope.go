@@ -83,6 +83,64 @@ func (e *Envelope) Invoke(ctx context.Context, credential string, h *modules.Han
 	return e.invoke(ctx, p, h, in)
 }
 
+// InvokeTx runs one call of h inside the host's transaction tx, so that what the call writes
+// commits or rolls back with the host's own rows. The steps are Invoke's (authentication,
+// validation, the tenant pre-check, one IAM decision), then the method runs in a savepoint of tx:
+// a deadlock or serialization failure rolls back to it and runs the method again, leaving the
+// host's earlier work in place; any other failure rolls back to it too, so tx stays usable.
+// A method that batches runs alone here. tx must be READ COMMITTED: placement relies on each
+// statement seeing what committed before it.
+//
+// The IAM decision is made while tx is open: an IAM port that needs a connection of the same pool
+// then needs a second one. Size the pool for it.
+func (e *Envelope) InvokeTx(ctx context.Context, tx pgx.Tx, credential string, h *modules.Handler, in any) (res Result, err error) {
+	if tx == nil {
+		return Result{}, api.Errorf(api.CodeInvalidArgument, "%s: InvokeTx needs the host's transaction (got nil)", h.Info.FullName())
+	}
+	if !h.Accepts(in) {
+		return Result{}, api.Errorf(api.CodeInternal, "method %s called with input of type %T", h.Info.FullName(), in)
+	}
+	p, err := e.authenticate(ctx, credential)
+	if err != nil {
+		return Result{}, err
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			res, err = Result{}, e.mapError(ctx, h, panicked(r))
+		}
+	}()
+	target, key, hash, err := e.admit(ctx, p, h, in)
+	if err != nil {
+		return Result{}, err
+	}
+	var level string
+	if err := tx.QueryRow(ctx, `SHOW transaction_isolation`).Scan(&level); err != nil {
+		return Result{}, e.mapError(ctx, h, err)
+	}
+	if level != "read committed" {
+		return Result{}, &api.Error{Code: api.CodeFailedPrecondition,
+			Message: fmt.Sprintf("%s: InvokeTx needs a READ COMMITTED transaction, not %s", h.Info.FullName(), level),
+			Details: map[string]any{"reason": "isolation", "isolation": level}}
+	}
+	for attempt := 1; ; attempt++ {
+		var res Result
+		err := pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error { // a savepoint
+			var err error
+			res, err = e.run(ctx, sp, p, h, target, key, hash, in)
+			return err
+		})
+		if err == nil {
+			return res, nil
+		}
+		if !retryable(err) || attempt == maxAttempts || ctx.Err() != nil {
+			return Result{}, e.mapError(ctx, h, err)
+		}
+		if err := sleep(ctx, backoff(attempt)); err != nil {
+			return Result{}, e.mapError(ctx, h, err)
+		}
+	}
+}
+
 func (e *Envelope) authenticate(ctx context.Context, credential string) (iam.Principal, error) {
 	if credential == "" {
 		return iam.Principal{}, &api.Error{Code: api.CodeUnauthenticated, Message: "no credential: send Authorization: Bearer <API key>",
@@ -111,12 +169,26 @@ func (e *Envelope) invoke(ctx context.Context, p iam.Principal, h *modules.Handl
 			res, err = Result{}, e.mapError(ctx, h, panicked(r))
 		}
 	}()
-	if err := api.CheckInput(in); err != nil {
+	target, key, hash, err := e.admit(ctx, p, h, in)
+	if err != nil {
 		return Result{}, err
+	}
+	if bkey := h.BatchKey(target, in); bkey != "" {
+		return e.batched(ctx, h, bkey, &pending{ctx: ctx, p: p, t: target, key: key, hash: hash, in: in})
+	}
+	return e.transactAlone(ctx, p, h, target, key, hash, in)
+}
+
+// admit takes a call from its input to an allowed target: validation, the idempotency key, the
+// target lookup, the tenant pre-check and the IAM decision. It returns the key and the hash of
+// the input it is bound to.
+func (e *Envelope) admit(ctx context.Context, p iam.Principal, h *modules.Handler, in any) (modules.Target, string, []byte, error) {
+	if err := api.CheckInput(in); err != nil {
+		return modules.Target{}, "", nil, err
 	}
 	if v, ok := in.(interface{ Validate() error }); ok {
 		if err := v.Validate(); err != nil {
-			return Result{}, asAPIError(err)
+			return modules.Target{}, "", nil, asAPIError(err)
 		}
 	}
 	key := api.IdempotencyKey(ctx)
@@ -124,19 +196,28 @@ func (e *Envelope) invoke(ctx context.Context, p iam.Principal, h *modules.Handl
 		key = "" // a read has nothing to repeat
 	}
 	if err := api.ValidateIdempotencyKey(key); err != nil {
-		return Result{}, err
+		return modules.Target{}, "", nil, err
 	}
 	target, err := h.Target(ctx, modules.Lookup{Q: e.rt.DB.Pool, Principal: p, IAM: e.rt.IAM}, in)
 	if err != nil {
-		return Result{}, e.mapError(ctx, h, err)
+		return modules.Target{}, "", nil, e.mapError(ctx, h, err)
 	}
 	if err := e.precheck(ctx, p, &target); err != nil {
-		return Result{}, err
+		return modules.Target{}, "", nil, err
 	}
 	if err := e.decide(ctx, p, h, target, in); err != nil {
-		return Result{}, err
+		return modules.Target{}, "", nil, err
 	}
-	return e.transact(ctx, p, h, target, key, in)
+	var hash []byte
+	if key != "" {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return modules.Target{}, "", nil, api.Errorf(api.CodeInternal, "hash input: %v", err)
+		}
+		sum := sha256.Sum256(b)
+		hash = sum[:]
+	}
+	return target, key, hash, nil
 }
 
 // precheck refuses, before IAM is asked, a target outside the caller's tenant and its descendants.
@@ -198,24 +279,6 @@ func (e *Envelope) decide(ctx context.Context, p iam.Principal, h *modules.Handl
 		Details: map[string]any{"action": req.Action, "resource": req.Resource.String(), "tenantId": req.TenantID, "reason": d.Reason}}
 }
 
-// transact runs the call in one transaction of its own, or, for a method that batches, in a
-// transaction it shares with concurrent calls of the same key.
-func (e *Envelope) transact(ctx context.Context, p iam.Principal, h *modules.Handler, t modules.Target, key string, in any) (Result, error) {
-	var hash []byte
-	if key != "" {
-		b, err := json.Marshal(in)
-		if err != nil {
-			return Result{}, api.Errorf(api.CodeInternal, "hash input: %v", err)
-		}
-		sum := sha256.Sum256(b)
-		hash = sum[:]
-	}
-	if bkey := h.BatchKey(t, in); bkey != "" {
-		return e.batched(ctx, h, bkey, &pending{ctx: ctx, p: p, t: t, key: key, hash: hash, in: in})
-	}
-	return e.transactAlone(ctx, p, h, t, key, hash, in)
-}
-
 // transactAlone runs one call in one transaction, retried when PostgreSQL reports a deadlock or
 // a serialization failure, or the method asks for it (modules.ErrRetry): all safe to retry.
 func (e *Envelope) transactAlone(ctx context.Context, p iam.Principal, h *modules.Handler, t modules.Target, key string, hash []byte, in any) (Result, error) {
@@ -226,24 +289,9 @@ func (e *Envelope) transactAlone(ctx context.Context, p iam.Principal, h *module
 	for attempt := 1; ; attempt++ {
 		var res Result
 		err := pgx.BeginTxFunc(ctx, e.rt.DB.Pool, opts, func(tx pgx.Tx) error {
-			if key != "" {
-				replay, found, err := claimKey(ctx, tx, p.ID, h.Info.FullName(), key, hash)
-				if err != nil || found {
-					res.Replay = replay
-					return err
-				}
-			}
-			out, err := safely(func() (any, error) {
-				return h.Run(ctx, &modules.Call{Principal: p, Target: t, Tx: tx, Runtime: e.rt}, in)
-			})
-			if err != nil {
-				return err
-			}
-			res.Value = out
-			if key != "" {
-				return storeResponse(ctx, tx, p.ID, h.Info.FullName(), key, out)
-			}
-			return nil
+			var err error
+			res, err = e.run(ctx, tx, p, h, t, key, hash, in)
+			return err
 		})
 		if err == nil {
 			return res, nil
@@ -255,6 +303,29 @@ func (e *Envelope) transactAlone(ctx context.Context, p iam.Principal, h *module
 			return Result{}, e.mapError(ctx, h, err)
 		}
 	}
+}
+
+// run runs the method in tx, with its idempotency key claimed (or its earlier answer found) and
+// its answer stored in the same transaction.
+func (e *Envelope) run(ctx context.Context, tx pgx.Tx, p iam.Principal, h *modules.Handler, t modules.Target, key string, hash []byte, in any) (Result, error) {
+	if key != "" {
+		replay, found, err := claimKey(ctx, tx, p.ID, h.Info.FullName(), key, hash)
+		if err != nil || found {
+			return Result{Replay: replay}, err
+		}
+	}
+	out, err := safely(func() (any, error) {
+		return h.Run(ctx, &modules.Call{Principal: p, Target: t, Tx: tx, Runtime: e.rt}, in)
+	})
+	if err != nil {
+		return Result{}, err
+	}
+	if key != "" {
+		if err := storeResponse(ctx, tx, p.ID, h.Info.FullName(), key, out); err != nil {
+			return Result{}, err
+		}
+	}
+	return Result{Value: out}, nil
 }
 
 // maxAttempts bounds the runs of a call the database keeps refereeing against it. Past it the

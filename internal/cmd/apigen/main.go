@@ -50,16 +50,22 @@ type flavour struct {
 	groupField                  string // how a group reaches its caller
 	call                        func(method string) string
 	params                      string // after ctx
+	// txCall, when set, writes a Tx twin of every mutating method: the call in the host's
+	// transaction.
+	txCall func(method string) string
 }
 
 var serverTemplate = flavour{
 	pkg: "compute", imports: `"context"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/better-compute/compute/api"`,
 	root: "API", rootDoc: "API is the typed in-process API: one call per method of the method table (package api).",
 	groupField: "c *Compute",
 	call:       func(m string) string { return "Invoke(ctx, g.c, cred, api." + m + ", in)" },
 	params:     "cred string, ",
+	txCall:     func(m string) string { return "InvokeTx(ctx, g.c, tx, cred, api." + m + ", in)" },
 }
 
 var clientTemplate = flavour{
@@ -112,6 +118,10 @@ func generate(f flavour) []byte {
 			varName := title(m.Group) + title(m.Name)
 			fmt.Fprintf(&b, "\n// %s calls %s: %s\nfunc (g %sGroup) %s(ctx context.Context, %sin %s) (%s, error) {\n\treturn %s\n}\n",
 				title(m.Name), m.FullName(), m.Summary, title(g), title(m.Name), f.params, typeName(in), typeName(out), f.call(varName))
+			if f.txCall != nil && m.Mutating {
+				fmt.Fprintf(&b, "\n// %sTx calls %s in the host's transaction tx: see InvokeTx.\nfunc (g %sGroup) %sTx(ctx context.Context, tx pgx.Tx, %sin %s) (%s, error) {\n\treturn %s\n}\n",
+					title(m.Name), m.FullName(), title(g), title(m.Name), f.params, typeName(in), typeName(out), f.txCall(varName))
+			}
 		}
 	}
 	src, err := format.Source(b.Bytes())
