@@ -85,7 +85,7 @@ func New(opts Options) (*Compute, error) {
 		return nil, err
 	}
 	c := &Compute{opts: o, reg: reg, nodes: nm, gateway: gw}
-	c.rt = &modules.Runtime{DB: o.Database, IAM: o.IAM, Logger: o.Logger, Secret: o.Secret}
+	c.rt = newRuntime(o, reg, nm)
 	c.env = envelope.New(envelope.Config{Registry: reg, Runtime: c.rt, Cache: cache, MaxBodyBytes: o.MaxBodyBytes})
 	a := newAPI(c)
 	c.API = &a
@@ -154,6 +154,7 @@ func (gatewayModule) Name() string { return "gateway" }
 
 func (m gatewayModule) Register(r *modules.Registry) error {
 	r.Worker(modules.Worker{Name: "gateway", Modes: []string{string(ModeGateway)}, Run: m.gw.Run})
+	r.EventTypes(modules.EventType{Name: "gpu.health", Description: "A node reported a GPU's health change (an XID, say)."})
 	return nil
 }
 
@@ -190,7 +191,7 @@ func (c *Compute) Initialize(ctx context.Context) error {
 		return fmt.Errorf("compute: initialize: %w", err)
 	}
 	if s, ok := c.opts.IAM.(iam.ResolverSetter); ok {
-		s.SetResolver(resolver{c.opts.Database})
+		s.SetResolver(resolver{c.opts.Database, c.reg})
 	}
 	if i, ok := c.opts.IAM.(iam.Initializer); ok {
 		if err := i.Initialize(ctx); err != nil {

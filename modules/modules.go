@@ -30,12 +30,22 @@ type Module interface {
 	Register(r *Registry) error
 }
 
-// Runtime is what a running module may use: the database, the IAM port and a logger.
+// Runtime is what a running module may use of the core: the database and the IAM port, the
+// core's services as narrow interfaces (services.go), and a logger. compute.New fills every field.
 type Runtime struct {
 	DB     *postgres.DB
 	IAM    iam.Port
 	Logger *slog.Logger
 	Secret string // compute.Options.Secret, for keys derived from it
+
+	Capacity Capacity
+	Nodes    Nodes
+	Fleet    Fleet
+	Events   Events
+	Clock    Clock
+	Secrets  SecretBox
+	// Registry is what every module registered, checked; read it, never add to it.
+	Registry *Registry
 }
 
 // Call is the context of one API call, after authentication and the IAM decision.

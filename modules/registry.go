@@ -25,6 +25,14 @@ type Registry struct {
 	workers    []Worker
 	starts     []namedStart
 	errs       []error
+
+	commands  map[string]*CommandKind
+	desired   []DesiredKind
+	resolvers map[string]ResolveFunc
+	events    map[string]string // event type → the module that registered it
+	eventInfo []EventType
+	drivers   map[string]*Driver // "kind/name"
+	profiles  map[string]*Profile
 }
 
 type namedStart struct {
@@ -39,6 +47,11 @@ func NewRegistry() *Registry {
 		handlers:   map[string]*Handler{},
 		types:      map[string]iam.ResourceType{},
 		actions:    map[string]iam.Action{},
+		commands:   map[string]*CommandKind{},
+		resolvers:  map[string]ResolveFunc{},
+		events:     map[string]string{},
+		drivers:    map[string]*Driver{},
+		profiles:   map[string]*Profile{},
 	}
 }
 
@@ -146,6 +159,7 @@ func (r *Registry) Check() error {
 	if err := postgres.CheckSets(r.migrations); err != nil {
 		errs = append(errs, err)
 	}
+	errs = append(errs, r.checkKinds()...)
 	return errors.Join(errs...)
 }
 

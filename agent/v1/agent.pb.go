@@ -1357,9 +1357,13 @@ func (x *Welcome) GetHeartbeatInterval() *durationpb.Duration {
 
 // DesiredState is everything the node should converge to, at a generation.
 type DesiredState struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Generation    int64                  `protobuf:"varint,1,opt,name=generation,proto3" json:"generation,omitempty"`
-	Holds         []*DeviceHold          `protobuf:"bytes,2,rep,name=holds,proto3" json:"holds,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Generation int64                  `protobuf:"varint,1,opt,name=generation,proto3" json:"generation,omitempty"`
+	Holds      []*DeviceHold          `protobuf:"bytes,2,rep,name=holds,proto3" json:"holds,omitempty"`
+	// The parts modules own (a desired-state kind each, registered with the control plane's
+	// modules.Registry), converged by the node's extensions (agent/ext). The core proto never
+	// changes for them.
+	Parts         []*DesiredPart `protobuf:"bytes,3,rep,name=parts,proto3" json:"parts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1408,6 +1412,74 @@ func (x *DesiredState) GetHolds() []*DeviceHold {
 	return nil
 }
 
+func (x *DesiredState) GetParts() []*DesiredPart {
+	if x != nil {
+		return x.Parts
+	}
+	return nil
+}
+
+// DesiredPart is one module's part of a node's desired state.
+type DesiredPart struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Kind          string                 `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`        // e.g. vps.instances
+	Version       uint32                 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"` // of the payload's format; a node refuses a version it does not know
+	Payload       []byte                 `protobuf:"bytes,3,opt,name=payload,proto3" json:"payload,omitempty"`  // JSON
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DesiredPart) Reset() {
+	*x = DesiredPart{}
+	mi := &file_agent_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DesiredPart) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DesiredPart) ProtoMessage() {}
+
+func (x *DesiredPart) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DesiredPart.ProtoReflect.Descriptor instead.
+func (*DesiredPart) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *DesiredPart) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *DesiredPart) GetVersion() uint32 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *DesiredPart) GetPayload() []byte {
+	if x != nil {
+		return x.Payload
+	}
+	return nil
+}
+
 // DeviceHold is what one holder (a reservation) holds on the node.
 type DeviceHold struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1421,7 +1493,7 @@ type DeviceHold struct {
 
 func (x *DeviceHold) Reset() {
 	*x = DeviceHold{}
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1433,7 +1505,7 @@ func (x *DeviceHold) String() string {
 func (*DeviceHold) ProtoMessage() {}
 
 func (x *DeviceHold) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1446,7 +1518,7 @@ func (x *DeviceHold) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceHold.ProtoReflect.Descriptor instead.
 func (*DeviceHold) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{18}
+	return file_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *DeviceHold) GetHolder() string {
@@ -1490,7 +1562,7 @@ type HeldGPU struct {
 
 func (x *HeldGPU) Reset() {
 	*x = HeldGPU{}
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1502,7 +1574,7 @@ func (x *HeldGPU) String() string {
 func (*HeldGPU) ProtoMessage() {}
 
 func (x *HeldGPU) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1515,7 +1587,7 @@ func (x *HeldGPU) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeldGPU.ProtoReflect.Descriptor instead.
 func (*HeldGPU) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{19}
+	return file_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *HeldGPU) GetIndex() int32 {
@@ -1565,7 +1637,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1577,7 +1649,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1590,7 +1662,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{20}
+	return file_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Command) GetId() string {
@@ -1631,7 +1703,7 @@ type Renewed struct {
 
 func (x *Renewed) Reset() {
 	*x = Renewed{}
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1643,7 +1715,7 @@ func (x *Renewed) String() string {
 func (*Renewed) ProtoMessage() {}
 
 func (x *Renewed) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1656,7 +1728,7 @@ func (x *Renewed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Renewed.ProtoReflect.Descriptor instead.
 func (*Renewed) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{21}
+	return file_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Renewed) GetCertificateDer() []byte {
@@ -1682,7 +1754,7 @@ type ResultAck struct {
 
 func (x *ResultAck) Reset() {
 	*x = ResultAck{}
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1694,7 +1766,7 @@ func (x *ResultAck) String() string {
 func (*ResultAck) ProtoMessage() {}
 
 func (x *ResultAck) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1707,7 +1779,7 @@ func (x *ResultAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResultAck.ProtoReflect.Descriptor instead.
 func (*ResultAck) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{22}
+	return file_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ResultAck) GetCommandId() string {
@@ -1726,7 +1798,7 @@ type Goodbye struct {
 
 func (x *Goodbye) Reset() {
 	*x = Goodbye{}
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1738,7 +1810,7 @@ func (x *Goodbye) String() string {
 func (*Goodbye) ProtoMessage() {}
 
 func (x *Goodbye) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1751,7 +1823,7 @@ func (x *Goodbye) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Goodbye.ProtoReflect.Descriptor instead.
 func (*Goodbye) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{23}
+	return file_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Goodbye) GetReason() string {
@@ -1869,12 +1941,17 @@ const file_agent_proto_rawDesc = "" +
 	"\aWelcome\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x03R\x05epoch\x12H\n" +
-	"\x12heartbeat_interval\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\"Z\n" +
+	"\x12heartbeat_interval\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\"\x87\x01\n" +
 	"\fDesiredState\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x01 \x01(\x03R\n" +
 	"generation\x12*\n" +
-	"\x05holds\x18\x02 \x03(\v2\x14.agent.v1.DeviceHoldR\x05holds\"\x82\x01\n" +
+	"\x05holds\x18\x02 \x03(\v2\x14.agent.v1.DeviceHoldR\x05holds\x12+\n" +
+	"\x05parts\x18\x03 \x03(\v2\x15.agent.v1.DesiredPartR\x05parts\"U\n" +
+	"\vDesiredPart\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\rR\aversion\x12\x18\n" +
+	"\apayload\x18\x03 \x01(\fR\apayload\"\x82\x01\n" +
 	"\n" +
 	"DeviceHold\x12\x16\n" +
 	"\x06holder\x18\x01 \x01(\tR\x06holder\x12%\n" +
@@ -1919,7 +1996,7 @@ func file_agent_proto_rawDescGZIP() []byte {
 	return file_agent_proto_rawDescData
 }
 
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_agent_proto_goTypes = []any{
 	(*JoinRequest)(nil),           // 0: agent.v1.JoinRequest
 	(*MachineFacts)(nil),          // 1: agent.v1.MachineFacts
@@ -1939,19 +2016,20 @@ var file_agent_proto_goTypes = []any{
 	(*HeartbeatAck)(nil),          // 15: agent.v1.HeartbeatAck
 	(*Welcome)(nil),               // 16: agent.v1.Welcome
 	(*DesiredState)(nil),          // 17: agent.v1.DesiredState
-	(*DeviceHold)(nil),            // 18: agent.v1.DeviceHold
-	(*HeldGPU)(nil),               // 19: agent.v1.HeldGPU
-	(*Command)(nil),               // 20: agent.v1.Command
-	(*Renewed)(nil),               // 21: agent.v1.Renewed
-	(*ResultAck)(nil),             // 22: agent.v1.ResultAck
-	(*Goodbye)(nil),               // 23: agent.v1.Goodbye
-	(*timestamppb.Timestamp)(nil), // 24: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 25: google.protobuf.Struct
-	(*durationpb.Duration)(nil),   // 26: google.protobuf.Duration
+	(*DesiredPart)(nil),           // 18: agent.v1.DesiredPart
+	(*DeviceHold)(nil),            // 19: agent.v1.DeviceHold
+	(*HeldGPU)(nil),               // 20: agent.v1.HeldGPU
+	(*Command)(nil),               // 21: agent.v1.Command
+	(*Renewed)(nil),               // 22: agent.v1.Renewed
+	(*ResultAck)(nil),             // 23: agent.v1.ResultAck
+	(*Goodbye)(nil),               // 24: agent.v1.Goodbye
+	(*timestamppb.Timestamp)(nil), // 25: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 26: google.protobuf.Struct
+	(*durationpb.Duration)(nil),   // 27: google.protobuf.Duration
 }
 var file_agent_proto_depIdxs = []int32{
 	1,  // 0: agent.v1.JoinRequest.facts:type_name -> agent.v1.MachineFacts
-	24, // 1: agent.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
+	25, // 1: agent.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
 	4,  // 2: agent.v1.NodeMessage.hello:type_name -> agent.v1.Hello
 	5,  // 3: agent.v1.NodeMessage.heartbeat:type_name -> agent.v1.Heartbeat
 	6,  // 4: agent.v1.NodeMessage.inventory:type_name -> agent.v1.Inventory
@@ -1964,32 +2042,33 @@ var file_agent_proto_depIdxs = []int32{
 	7,  // 11: agent.v1.Inventory.gpus:type_name -> agent.v1.GPU
 	9,  // 12: agent.v1.HealthReport.gpu_events:type_name -> agent.v1.GPUEvent
 	10, // 13: agent.v1.HealthReport.host:type_name -> agent.v1.HostPressure
-	24, // 14: agent.v1.GPUEvent.at:type_name -> google.protobuf.Timestamp
-	25, // 15: agent.v1.CommandResult.output:type_name -> google.protobuf.Struct
-	24, // 16: agent.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
+	25, // 14: agent.v1.GPUEvent.at:type_name -> google.protobuf.Timestamp
+	26, // 15: agent.v1.CommandResult.output:type_name -> google.protobuf.Struct
+	25, // 16: agent.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
 	16, // 17: agent.v1.ServerMessage.welcome:type_name -> agent.v1.Welcome
 	17, // 18: agent.v1.ServerMessage.desired:type_name -> agent.v1.DesiredState
-	20, // 19: agent.v1.ServerMessage.command:type_name -> agent.v1.Command
-	21, // 20: agent.v1.ServerMessage.renewed:type_name -> agent.v1.Renewed
-	22, // 21: agent.v1.ServerMessage.result_ack:type_name -> agent.v1.ResultAck
-	23, // 22: agent.v1.ServerMessage.goodbye:type_name -> agent.v1.Goodbye
+	21, // 19: agent.v1.ServerMessage.command:type_name -> agent.v1.Command
+	22, // 20: agent.v1.ServerMessage.renewed:type_name -> agent.v1.Renewed
+	23, // 21: agent.v1.ServerMessage.result_ack:type_name -> agent.v1.ResultAck
+	24, // 22: agent.v1.ServerMessage.goodbye:type_name -> agent.v1.Goodbye
 	15, // 23: agent.v1.ServerMessage.heartbeat_ack:type_name -> agent.v1.HeartbeatAck
-	26, // 24: agent.v1.HeartbeatAck.heartbeat_interval:type_name -> google.protobuf.Duration
-	26, // 25: agent.v1.Welcome.heartbeat_interval:type_name -> google.protobuf.Duration
-	18, // 26: agent.v1.DesiredState.holds:type_name -> agent.v1.DeviceHold
-	19, // 27: agent.v1.DeviceHold.gpus:type_name -> agent.v1.HeldGPU
-	25, // 28: agent.v1.Command.args:type_name -> google.protobuf.Struct
-	24, // 29: agent.v1.Command.deadline:type_name -> google.protobuf.Timestamp
-	24, // 30: agent.v1.Renewed.not_after:type_name -> google.protobuf.Timestamp
-	0,  // 31: agent.v1.JoinService.Join:input_type -> agent.v1.JoinRequest
-	3,  // 32: agent.v1.SessionService.Connect:input_type -> agent.v1.NodeMessage
-	2,  // 33: agent.v1.JoinService.Join:output_type -> agent.v1.JoinResponse
-	14, // 34: agent.v1.SessionService.Connect:output_type -> agent.v1.ServerMessage
-	33, // [33:35] is the sub-list for method output_type
-	31, // [31:33] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	27, // 24: agent.v1.HeartbeatAck.heartbeat_interval:type_name -> google.protobuf.Duration
+	27, // 25: agent.v1.Welcome.heartbeat_interval:type_name -> google.protobuf.Duration
+	19, // 26: agent.v1.DesiredState.holds:type_name -> agent.v1.DeviceHold
+	18, // 27: agent.v1.DesiredState.parts:type_name -> agent.v1.DesiredPart
+	20, // 28: agent.v1.DeviceHold.gpus:type_name -> agent.v1.HeldGPU
+	26, // 29: agent.v1.Command.args:type_name -> google.protobuf.Struct
+	25, // 30: agent.v1.Command.deadline:type_name -> google.protobuf.Timestamp
+	25, // 31: agent.v1.Renewed.not_after:type_name -> google.protobuf.Timestamp
+	0,  // 32: agent.v1.JoinService.Join:input_type -> agent.v1.JoinRequest
+	3,  // 33: agent.v1.SessionService.Connect:input_type -> agent.v1.NodeMessage
+	2,  // 34: agent.v1.JoinService.Join:output_type -> agent.v1.JoinResponse
+	14, // 35: agent.v1.SessionService.Connect:output_type -> agent.v1.ServerMessage
+	34, // [34:36] is the sub-list for method output_type
+	32, // [32:34] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -2021,7 +2100,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   24,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -50,6 +50,8 @@ func (m Module) Register(r *modules.Registry) error {
 		iam.ResourceType{Name: api.ResourceDevice, Description: "A GPU of a node."},
 	)
 	r.Actions(modules.ActionsFor(api.CapacityMethods()...)...)
+	r.Resolver(api.ResourceReservation, resolveReservation)
+	r.EventTypes(eventTypes...)
 	r.OnInitialize(func(ctx context.Context, rt *modules.Runtime) error { return ensureMeters(ctx, rt) })
 	r.Worker(modules.Worker{Name: "reservation-lifecycle", Modes: []string{"worker"}, Run: func(ctx context.Context, rt *modules.Runtime) error {
 		return modules.Every(ctx, m.Tick, func() error { _, err := Tick(ctx, rt.DB); return err })

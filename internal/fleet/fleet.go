@@ -43,6 +43,7 @@ func (Module) Register(r *modules.Registry) error {
 	registerSites(r)
 	registerPools(r)
 	registerNodes(r)
+	registerResolvers(r)
 	return nil
 }
 

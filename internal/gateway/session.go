@@ -302,7 +302,7 @@ func (s *session) work(ctx context.Context) {
 }
 
 func (s *session) pushDesired(ctx context.Context) error {
-	ds, err := nodes.Desired(ctx, s.g.rt.DB.Pool, s.node)
+	ds, err := nodes.Desired(ctx, s.g.rt.DB.Pool, s.node, s.g.rt.Registry.DesiredKinds())
 	if err != nil {
 		return err
 	}

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/better-compute/compute/agent/ext"
 	agentv1 "github.com/better-compute/compute/agent/v1"
 )
 
@@ -34,11 +35,14 @@ type Config struct {
 	Gateway string
 	// MaxBackoff bounds the wait between reconnects; default 30s.
 	MaxBackoff time.Duration
+	// Extensions carry out the command and desired-state kinds of modules (agent/ext).
+	Extensions []ext.Extension
 }
 
 // Agent runs a node's session, reconnecting until stopped.
 type Agent struct {
-	cfg Config
+	cfg  Config
+	exts *ext.Set
 
 	mu     sync.Mutex
 	status Status
@@ -75,7 +79,11 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.MaxBackoff == 0 {
 		cfg.MaxBackoff = 30 * time.Second
 	}
-	return &Agent{cfg: cfg}, nil
+	exts, err := ext.NewSet(cfg.Extensions...)
+	if err != nil {
+		return nil, fmt.Errorf("nodeagent: %w", err)
+	}
+	return &Agent{cfg: cfg, exts: exts}, nil
 }
 
 // Status returns the agent's state.
@@ -356,6 +364,12 @@ func (s *nodeSession) handle(ctx context.Context, m *agentv1.ServerMessage) erro
 	case *agentv1.ServerMessage_Desired:
 		ds := b.Desired
 		err := a.cfg.Converger.Apply(ctx, ds)
+		if err == nil {
+			s.mu.Lock()
+			prev := s.holds
+			s.mu.Unlock()
+			err = a.applyParts(ctx, prev, ds)
+		}
 		applied := ds.GetGeneration()
 		if err != nil {
 			applied = s.currentApplied()
@@ -463,7 +477,36 @@ func (s *nodeSession) carryOut(ctx context.Context, c *agentv1.Command) (map[str
 	case "diag.run":
 		return hw.Diag(ctx, args.Test, args.Seconds)
 	}
+	if run, ok := s.a.exts.Command(c.GetKind()); ok {
+		return run(ctx, c.GetArgs().AsMap())
+	}
 	return nil, fmt.Errorf("unknown command kind %q", c.GetKind())
+}
+
+// applyParts converges the modules' parts of a desired state through the extensions: each part
+// present, and each kind prev had that ds no longer has (with a nil payload). A part no extension
+// converges fails the whole state, so that the control plane sees the node did not apply it.
+func (a *Agent) applyParts(ctx context.Context, prev, ds *agentv1.DesiredState) error {
+	seen := map[string]bool{}
+	for _, p := range ds.GetParts() {
+		apply, ok := a.exts.Converger(p.GetKind())
+		if !ok {
+			return fmt.Errorf("no extension of this node converges desired-state kind %q", p.GetKind())
+		}
+		if err := apply(ctx, p.GetVersion(), p.GetPayload()); err != nil {
+			return fmt.Errorf("desired-state kind %s: %w", p.GetKind(), err)
+		}
+		seen[p.GetKind()] = true
+	}
+	for _, p := range prev.GetParts() {
+		if apply, ok := a.exts.Converger(p.GetKind()); ok && !seen[p.GetKind()] {
+			if err := apply(ctx, p.GetVersion(), nil); err != nil {
+				return fmt.Errorf("desired-state kind %s (now empty): %w", p.GetKind(), err)
+			}
+			seen[p.GetKind()] = true
+		}
+	}
+	return nil
 }
 
 func (s *nodeSession) holderOf(index int) string {

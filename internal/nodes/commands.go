@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -33,7 +34,58 @@ func scanCommand(row pgx.Row) (api.Command, error) {
 	return c, err
 }
 
+// coreCommandKinds are the kinds every node carries out; modules register theirs the same way.
+func coreCommandKinds() []modules.CommandKind {
+	return []modules.CommandKind{
+		{Name: api.CommandInventoryRefresh, Summary: "Read the node's hardware again and report it."},
+		{Name: api.CommandGPUReset, Summary: "Reset one GPU (args: gpu, force).", Check: checkReset},
+		{Name: api.CommandHealthCheck, Summary: "Check the GPUs' health now."},
+		{Name: api.CommandDiagRun, Summary: "Run a GPU diagnostic (args: test quick|medium|long, seconds)."},
+	}
+}
+
+// QueueCommand queues a command of a registered kind for a node of c's tenant, in c's
+// transaction: the commands.create method, and modules.Nodes.Command for modules.
+func QueueCommand(ctx context.Context, c *modules.Call, reg *modules.Registry, in api.CreateCommand) (api.Command, error) {
+	kind, ok := reg.LookupCommandKind(in.Kind)
+	if !ok {
+		return api.Command{}, api.InvalidField("kind", "%q is not a command kind of this control plane: it has %s", in.Kind, strings.Join(reg.CommandKinds(), ", "))
+	}
+	node, err := fleet.NodeTarget(ctx, modules.Lookup{Q: c.Tx, Principal: c.Principal}, in.NodeRef)
+	if err != nil {
+		return api.Command{}, err
+	}
+	if node.TenantID != c.Target.TenantID {
+		return api.Command{}, api.NotFound("node", in.Node)
+	}
+	args := in.Args
+	if len(args) == 0 {
+		args = json.RawMessage("{}")
+	}
+	if kind.Check != nil {
+		if err := kind.Check(ctx, c.Tx, node.ResourceID, args); err != nil {
+			return api.Command{}, err
+		}
+	}
+	deadline := api.DefaultCommandDeadline
+	if in.Deadline != "" {
+		deadline, _ = api.ParseDuration("deadline", in.Deadline)
+	}
+	cmd, err := scanCommand(c.Tx.QueryRow(ctx, `INSERT INTO compute.commands (id, tenant_id, node_id, kind, args, deadline, created_by)
+		VALUES ($1, $2, $3, $4, $5, compute.compute_now() + make_interval(secs => $6), $7) RETURNING `+commandColumns,
+		fleet.NewID(), c.Target.TenantID, node.ResourceID, in.Kind, []byte(args), deadline.Seconds(), c.Principal.ID))
+	if err != nil {
+		return cmd, err
+	}
+	// The gateway holding the node's session hears of it as the transaction commits.
+	if _, err := c.Tx.Exec(ctx, `SELECT pg_catalog.pg_notify($1, $2)`, CommandsChannel, node.ResourceID); err != nil {
+		return cmd, err
+	}
+	return cmd, events.Emit(ctx, c.Tx, "command.created", c.Target.TenantID, cmd.ID, map[string]any{"node": node.ResourceID, "kind": in.Kind})
+}
+
 func registerCommands(r *modules.Registry) {
+	r.CommandKind(coreCommandKinds()...)
 	modules.Handle(r, api.CommandsCreate,
 		func(ctx context.Context, l modules.Lookup, in api.CreateCommand) (modules.Target, error) {
 			t, err := fleet.NodeTarget(ctx, l, in.NodeRef)
@@ -41,37 +93,7 @@ func registerCommands(r *modules.Registry) {
 			return t, err
 		},
 		func(ctx context.Context, c *modules.Call, in api.CreateCommand) (api.Command, error) {
-			node, err := fleet.NodeTarget(ctx, modules.Lookup{Q: c.Tx, Principal: c.Principal}, in.NodeRef)
-			if err != nil {
-				return api.Command{}, err
-			}
-			if node.TenantID != c.Target.TenantID {
-				return api.Command{}, api.NotFound("node", in.Node)
-			}
-			if in.Kind == api.CommandGPUReset {
-				if err := checkReset(ctx, c.Tx, node.ResourceID, in.Args); err != nil {
-					return api.Command{}, err
-				}
-			}
-			deadline := api.DefaultCommandDeadline
-			if in.Deadline != "" {
-				deadline, _ = api.ParseDuration("deadline", in.Deadline)
-			}
-			args := in.Args
-			if len(args) == 0 {
-				args = json.RawMessage("{}")
-			}
-			cmd, err := scanCommand(c.Tx.QueryRow(ctx, `INSERT INTO compute.commands (id, tenant_id, node_id, kind, args, deadline, created_by)
-				VALUES ($1, $2, $3, $4, $5, compute.compute_now() + make_interval(secs => $6), $7) RETURNING `+commandColumns,
-				fleet.NewID(), c.Target.TenantID, node.ResourceID, in.Kind, []byte(args), deadline.Seconds(), c.Principal.ID))
-			if err != nil {
-				return cmd, err
-			}
-			// The gateway holding the node's session hears of it as the transaction commits.
-			if _, err := c.Tx.Exec(ctx, `SELECT pg_catalog.pg_notify($1, $2)`, CommandsChannel, node.ResourceID); err != nil {
-				return cmd, err
-			}
-			return cmd, events.Emit(ctx, c.Tx, "command.created", c.Target.TenantID, cmd.ID, map[string]any{"node": node.ResourceID, "kind": in.Kind})
+			return QueueCommand(ctx, c, r, in)
 		})
 
 	commandTarget := func(ctx context.Context, l modules.Lookup, id string) (modules.Target, error) {
@@ -129,7 +151,9 @@ func registerCommands(r *modules.Registry) {
 // checkReset refuses a reset of a GPU that is held, unless forced: a holder's job would die.
 func checkReset(ctx context.Context, q postgres.Querier, node string, raw json.RawMessage) error {
 	var a api.GPUResetArgs
-	_ = json.Unmarshal(raw, &a)
+	if err := json.Unmarshal(raw, &a); err != nil || a.GPU == nil {
+		return api.InvalidField("args", "gpu.reset needs {\"gpu\": <index>}")
+	}
 	var exists bool
 	if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM compute.devices WHERE node_id = $1 AND index = $2)`, node, *a.GPU).Scan(&exists); err != nil {
 		return err

@@ -2,18 +2,24 @@ package nodes
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"sort"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
+
 	agentv1 "github.com/better-compute/compute/agent/v1"
 	"github.com/better-compute/compute/internal/capacity"
+	"github.com/better-compute/compute/modules"
 	"github.com/better-compute/compute/postgres"
 )
 
 // Desired returns what a node should hold now, at its current generation. The generation is read
 // before the holds: if they move in between, the node gets newer holds under an older
-// generation, and the next push corrects the generation; never the other way round.
-func Desired(ctx context.Context, q postgres.Querier, nodeID string) (*agentv1.DesiredState, error) {
+// generation, and the next push corrects the generation; never the other way round. Each of
+// kinds adds its part, when it has one for the node.
+func Desired(ctx context.Context, q postgres.Querier, nodeID string, kinds []modules.DesiredKind) (*agentv1.DesiredState, error) {
 	var gen int64
 	if err := q.QueryRow(ctx, `SELECT coalesce((SELECT generation FROM compute.node_desired WHERE node_id = $1), 1)`, nodeID).Scan(&gen); err != nil {
 		return nil, err
@@ -35,5 +41,37 @@ func Desired(ctx context.Context, q postgres.Querier, nodeID string) (*agentv1.D
 		ds.Holds = append(ds.Holds, h)
 	}
 	sort.Slice(ds.Holds, func(i, j int) bool { return strings.Compare(ds.Holds[i].Holder, ds.Holds[j].Holder) < 0 })
+	for _, k := range kinds {
+		part, err := k.State(ctx, q, nodeID)
+		if err != nil {
+			return nil, fmt.Errorf("nodes: desired state %s of node %s: %w", k.Name, nodeID, err)
+		}
+		if part == nil {
+			continue
+		}
+		b, err := json.Marshal(part)
+		if err != nil {
+			return nil, fmt.Errorf("nodes: desired state %s of node %s: %w", k.Name, nodeID, err)
+		}
+		ds.Parts = append(ds.Parts, &agentv1.DesiredPart{Kind: k.Name, Version: k.Version, Payload: b})
+	}
 	return ds, nil
+}
+
+// BumpDesired moves the desired-state generation of nodes (in node order, as the triggers do) and
+// tells their gateways once tx commits: a module's part of the state changed.
+func BumpDesired(ctx context.Context, tx pgx.Tx, nodeIDs ...string) error {
+	if len(nodeIDs) == 0 {
+		return nil
+	}
+	_, err := tx.Exec(ctx, `WITH n AS (SELECT DISTINCT unnest($1::uuid[]) AS node_id),
+		bumped AS (
+		  INSERT INTO compute.node_desired AS d (node_id, generation) SELECT node_id, 2 FROM n ORDER BY node_id
+		  ON CONFLICT (node_id) DO UPDATE SET generation = d.generation + 1, updated_at = compute.compute_now()
+		  RETURNING node_id)
+		SELECT pg_catalog.pg_notify($2, node_id::text) FROM bumped`, nodeIDs, DesiredChannel)
+	if err != nil {
+		return fmt.Errorf("nodes: bump the desired state of %d nodes: %w", len(nodeIDs), err)
+	}
+	return nil
 }

@@ -67,6 +67,16 @@ func (m *Module) Register(r *modules.Registry) error {
 		iam.ResourceType{Name: api.ResourceCommand, Description: "One-shot work for a node."},
 	)
 	r.Actions(modules.ActionsFor(api.NodeMethods()...)...)
+	r.EventTypes(
+		modules.EventType{Name: "node.joined", Description: "A machine joined a pool (data: pool, name)."},
+		modules.EventType{Name: "node.online", Description: "A node's session began, or its heartbeats came back (data: gateway)."},
+		modules.EventType{Name: "node.offline", Description: "A node fell silent past its grace period."},
+		modules.EventType{Name: "node.active", Description: "A node was uncordoned (data: from)."},
+		modules.EventType{Name: "node.cordoned", Description: "A node takes no new bookings (data: from)."},
+		modules.EventType{Name: "node.draining", Description: "A node's bookings are being ended (data: from)."},
+		modules.EventType{Name: "node.retired", Description: "A node left the fleet for good (data: from)."},
+		modules.EventType{Name: "command.created", Description: "A command was queued for a node (data: node, kind)."},
+	)
 	r.OnInitialize(func(ctx context.Context, rt *modules.Runtime) error {
 		a, err := pki.Load(ctx, rt.DB, rt.Secret)
 		if err != nil {

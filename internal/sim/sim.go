@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/better-compute/compute/agent/ext"
 	agentv1 "github.com/better-compute/compute/agent/v1"
 	"github.com/better-compute/compute/internal/nodeagent"
 )
@@ -29,6 +30,8 @@ type Options struct {
 	Parallel int    // joins at once; default 16
 	Logger   *slog.Logger
 	Version  string
+	// Extensions carry out modules' command and desired-state kinds on every node.
+	Extensions []ext.Extension
 }
 
 // Fleet is a running simulated fleet.
@@ -95,7 +98,8 @@ func Start(ctx context.Context, o Options) (*Fleet, error) {
 			}
 			if err == nil {
 				n.agent, err = nodeagent.New(nodeagent.Config{Store: n.Store, Hardware: n.Hardware, Converger: n.Converger,
-					Logger: o.Logger.With("node", name), Version: o.Version, Facts: facts, Gateway: o.Gateway, MaxBackoff: 2 * time.Second})
+					Logger: o.Logger.With("node", name), Version: o.Version, Facts: facts, Gateway: o.Gateway, MaxBackoff: 2 * time.Second,
+					Extensions: o.Extensions})
 			}
 			errs[i] = err
 		}()

@@ -1,0 +1,92 @@
+// Package ext is the node side of a module: the command kinds and desired-state kinds that bcd
+// (and the simulated node) carry out for it. A module registers a kind with the control plane
+// (modules.Registry.CommandKind, DesiredKind); the node runs it through an Extension given to its
+// agent. Nothing here imports the control plane.
+package ext
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+)
+
+// Command carries out one command of a kind. args is the command's JSON object, decoded; the
+// output (nil for none) is the command's result.
+type Command func(ctx context.Context, args map[string]any) (output map[string]any, err error)
+
+// Converger applies one desired-state part: payload is the JSON the control plane sent, of the
+// version given. It is called with every push of the node's desired state (the same part again,
+// or a newer one), so it must converge, not append. A node whose state no longer has the part is
+// given nil.
+type Converger func(ctx context.Context, version uint32, payload []byte) error
+
+// Extension is what one module adds to a node.
+type Extension struct {
+	Name     string
+	Commands map[string]Command   // by command kind, e.g. "metal.ping"
+	Desired  map[string]Converger // by desired-state kind, e.g. "vps.instances"
+}
+
+var kindRE = regexp.MustCompile(`^[a-z][a-z0-9]*(\.[a-z][a-z0-9]*)+$`)
+
+// Set is a node's extensions, checked: no kind claimed twice, none malformed.
+type Set struct {
+	commands map[string]Command
+	desired  map[string]Converger
+}
+
+// NewSet checks exts and indexes their kinds.
+func NewSet(exts ...Extension) (*Set, error) {
+	s := &Set{commands: map[string]Command{}, desired: map[string]Converger{}}
+	for _, e := range exts {
+		for k, c := range e.Commands {
+			if !kindRE.MatchString(k) || c == nil {
+				return nil, fmt.Errorf("ext: extension %q: command kind %q needs a dotted lower-case name and a function", e.Name, k)
+			}
+			if _, dup := s.commands[k]; dup {
+				return nil, fmt.Errorf("ext: command kind %s is claimed twice (extension %q)", k, e.Name)
+			}
+			s.commands[k] = c
+		}
+		for k, c := range e.Desired {
+			if !kindRE.MatchString(k) || c == nil {
+				return nil, fmt.Errorf("ext: extension %q: desired-state kind %q needs a dotted lower-case name and a function", e.Name, k)
+			}
+			if _, dup := s.desired[k]; dup {
+				return nil, fmt.Errorf("ext: desired-state kind %s is claimed twice (extension %q)", k, e.Name)
+			}
+			s.desired[k] = c
+		}
+	}
+	return s, nil
+}
+
+// Command returns the runner of a command kind.
+func (s *Set) Command(kind string) (Command, bool) {
+	if s == nil {
+		return nil, false
+	}
+	c, ok := s.commands[kind]
+	return c, ok
+}
+
+// Converger returns the converger of a desired-state kind.
+func (s *Set) Converger(kind string) (Converger, bool) {
+	if s == nil {
+		return nil, false
+	}
+	c, ok := s.desired[kind]
+	return c, ok
+}
+
+// DesiredKinds returns the desired-state kinds the set converges.
+func (s *Set) DesiredKinds() []string {
+	if s == nil {
+		return nil
+	}
+	out := make([]string, 0, len(s.desired))
+	for k := range s.desired {
+		out = append(out, k)
+	}
+	return out
+}

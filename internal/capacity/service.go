@@ -1,0 +1,44 @@
+package capacity
+
+import (
+	"context"
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/modules"
+)
+
+// Service is capacity's part of modules.Runtime: booking for another module's call, in that
+// call's transaction, under the decision its own method made.
+type Service struct{}
+
+// Reserve implements modules.Capacity: in is checked as reservations.create's input would be.
+func (Service) Reserve(ctx context.Context, c *modules.Call, in api.CreateReservation) (api.Reservation, error) {
+	if err := api.CheckInput(in); err != nil {
+		return api.Reservation{}, err
+	}
+	if err := in.Validate(); err != nil {
+		return api.Reservation{}, err
+	}
+	return reserve(ctx, c, in)
+}
+
+// Release implements modules.Capacity: an active reservation is released, a pending one
+// cancelled; one already ended is left as it is.
+func (Service) Release(ctx context.Context, c *modules.Call, id string) error {
+	var state string
+	err := c.Tx.QueryRow(ctx, `SELECT state FROM compute.reservations WHERE id = $1 AND tenant_id = $2`, id, c.Target.TenantID).Scan(&state)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return api.NotFound("reservation", id)
+	case err != nil:
+		return err
+	case state == api.ReservationActive:
+		return release(ctx, c.Tx, id, c.Target.TenantID)
+	case state == api.ReservationPending:
+		return cancel(ctx, c.Tx, id, c.Target.TenantID)
+	}
+	return nil
+}

@@ -1,0 +1,280 @@
+package modules
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"sort"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/better-compute/compute/postgres"
+)
+
+// What a module adds besides methods: command kinds and desired-state kinds that travel to bcd,
+// IAM resource resolvers, event types, drivers and profiles. Each is refused when registered
+// twice or malformed, in compute.New.
+
+// kindRE is the form of a command, desired-state or event kind: dotted lower-case words, e.g.
+// gpu.reset or metal.power.
+var kindRE = regexp.MustCompile(`^[a-z][a-z0-9]*(\.[a-z][a-z0-9]*)+$`)
+
+// CommandKind is a kind of one-shot command a node carries out (bcd's side: agent/ext).
+type CommandKind struct {
+	Name    string // e.g. gpu.reset
+	Summary string
+	// Check validates the arguments of a command for node (a JSON object, possibly {}) in the
+	// transaction that queues it; an error it returns is the caller's (an *api.Error naming the
+	// field). nil accepts any object.
+	Check func(ctx context.Context, q postgres.Querier, nodeID string, args json.RawMessage) error
+}
+
+// DesiredKind is a part of a node's desired state a module owns. Its State travels to bcd as a
+// versioned JSON payload beside the core's device holds, and the node's converger for the kind
+// (agent/ext) applies it. A module moves the part with Nodes.BumpDesired.
+type DesiredKind struct {
+	Name    string // e.g. vps.instances
+	Version uint32 // the payload's format; a node refuses a version it does not know
+	// State returns the part for nodeID, or nil when the node has none of it.
+	State func(ctx context.Context, q postgres.Querier, nodeID string) (any, error)
+}
+
+// ResolveFunc tells IAM the attributes of one resource (name, tenantId, labels.<key>, and those
+// of its type), for policy conditions. A resource that does not exist has none: nil, nil.
+type ResolveFunc func(ctx context.Context, q postgres.Querier, id string) (map[string]any, error)
+
+// EventType is a kind of event a module emits.
+type EventType struct {
+	Name        string // e.g. reservation.preempted
+	Description string
+}
+
+// Driver is one implementation of a kind of driver (power: ipmi, redfish; runtime: libvirt-kvm),
+// registered by the module that provides it and used by the modules that compose drivers. Value
+// is what the using module expects of that kind (an interface it defines).
+type Driver struct {
+	Kind, Name string
+	Value      any
+}
+
+// Profile names a composition of drivers: one driver per kind.
+type Profile struct {
+	Name    string
+	Drivers map[string]string // kind → driver name, each registered
+}
+
+// CommandKind registers command kinds.
+func (r *Registry) CommandKind(ks ...CommandKind) {
+	for _, k := range ks {
+		switch {
+		case !kindRE.MatchString(k.Name):
+			r.fail(fmt.Errorf("command kind %q: must be dotted lower-case words, e.g. gpu.reset", k.Name))
+		case r.commands[k.Name] != nil:
+			r.fail(fmt.Errorf("command kind %s is registered twice", k.Name))
+		default:
+			r.commands[k.Name] = &k
+		}
+	}
+}
+
+// DesiredKind registers desired-state kinds.
+func (r *Registry) DesiredKind(ks ...DesiredKind) {
+	for _, k := range ks {
+		switch {
+		case !kindRE.MatchString(k.Name):
+			r.fail(fmt.Errorf("desired-state kind %q: must be dotted lower-case words, e.g. vps.instances", k.Name))
+		case k.Version == 0 || k.State == nil:
+			r.fail(fmt.Errorf("desired-state kind %s needs a version (from 1) and a State function", k.Name))
+		case r.hasDesired(k.Name):
+			r.fail(fmt.Errorf("desired-state kind %s is registered twice", k.Name))
+		default:
+			r.desired = append(r.desired, k)
+		}
+	}
+}
+
+func (r *Registry) hasDesired(name string) bool {
+	for _, k := range r.desired {
+		if k.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// Resolver registers how IAM learns the attributes of resources of a type the module registered.
+func (r *Registry) Resolver(resourceType string, fn ResolveFunc) {
+	switch {
+	case fn == nil:
+		r.fail(fmt.Errorf("resolver of %s: nil function", resourceType))
+	case r.resolvers[resourceType] != nil:
+		r.fail(fmt.Errorf("resource type %s has two resolvers", resourceType))
+	default:
+		r.resolvers[resourceType] = fn
+	}
+}
+
+// EventTypes registers event types. Events.Emit refuses a type nobody registered.
+func (r *Registry) EventTypes(ts ...EventType) {
+	for _, t := range ts {
+		switch {
+		case !kindRE.MatchString(t.Name):
+			r.fail(fmt.Errorf("event type %q: must be dotted lower-case words, e.g. reservation.created", t.Name))
+		case r.events[t.Name] != "":
+			r.fail(fmt.Errorf("event type %s is registered twice", t.Name))
+		default:
+			r.events[t.Name] = r.module
+			r.eventInfo = append(r.eventInfo, t)
+		}
+	}
+}
+
+// Driver registers drivers.
+func (r *Registry) Driver(ds ...Driver) {
+	for _, d := range ds {
+		key := d.Kind + "/" + d.Name
+		switch {
+		case d.Kind == "" || d.Name == "" || d.Value == nil:
+			r.fail(fmt.Errorf("driver %q: needs a kind, a name and a value", key))
+		case r.drivers[key] != nil:
+			r.fail(fmt.Errorf("driver %s is registered twice", key))
+		default:
+			r.drivers[key] = &d
+		}
+	}
+}
+
+// Profile registers profiles; Check verifies that each names registered drivers.
+func (r *Registry) Profile(ps ...Profile) {
+	for _, p := range ps {
+		switch {
+		case p.Name == "" || len(p.Drivers) == 0:
+			r.fail(errors.New("a profile needs a name and drivers"))
+		case r.profiles[p.Name] != nil:
+			r.fail(fmt.Errorf("profile %s is registered twice", p.Name))
+		default:
+			r.profiles[p.Name] = &p
+		}
+	}
+}
+
+// LookupCommandKind returns the registered command kind name.
+func (r *Registry) LookupCommandKind(name string) (CommandKind, bool) {
+	k := r.commands[name]
+	if k == nil {
+		return CommandKind{}, false
+	}
+	return *k, true
+}
+
+// CommandKinds returns the registered command kinds' names, sorted.
+func (r *Registry) CommandKinds() []string {
+	out := make([]string, 0, len(r.commands))
+	for n := range r.commands {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// DesiredKinds returns the registered desired-state kinds, in registration order.
+func (r *Registry) DesiredKinds() []DesiredKind {
+	if r == nil {
+		return nil
+	}
+	return r.desired
+}
+
+// LookupResolver returns the resolver of a resource type.
+func (r *Registry) LookupResolver(resourceType string) (ResolveFunc, bool) {
+	fn := r.resolvers[resourceType]
+	return fn, fn != nil
+}
+
+// HasEventType reports whether some module registered the event type.
+func (r *Registry) HasEventType(name string) bool { return r.events[name] != "" }
+
+// EventTypeList returns the registered event types, sorted by name.
+func (r *Registry) EventTypeList() []EventType {
+	out := append([]EventType(nil), r.eventInfo...)
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// LookupDriver returns the driver of a kind by name.
+func (r *Registry) LookupDriver(kind, name string) (Driver, bool) {
+	d := r.drivers[kind+"/"+name]
+	if d == nil {
+		return Driver{}, false
+	}
+	return *d, true
+}
+
+// LookupProfile returns a profile by name.
+func (r *Registry) LookupProfile(name string) (Profile, bool) {
+	p := r.profiles[name]
+	if p == nil {
+		return Profile{}, false
+	}
+	return *p, true
+}
+
+// checkKinds verifies what refers to other registrations: profiles to drivers, resolvers to
+// resource types.
+func (r *Registry) checkKinds() []error {
+	var errs []error
+	names := make([]string, 0, len(r.profiles))
+	for n := range r.profiles {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		p := r.profiles[n]
+		kinds := make([]string, 0, len(p.Drivers))
+		for k := range p.Drivers {
+			kinds = append(kinds, k)
+		}
+		sort.Strings(kinds)
+		for _, k := range kinds {
+			if r.drivers[k+"/"+p.Drivers[k]] == nil {
+				errs = append(errs, fmt.Errorf("modules: profile %s uses %s driver %q, which no module registered", n, k, p.Drivers[k]))
+			}
+		}
+	}
+	types := make([]string, 0, len(r.resolvers))
+	for t := range r.resolvers {
+		types = append(types, t)
+	}
+	sort.Strings(types)
+	for _, t := range types {
+		if _, ok := r.types[t]; !ok {
+			errs = append(errs, fmt.Errorf("modules: a resolver is registered for resource type %q, which no module registered", t))
+		}
+	}
+	return errs
+}
+
+// ResolveRow reads the attributes of one resource from a row of (name, tenant, labels, other
+// attributes as a JSON object): the usual ResolveFunc. No row is no resource: nil, nil.
+func ResolveRow(row pgx.Row) (map[string]any, error) {
+	var name, tenant string
+	var labels map[string]string
+	var extra map[string]any
+	err := row.Scan(&name, &tenant, &labels, &extra)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	attrs := map[string]any{"name": name, "tenantId": tenant}
+	for k, v := range labels {
+		attrs["labels."+k] = v
+	}
+	for k, v := range extra {
+		attrs[k] = v
+	}
+	return attrs, nil
+}

@@ -1,0 +1,71 @@
+package modules
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/postgres"
+)
+
+// The services below are what a module may use of the core, each as narrow as its callers need.
+// compute.New fills them in Runtime; a module never imports the core's packages. Each writes in
+// the transaction it is given, so what a module changes commits or rolls back with its call.
+
+// Capacity books and releases capacity. It acts for the call c (its principal, its tenant and
+// transaction), under the IAM decision c's own method made: no second decision is asked.
+type Capacity interface {
+	// Reserve places in as reservations.create would, in c's transaction.
+	Reserve(ctx context.Context, c *Call, in api.CreateReservation) (api.Reservation, error)
+	// Release ends an active reservation of c's tenant now, or cancels one not yet started.
+	Release(ctx context.Context, c *Call, reservationID string) error
+}
+
+// Nodes reaches nodes: commands they carry out once, and the desired state they converge to.
+type Nodes interface {
+	// Command queues a command for a node of c's tenant, of a registered kind whose Check has
+	// accepted its arguments. The node's gateway hears of it when c's transaction commits.
+	Command(ctx context.Context, c *Call, in api.CreateCommand) (api.Command, error)
+	// BumpDesired moves the desired-state generation of nodes, so that their gateways push the
+	// state again (with every registered DesiredKind's part) once tx commits.
+	BumpDesired(ctx context.Context, tx pgx.Tx, nodeIDs ...string) error
+}
+
+// Fleet looks up sites, pools and nodes.
+type Fleet interface {
+	// PoolID returns the id of the pool ref (an id or a name) of tenant, or a not_found error.
+	PoolID(ctx context.Context, q postgres.Querier, tenant, ref string) (string, error)
+	// NodeID returns the id of the node ref (an id or a name) in pool, or a not_found error.
+	NodeID(ctx context.Context, q postgres.Querier, poolID, ref string) (string, error)
+	// CAHash is the pin of the machine CA ("sha256:…") that joining machines check.
+	CAHash() (string, error)
+}
+
+// Events writes the event outbox.
+type Events interface {
+	// Emit writes an event of a registered type in q's transaction.
+	Emit(ctx context.Context, q postgres.Querier, e Event) error
+}
+
+// Event is one entry of the outbox.
+type Event struct {
+	Type     string // registered with Registry.EventTypes, e.g. "reservation.created"
+	TenantID string
+	Subject  string // the id of what it is about
+	Data     map[string]any
+}
+
+// Clock is the database's clock, compute_now(): the real time, or a test's.
+type Clock interface {
+	Now(ctx context.Context, q postgres.Querier) (time.Time, error)
+}
+
+// SecretBox seals what a module keeps secret (a BMC password, a provider's token) with a key
+// derived from compute.Options.Secret. The purpose binds a sealed value to what it is for: it
+// opens only with the same purpose.
+type SecretBox interface {
+	Seal(purpose string, plaintext []byte) ([]byte, error)
+	Open(purpose string, sealed []byte) ([]byte, error)
+}

@@ -1,0 +1,138 @@
+package compute
+
+import (
+	"context"
+	"crypto/aes"
+	"crypto/cipher"
+	"crypto/hkdf"
+	"crypto/rand"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/internal/capacity"
+	"github.com/better-compute/compute/internal/events"
+	"github.com/better-compute/compute/internal/fleet"
+	"github.com/better-compute/compute/internal/nodes"
+	"github.com/better-compute/compute/modules"
+	"github.com/better-compute/compute/postgres"
+)
+
+// newRuntime is what modules get of the core (modules.Runtime): the database, IAM and the
+// core's services, each a thin adapter over the package that owns what it writes.
+func newRuntime(o Options, reg *modules.Registry, nm *nodes.Module) *modules.Runtime {
+	return &modules.Runtime{
+		DB: o.Database, IAM: o.IAM, Logger: o.Logger, Secret: o.Secret,
+		Capacity: capacity.Service{},
+		Nodes:    nodeService{reg},
+		Fleet:    fleetService{nm},
+		Events:   eventService{reg},
+		Clock:    clock{},
+		Secrets:  secretBox{o.Secret},
+		Registry: reg,
+	}
+}
+
+type nodeService struct{ reg *modules.Registry }
+
+func (s nodeService) Command(ctx context.Context, c *modules.Call, in api.CreateCommand) (api.Command, error) {
+	if err := api.CheckInput(in); err != nil {
+		return api.Command{}, err
+	}
+	if err := in.Validate(); err != nil {
+		return api.Command{}, err
+	}
+	return nodes.QueueCommand(ctx, c, s.reg, in)
+}
+
+func (nodeService) BumpDesired(ctx context.Context, tx pgx.Tx, ids ...string) error {
+	return nodes.BumpDesired(ctx, tx, ids...)
+}
+
+type fleetService struct{ nm *nodes.Module }
+
+func (fleetService) PoolID(ctx context.Context, q postgres.Querier, tenant, ref string) (string, error) {
+	return fleet.PoolID(ctx, q, tenant, ref)
+}
+
+func (fleetService) NodeID(ctx context.Context, q postgres.Querier, pool, ref string) (string, error) {
+	return fleet.NodeIDIn(ctx, q, pool, ref)
+}
+
+func (s fleetService) CAHash() (string, error) {
+	a, err := s.nm.Authority()
+	if err != nil {
+		return "", err
+	}
+	return nodes.CAHash(a.Certificate()), nil
+}
+
+type eventService struct{ reg *modules.Registry }
+
+func (s eventService) Emit(ctx context.Context, q postgres.Querier, e modules.Event) error {
+	if !s.reg.HasEventType(e.Type) {
+		return fmt.Errorf("compute: event type %q is not registered (modules.Registry.EventTypes)", e.Type)
+	}
+	if e.TenantID == "" || e.Subject == "" {
+		return fmt.Errorf("compute: event %s needs a tenant and a subject", e.Type)
+	}
+	return events.Emit(ctx, q, e.Type, e.TenantID, e.Subject, e.Data)
+}
+
+type clock struct{}
+
+func (clock) Now(ctx context.Context, q postgres.Querier) (time.Time, error) {
+	var t time.Time
+	err := q.QueryRow(ctx, `SELECT compute.compute_now()`).Scan(&t)
+	return t, err
+}
+
+// secretBox seals with AES-256-GCM under a key derived from Options.Secret for each purpose, the
+// purpose also bound as additional data: a value sealed for one purpose opens for no other.
+type secretBox struct{ secret string }
+
+func (b secretBox) aead(purpose string) (cipher.AEAD, error) {
+	if purpose == "" {
+		return nil, errors.New("compute: a secret needs a purpose")
+	}
+	key, err := hkdf.Key(sha256.New, []byte(b.secret), nil, "better-compute module secret: "+purpose, 32)
+	if err != nil {
+		return nil, err
+	}
+	block, err := aes.NewCipher(key)
+	if err != nil {
+		return nil, err
+	}
+	return cipher.NewGCM(block)
+}
+
+func (b secretBox) Seal(purpose string, plaintext []byte) ([]byte, error) {
+	a, err := b.aead(purpose)
+	if err != nil {
+		return nil, err
+	}
+	nonce := make([]byte, a.NonceSize())
+	if _, err := rand.Read(nonce); err != nil {
+		return nil, err
+	}
+	return a.Seal(nonce, nonce, plaintext, []byte(purpose)), nil
+}
+
+func (b secretBox) Open(purpose string, sealed []byte) ([]byte, error) {
+	a, err := b.aead(purpose)
+	if err != nil {
+		return nil, err
+	}
+	if len(sealed) < a.NonceSize() {
+		return nil, errors.New("compute: not a sealed secret")
+	}
+	out, err := a.Open(nil, sealed[:a.NonceSize()], sealed[a.NonceSize():], []byte(purpose))
+	if err != nil {
+		return nil, errors.New("compute: the secret does not open: sealed for another purpose, with another Options.Secret, or damaged")
+	}
+	return out, nil
+}
