@@ -229,7 +229,6 @@ type GPUResetArgs struct {
 	Force bool `json:"force,omitempty"` // reset even while the GPU is held
 }
 
-
 // GetCommand is the input of commands.get.
 type GetCommand struct {
 	Command string `json:"command"`
