@@ -34,6 +34,7 @@ import (
 	"github.com/better-compute/compute/internal/fleet"
 	"github.com/better-compute/compute/internal/gateway"
 	"github.com/better-compute/compute/internal/nodes"
+	"github.com/better-compute/compute/jointokens"
 	"github.com/better-compute/compute/modules"
 	"github.com/better-compute/compute/postgres"
 )
@@ -80,7 +81,7 @@ func New(opts Options) (*Compute, error) {
 	if o.DecisionCacheTTL > 0 {
 		cache = iam.NewDecisionCache(o.DecisionCacheTTL, DefaultDecisionCacheMax)
 	}
-	reg, err := registry(append([]Module{nm, gatewayModule{gw}, iamEvents{cache}}, o.Modules...))
+	reg, err := registry(append([]Module{nm, jointokens.Module{}, gatewayModule{gw}, iamEvents{cache}}, o.Modules...))
 	if err != nil {
 		return nil, err
 	}
@@ -175,7 +176,7 @@ func registry(mods []Module) (*modules.Registry, error) {
 // MigrationSets returns every migration set the core and mods own, in the order Initialize
 // applies them. Test helpers use it to build template databases.
 func MigrationSets(mods ...Module) ([]postgres.MigrationSet, error) {
-	reg, err := registry(append([]Module{nodes.New(nodes.Config{})}, mods...))
+	reg, err := registry(append([]Module{nodes.New(nodes.Config{}), jointokens.Module{}}, mods...))
 	if err != nil {
 		return nil, err
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/better-compute/compute"
 	"github.com/better-compute/compute/api"
@@ -181,7 +182,8 @@ func TestMethodTableRoute(t *testing.T) {
 	if err := json.Unmarshal(c.raw, &table); err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(api.Methods(), table.Methods); diff != "" {
+	byName := cmpopts.SortSlices(func(a, b api.MethodInfo) bool { return a.FullName() < b.FullName() })
+	if diff := cmp.Diff(api.Methods(), table.Methods, byName); diff != "" {
 		t.Fatalf("the method table route differs from api.Methods (-want +got):\n%s", diff)
 	}
 }

@@ -1,5 +1,7 @@
 package api
 
+import "slices"
+
 // The core method table: the groups of the foundation. Modules declare their own methods with
 // NewMethod and register them; Methods lists only these.
 var (
@@ -23,7 +25,9 @@ var (
 func Methods() []MethodInfo { return infos(Table()) }
 
 // Table returns the core methods with their types, for code generators.
-func Table() []Describer { return append(append(fleetTable(), capacityTable()...), nodeTable()...) }
+func Table() []Describer {
+	return slices.Concat(fleetTable(), capacityTable(), joinTokenTable(), nodeTable())
+}
 
 // FleetMethods returns the fleet part of the method table.
 func FleetMethods() []MethodInfo { return infos(fleetTable()) }
@@ -96,12 +100,18 @@ var (
 	CommandsCancel = NewMethod[CancelCommand, Command]("commands", "cancel", true, ResourceCommand, "v0.1", "Cancel a command that has not finished.")
 )
 
-// NodeMethods returns the node part of the method table.
+// NodeMethods returns the node part of the method table: lifecycle and commands.
 func NodeMethods() []MethodInfo { return infos(nodeTable()) }
+
+// JoinTokenMethods returns the join token group (served by the jointokens module).
+func JoinTokenMethods() []MethodInfo { return infos(joinTokenTable()) }
+
+func joinTokenTable() []Describer {
+	return []Describer{JoinTokensCreate, JoinTokensList, JoinTokensRevoke}
+}
 
 func nodeTable() []Describer {
 	return []Describer{
-		JoinTokensCreate, JoinTokensList, JoinTokensRevoke,
 		NodesCordon, NodesUncordon, NodesDrain, NodesRetire, NodesSetLabels,
 		CommandsCreate, CommandsGet, CommandsList, CommandsCancel,
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"regexp"
 	"sort"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -277,4 +278,69 @@ func ResolveRow(row pgx.Row) (map[string]any, error) {
 		attrs[k] = v
 	}
 	return attrs, nil
+}
+
+// Admission is what a spent join credential admits: a machine into a pool of a tenant, or, when
+// NodeID is set, only a machine taking over that node of the pool.
+type Admission struct {
+	TenantID, PoolID string
+	NodeID           string
+}
+
+// JoinCredential is a kind of credential a joining machine presents (joinTokens' "bcjoin_…", a
+// module's own for machines it provisions), told apart by its prefix.
+type JoinCredential struct {
+	Prefix string // e.g. "bcjoin_"
+	// Spend spends one use of credential in the join's transaction, or refuses it with a
+	// *JoinRefused whose reason the machine may read (unknown, revoked, expired, used up). A
+	// refused join changes nothing.
+	Spend func(ctx context.Context, tx pgx.Tx, credential string) (Admission, error)
+}
+
+// JoinRefused is a join credential that was refused, not a failure of the server: the machine
+// is told Reason.
+type JoinRefused struct{ Reason string }
+
+func (e *JoinRefused) Error() string { return "join refused: " + e.Reason }
+
+// JoinCredentials registers kinds of join credential.
+func (r *Registry) JoinCredentials(cs ...JoinCredential) {
+	for _, c := range cs {
+		switch {
+		case len(c.Prefix) < 3 || c.Spend == nil:
+			r.fail(fmt.Errorf("join credential %q: needs a prefix of 3 characters or more and a Spend function", c.Prefix))
+		case r.joinCredentialFor(c.Prefix) != nil:
+			r.fail(fmt.Errorf("join credential prefix %q overlaps one already registered", c.Prefix))
+		default:
+			r.joins = append(r.joins, c)
+		}
+	}
+}
+
+func (r *Registry) joinCredentialFor(s string) *JoinCredential {
+	for i, c := range r.joins {
+		if strings.HasPrefix(s, c.Prefix) || strings.HasPrefix(c.Prefix, s) {
+			return &r.joins[i]
+		}
+	}
+	return nil
+}
+
+// JoinCredentialFor returns the kind of join credential credential is, by its prefix.
+func (r *Registry) JoinCredentialFor(credential string) (JoinCredential, bool) {
+	for _, c := range r.joins {
+		if strings.HasPrefix(credential, c.Prefix) {
+			return c, true
+		}
+	}
+	return JoinCredential{}, false
+}
+
+// JoinPrefixes returns the registered credential prefixes.
+func (r *Registry) JoinPrefixes() []string {
+	out := make([]string, len(r.joins))
+	for i, c := range r.joins {
+		out[i] = c.Prefix
+	}
+	return out
 }

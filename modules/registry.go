@@ -33,6 +33,7 @@ type Registry struct {
 	eventInfo []EventType
 	drivers   map[string]*Driver // "kind/name"
 	profiles  map[string]*Profile
+	joins     []JoinCredential
 }
 
 type namedStart struct {

@@ -23,6 +23,7 @@ import (
 	"github.com/better-compute/compute/internal/events"
 	"github.com/better-compute/compute/internal/fleet"
 	"github.com/better-compute/compute/internal/pki"
+	"github.com/better-compute/compute/modules"
 )
 
 var nodeNameRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?$`)
@@ -57,16 +58,21 @@ func (m *Module) Join(ctx context.Context, req *agentv1.JoinRequest) (*agentv1.J
 	}
 	var resp *agentv1.JoinResponse
 	err = rt.DB.Tx(ctx, func(tx pgx.Tx) error {
-		var pool, tenant string
-		var scoped *string
-		err := tx.QueryRow(ctx, `UPDATE compute.join_tokens SET uses_left = uses_left - 1
-			WHERE token_hash = $1 AND uses_left > 0 AND revoked_at IS NULL AND expires_at > compute.compute_now()
-			RETURNING pool_id::text, tenant_id, node_id::text`, hashToken(req.GetToken())).Scan(&pool, &tenant, &scoped)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return connect.NewError(connect.CodeUnauthenticated, joinError(ctx, tx, req.GetToken()))
+		cred, ok := m.reg.JoinCredentialFor(req.GetToken())
+		if !ok {
+			return connect.NewError(connect.CodeUnauthenticated, fmt.Errorf("not a join credential (they start with %s)", strings.Join(m.reg.JoinPrefixes(), " or ")))
+		}
+		adm, err := cred.Spend(ctx, tx, req.GetToken())
+		if refused := (*modules.JoinRefused)(nil); errors.As(err, &refused) {
+			return connect.NewError(connect.CodeUnauthenticated, errors.New(refused.Reason))
 		}
 		if err != nil {
 			return err
+		}
+		pool, tenant := adm.PoolID, adm.TenantID
+		var scoped *string
+		if adm.NodeID != "" {
+			scoped = &adm.NodeID
 		}
 		nodeID, err := admit(ctx, tx, claim{pool: pool, name: name, facts: facts, secret: secret, scoped: scoped})
 		if err != nil {

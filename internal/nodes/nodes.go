@@ -43,6 +43,7 @@ type Module struct {
 	cfg       Config
 	authority atomic.Pointer[pki.Authority]
 	rt        atomic.Pointer[modules.Runtime]
+	reg       *modules.Registry // for the join credentials modules register
 }
 
 // New returns the nodes module.
@@ -62,10 +63,7 @@ func (*Module) Name() string { return "nodes" }
 // Register implements modules.Module.
 func (m *Module) Register(r *modules.Registry) error {
 	r.Migrations(pki.Migrations, Migrations)
-	r.ResourceTypes(
-		iam.ResourceType{Name: api.ResourceJoinToken, Description: "A token that admits machines into a pool."},
-		iam.ResourceType{Name: api.ResourceCommand, Description: "One-shot work for a node."},
-	)
+	r.ResourceTypes(iam.ResourceType{Name: api.ResourceCommand, Description: "One-shot work for a node."})
 	r.Actions(modules.ActionsFor(api.NodeMethods()...)...)
 	r.EventTypes(
 		modules.EventType{Name: "node.joined", Description: "A machine joined a pool (data: pool, name)."},
@@ -87,7 +85,7 @@ func (m *Module) Register(r *modules.Registry) error {
 		return nil
 	})
 	r.Worker(modules.Worker{Name: "nodes", Modes: []string{"worker"}, Run: m.runWorker})
-	registerJoinTokens(r, m)
+	m.reg = r
 	registerLifecycle(r)
 	registerCommands(r)
 	return nil

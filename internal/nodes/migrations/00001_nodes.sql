@@ -1,24 +1,7 @@
--- Nodes at work: join tokens, sessions (which gateway holds each node, at which epoch), desired
+-- Nodes at work: sessions (which gateway holds each node, at which epoch), desired
 -- state generations, and commands.
 
 -- +goose Up
-CREATE TABLE compute.join_tokens (
-  id          uuid PRIMARY KEY,
-  tenant_id   text NOT NULL,
-  pool_id     uuid NOT NULL,
-  token_hash  bytea NOT NULL UNIQUE CHECK (length(token_hash) = 32),
-  hint        text NOT NULL,
-  description text NOT NULL DEFAULT '' CHECK (length(description) <= 2000),
-  max_uses    integer NOT NULL CHECK (max_uses > 0),
-  uses_left   integer NOT NULL CHECK (uses_left BETWEEN 0 AND max_uses),
-  expires_at  timestamptz NOT NULL,
-  revoked_at  timestamptz,
-  created_by  text NOT NULL,
-  created_at  timestamptz NOT NULL DEFAULT compute.compute_now(),
-  FOREIGN KEY (pool_id, tenant_id) REFERENCES compute.pools (id, tenant_id) ON DELETE CASCADE
-);
-CREATE INDEX join_tokens_tenant ON compute.join_tokens (tenant_id, id);
-
 -- Which gateway holds a node's session. A reconnect anywhere takes it over with the next epoch;
 -- a gateway whose epoch is stale lets go.
 CREATE TABLE compute.node_sessions (
@@ -104,4 +87,3 @@ DROP FUNCTION compute.bump_desired_of_reservations();
 DROP FUNCTION compute.bump_desired();
 DROP TABLE compute.node_desired;
 DROP TABLE compute.node_sessions;
-DROP TABLE compute.join_tokens;

@@ -1,10 +1,8 @@
 -- Taking over an existing node needs proof of being it: the hash of a takeover secret the node
 -- keeps in its journal (sent in its CSR at first join), or a join token an operator scoped to
--- that one node.
+-- that one node (compute.join_tokens.node_id, in the jointokens module's set).
 
 -- +goose Up
-ALTER TABLE compute.join_tokens ADD COLUMN node_id uuid REFERENCES compute.nodes (id) ON DELETE CASCADE;
-
 CREATE TABLE compute.node_takeover_secrets (
   node_id     uuid PRIMARY KEY REFERENCES compute.nodes (id) ON DELETE CASCADE,
   secret_hash bytea NOT NULL CHECK (length(secret_hash) = 32)
@@ -12,4 +10,3 @@ CREATE TABLE compute.node_takeover_secrets (
 
 -- +goose Down
 DROP TABLE compute.node_takeover_secrets;
-ALTER TABLE compute.join_tokens DROP COLUMN node_id;
