@@ -63,6 +63,21 @@ func (fleetService) NodeID(ctx context.Context, q postgres.Querier, pool, ref st
 	return fleet.NodeIDIn(ctx, q, pool, ref)
 }
 
+func (fleetService) TenantNode(ctx context.Context, q postgres.Querier, tenant string, ref api.NodeRef) (string, error) {
+	if err := ref.Validate(); err != nil {
+		return "", err
+	}
+	ref.TenantID = tenant // a pool named in ref is the tenant's
+	t, err := fleet.NodeTarget(ctx, modules.Lookup{Q: q}, ref)
+	if err != nil {
+		return "", err
+	}
+	if t.TenantID != tenant {
+		return "", api.NotFound("node", ref.Node)
+	}
+	return t.ResourceID, nil
+}
+
 func (s fleetService) CAHash() (string, error) {
 	a, err := s.nm.Authority()
 	if err != nil {

@@ -22,6 +22,9 @@ import (
 // gpu.reset or metal.power.
 var kindRE = regexp.MustCompile(`^[a-z][a-z0-9]*(\.[a-z][a-z0-9]*)+$`)
 
+// eventTypeRE is the form compute.events accepts.
+var eventTypeRE = regexp.MustCompile(`^[a-z]+(\.[a-z_]+)+$`)
+
 // CommandKind is a kind of one-shot command a node carries out (bcd's side: agent/ext).
 type CommandKind struct {
 	Name    string // e.g. gpu.reset
@@ -121,8 +124,8 @@ func (r *Registry) Resolver(resourceType string, fn ResolveFunc) {
 func (r *Registry) EventTypes(ts ...EventType) {
 	for _, t := range ts {
 		switch {
-		case !kindRE.MatchString(t.Name):
-			r.fail(fmt.Errorf("event type %q: must be dotted lower-case words, e.g. reservation.created", t.Name))
+		case !eventTypeRE.MatchString(t.Name):
+			r.fail(fmt.Errorf("event type %q: must be dotted lower-case words (letters and _), e.g. reservation.created", t.Name))
 		case r.events[t.Name] != "":
 			r.fail(fmt.Errorf("event type %s is registered twice", t.Name))
 		default:

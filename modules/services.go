@@ -37,8 +37,12 @@ type Nodes interface {
 type Fleet interface {
 	// PoolID returns the id of the pool ref (an id or a name) of tenant, or a not_found error.
 	PoolID(ctx context.Context, q postgres.Querier, tenant, ref string) (string, error)
-	// NodeID returns the id of the node ref (an id or a name) in pool, or a not_found error.
+	// NodeID returns the id of the node ref (an id or a name) in pool, not retired, or a
+	// not_found error.
 	NodeID(ctx context.Context, q postgres.Querier, poolID, ref string) (string, error)
+	// TenantNode returns the id of the node ref of tenant (by id, or by name in ref.Pool), or a
+	// not_found error, as for a node that does not exist.
+	TenantNode(ctx context.Context, q postgres.Querier, tenant string, ref api.NodeRef) (string, error)
 	// CAHash is the pin of the machine CA ("sha256:…") that joining machines check.
 	CAHash() (string, error)
 }

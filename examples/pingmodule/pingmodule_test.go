@@ -1,0 +1,143 @@
+package pingmodule_test
+
+import (
+	"context"
+	"encoding/json"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/better-compute/compute"
+	"github.com/better-compute/compute/agent/ext"
+	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/computetest"
+	"github.com/better-compute/compute/examples/pingmodule"
+	"github.com/better-compute/compute/internal/sim"
+	"github.com/better-compute/compute/postgres/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// TestModuleEndToEnd runs a control plane with the ping module, a gateway on loopback and a
+// simulated node carrying the module's extension: the module's method writes its table, sends
+// its command kind (which the node carries out), emits its event, and moves its desired-state
+// kind (which the node converges); bad input and another tenant's node are refused. No core
+// package knows of the module.
+func TestModuleEndToEnd(t *testing.T) {
+	ctx := context.Background()
+	env := computetest.New(t, computetest.Options{Modules: []compute.Module{pingmodule.Module{}},
+		Configure: func(o *compute.Options) { o.HeartbeatInterval = 200 * time.Millisecond }})
+	url := env.Server(t)
+	gw, stop := env.Gateway(t, "")
+	defer stop()
+	a := env.Compute.API
+	if _, err := a.Pools.Create(ctx, env.RootKey, api.CreatePool{Name: "edge"}); err != nil {
+		t.Fatal(err)
+	}
+	jt, err := a.JoinTokens.Create(ctx, env.RootKey, api.CreateJoinToken{Pool: "edge"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	side := &pingmodule.NodeSide{}
+	f, err := sim.Start(ctx, sim.Options{URL: url, Token: jt.Token, Gateway: gw, Nodes: 1, GPUs: 1, Prefix: "edge",
+		Extensions: []ext.Extension{side.Extension()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.Stop)
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if err := f.WaitConnected(wctx); err != nil {
+		t.Fatal(err)
+	}
+	node := f.Nodes[0].NodeID()
+
+	// The module's method, its table, its command kind carried out by the node, its event.
+	p, err := compute.Invoke(ctx, env.Compute, env.RootKey, pingmodule.PingsSend, pingmodule.Send{Node: node, Message: "hello"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var last api.Command
+	eventually(t, "the node to answer ping.echo", func() bool {
+		var err error
+		last, err = a.Commands.Get(ctx, env.RootKey, api.GetCommand{Command: p.CommandID})
+		if err != nil || last.State == api.CommandFailed {
+			t.Fatalf("ping.echo = %+v, %v", last, err)
+		}
+		return last.State == api.CommandSucceeded
+	})
+	var answer struct{ Echo string }
+	if err := json.Unmarshal(last.Result, &answer); err != nil || answer.Echo != "hello" {
+		t.Fatalf("ping.echo answered %s, want the message back", last.Result)
+	}
+	got, err := compute.Invoke(ctx, env.Compute, env.RootKey, pingmodule.PingsGet, pingmodule.Get{Ping: p.ID})
+	if err != nil || got != p {
+		t.Fatalf("pings.get = %+v, %v; want %+v", got, err, p)
+	}
+	var events int
+	if err := env.DB.Pool.QueryRow(ctx, `SELECT count(*) FROM compute.events WHERE type = 'ping.sent' AND subject = $1`, p.ID).Scan(&events); err != nil || events != 1 {
+		t.Fatalf("ping.sent events = %d, %v; want 1", events, err)
+	}
+
+	// Its desired-state kind: the node converges the banner, and a change of it.
+	for _, banner := range []string{"welcome", "maintenance at noon"} {
+		if _, err := compute.Invoke(ctx, env.Compute, env.RootKey, pingmodule.PingsSetBanner, pingmodule.SetBanner{Node: node, Banner: banner}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "the node to show "+banner, func() bool { return side.Banner() == banner })
+	}
+
+	// Bad input names the field; a command kind's own check runs; another tenant sees no node.
+	if _, err := compute.Invoke(ctx, env.Compute, env.RootKey, pingmodule.PingsSend, pingmodule.Send{Node: node}); api.CodeOf(err) != api.CodeInvalidArgument {
+		t.Fatalf("a ping without a message = %v, want invalid_argument", err)
+	}
+	if _, err := a.Commands.Create(ctx, env.RootKey, api.CreateCommand{NodeRef: api.NodeRef{Node: node}, Kind: pingmodule.CommandEcho}); api.CodeOf(err) != api.CodeInvalidArgument {
+		t.Fatalf("ping.echo without args.message = %v, want invalid_argument", err)
+	}
+	_, otherKey := env.Tenant(t, "other")
+	if _, err := compute.Invoke(ctx, env.Compute, otherKey, pingmodule.PingsSetBanner, pingmodule.SetBanner{Node: node, Banner: "x"}); api.CodeOf(err) != api.CodeNotFound {
+		t.Fatalf("another tenant's banner on the node = %v, want not_found", err)
+	}
+	if side.Banner() != "maintenance at noon" {
+		t.Fatalf("the refused call changed the banner to %q", side.Banner())
+	}
+
+	// Its methods are in the served method table, beside the core's.
+	var listed int
+	for _, m := range env.Compute.Methods() {
+		if m.Group == "pings" {
+			listed++
+		}
+	}
+	if listed != 3 {
+		t.Fatalf("the method table lists %d pings methods, want 3", listed)
+	}
+}
+
+// TestModuleImportsNoInternalPackage keeps the module, and the joinTokens group moved out of
+// the core, honest: a module uses the core only through modules.Runtime.
+func TestModuleImportsNoInternalPackage(t *testing.T) {
+	for _, pkg := range []string{"github.com/better-compute/compute/examples/pingmodule", "github.com/better-compute/compute/jointokens"} {
+		out, err := exec.Command("go", "list", "-deps", pkg).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go list -deps %s: %v\n%s", pkg, err, out)
+		}
+		for _, dep := range strings.Fields(string(out)) {
+			if strings.HasPrefix(dep, "github.com/better-compute/compute/") && strings.Contains(dep, "/internal") {
+				t.Errorf("%s imports %s", pkg, dep)
+			}
+		}
+	}
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+}
