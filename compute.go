@@ -87,7 +87,9 @@ func New(opts Options) (*Compute, error) {
 	}
 	c := &Compute{opts: o, reg: reg, nodes: nm, gateway: gw}
 	c.rt = newRuntime(o, reg, nm)
-	c.env = envelope.New(envelope.Config{Registry: reg, Runtime: c.rt, Cache: cache, MaxBodyBytes: o.MaxBodyBytes})
+	if c.env, err = envelope.New(envelope.Config{Registry: reg, Runtime: c.rt, Cache: cache, MaxBodyBytes: o.MaxBodyBytes}); err != nil {
+		return nil, fmt.Errorf("compute: %w", err)
+	}
 	a := newAPI(c)
 	c.API = &a
 	c.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

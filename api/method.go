@@ -1,6 +1,7 @@
 package api
 
 import (
+	"encoding/json"
 	"reflect"
 	"strings"
 )
@@ -67,4 +68,12 @@ func ValidName(s string) bool {
 	return strings.IndexFunc(s, func(r rune) bool {
 		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9')
 	}) < 0
+}
+
+// MethodDescription is a served method as GET BasePath/methods describes it: its MethodInfo and
+// the JSON schema of its input, so that a client without the method's Go types (the CLI or the
+// MCP tools, for a module's method) can still offer and call it.
+type MethodDescription struct {
+	MethodInfo
+	InputSchema json.RawMessage `json:"inputSchema,omitempty"`
 }

@@ -69,8 +69,9 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 	return c, nil
 }
 
-// Methods returns the method table the server serves (GET /api/compute/methods).
-func (c *Client) Methods(ctx context.Context) ([]api.MethodInfo, error) {
+// Methods returns the method table the server serves (GET /api/compute/methods): every method of
+// its core and its modules, with its input's JSON schema.
+func (c *Client) Methods(ctx context.Context) ([]api.MethodDescription, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+api.BasePath+"/methods", nil)
 	if err != nil {
 		return nil, err
@@ -80,8 +81,12 @@ func (c *Client) Methods(ctx context.Context) ([]api.MethodInfo, error) {
 		return nil, fmt.Errorf("client: %w", err)
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		return nil, answerError("the method table", resp, raw)
+	}
 	var t struct {
-		Methods []api.MethodInfo `json:"methods"`
+		Methods []api.MethodDescription `json:"methods"`
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&t); err != nil {
 		return nil, fmt.Errorf("client: decode the method table: %w", err)
@@ -175,13 +180,19 @@ func (c *Client) once(ctx context.Context, m api.MethodInfo, body []byte, key st
 	if resp.StatusCode == http.StatusOK {
 		return raw, nil
 	}
+	return nil, answerError(m.FullName(), resp, raw)
+}
+
+// answerError is the error of an answer other than 200: the API's typed error, or one made from
+// the status when something else (a proxy) answered.
+func answerError(what string, resp *http.Response, raw []byte) error {
 	var eb api.ErrorBody
 	if json.Unmarshal(raw, &eb) == nil && eb.Error != nil && eb.Error.Code != "" {
-		return nil, eb.Error
+		return eb.Error
 	}
 	code := api.CodeInternal
 	if resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusBadGateway || resp.StatusCode == http.StatusGatewayTimeout {
 		code = api.CodeUnavailable
 	}
-	return nil, &api.Error{Code: code, Message: fmt.Sprintf("%s answered %s: %s", m.FullName(), resp.Status, strings.TrimSpace(string(raw)))}
+	return &api.Error{Code: code, Message: fmt.Sprintf("%s answered %s: %s", what, resp.Status, strings.TrimSpace(string(raw)))}
 }

@@ -95,8 +95,12 @@ type Handler struct {
 	target func(context.Context, Lookup, any) (Target, error)
 	run    func(context.Context, *Call, any) (any, error)
 	typeOK func(any) bool
+	input  reflect.Type
 	batch  *batching
 }
+
+// InputType is the Go type of the method's input.
+func (h *Handler) InputType() reflect.Type { return h.input }
 
 // Decode parses a JSON input, refusing unknown fields and trailing data.
 func (h *Handler) Decode(body []byte) (any, error) { return h.decode(body) }
@@ -140,6 +144,7 @@ func Handle[In, Out any](r *Registry, m api.Method[In, Out], target TargetFunc[I
 			return run(ctx, c, in.(In))
 		},
 		typeOK: func(in any) bool { _, ok := in.(In); return ok },
+		input:  reflect.TypeFor[In](),
 	}
 	r.addHandler(h)
 }

@@ -93,7 +93,7 @@ config file (--config, default ` + defaultConfigPath() + `: {"url": …, "apiKey
 	for _, g := range apiCommands(p) {
 		root.AddCommand(g)
 	}
-	root.AddCommand(devCmd(), serveCmd(), simCmd(p), iamCmd(p), mcpCmd(p))
+	root.AddCommand(devCmd(), serveCmd(), simCmd(p), iamCmd(p), mcpCmd(p), methodsCmd(p), callCmd(p))
 	root.InitDefaultCompletionCmd()
 	strictUsage(root)
 	return root

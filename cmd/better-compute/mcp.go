@@ -39,7 +39,7 @@ confirmation id; once the person approves it, the same call runs once.`,
 				if err != nil {
 					return nil, err
 				}
-				return mcptools.New(cl, version)
+				return mcptools.New(cmd.Context(), cl, version)
 			}
 			ctx, stop := signals()
 			defer stop()

@@ -54,14 +54,28 @@ type Envelope struct {
 	cache   *iam.DecisionCache
 	maxBody int64
 	log     *slog.Logger
+	table   []api.MethodDescription // what GET /methods answers
 }
 
-// New returns an envelope over a checked registry.
-func New(cfg Config) *Envelope {
+// New returns an envelope over a checked registry. It refuses a method whose input has no JSON
+// schema (the method table describes every input).
+func New(cfg Config) (*Envelope, error) {
 	if cfg.MaxBodyBytes == 0 {
 		cfg.MaxBodyBytes = DefaultMaxBodyBytes
 	}
-	return &Envelope{reg: cfg.Registry, rt: cfg.Runtime, cache: cfg.Cache, maxBody: cfg.MaxBodyBytes, log: cfg.Runtime.Logger}
+	e := &Envelope{reg: cfg.Registry, rt: cfg.Runtime, cache: cfg.Cache, maxBody: cfg.MaxBodyBytes, log: cfg.Runtime.Logger}
+	for _, h := range cfg.Registry.Handlers() {
+		s, err := modules.InputSchema(h.InputType())
+		if err != nil {
+			return nil, fmt.Errorf("envelope: method %s: %w", h.Info.FullName(), err)
+		}
+		b, err := json.Marshal(s)
+		if err != nil {
+			return nil, fmt.Errorf("envelope: method %s: %w", h.Info.FullName(), err)
+		}
+		e.table = append(e.table, api.MethodDescription{MethodInfo: h.Info, InputSchema: b})
+	}
+	return e, nil
 }
 
 // Result is the answer of a call: Value, or Replay when an idempotency key repeated an earlier

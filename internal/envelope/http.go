@@ -111,12 +111,12 @@ func (e *Envelope) serveTable(w http.ResponseWriter, r *http.Request) {
 			Details: map[string]any{"reason": "method_not_allowed"}})
 		return
 	}
-	_ = writeJSON(w, http.StatusOK, MethodTable{Methods: e.Methods()})
+	_ = writeJSON(w, http.StatusOK, MethodTable{Methods: e.table})
 }
 
 // MethodTable is the answer of GET /api/compute/methods.
 type MethodTable struct {
-	Methods []api.MethodInfo `json:"methods"`
+	Methods []api.MethodDescription `json:"methods"`
 }
 
 // Methods returns every method served, core and modules', in registration order.

@@ -31,7 +31,7 @@ func HTTPHandler(newClient func(key string) (*client.Client, error), version str
 		if err != nil {
 			return nil // the SDK answers 400
 		}
-		s, err := New(cl, version)
+		s, err := New(r.Context(), cl, version)
 		if err != nil {
 			return nil
 		}

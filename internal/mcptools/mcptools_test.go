@@ -11,9 +11,11 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/better-compute/compute"
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/client"
 	"github.com/better-compute/compute/computetest"
+	"github.com/better-compute/compute/examples/pingmodule"
 	"github.com/better-compute/compute/iam"
 	"github.com/better-compute/compute/internal/mcptools"
 	"github.com/better-compute/compute/postgres/pgtest"
@@ -28,7 +30,7 @@ func session(t *testing.T, url, key string) *mcp.ClientSession {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := mcptools.New(cl, "test")
+	srv, err := mcptools.New(context.Background(), cl, "test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,5 +165,35 @@ func TestToolsMatchTheTableAndAgentsWaitForConfirmation(t *testing.T) {
 	// Bad arguments are a tool error, not a crash.
 	if r := call(t, cs, "pools_get", map[string]any{"pool": 7}); !r.IsError || !strings.Contains(text(r), "invalid_argument") {
 		t.Fatalf("pools_get with a number = %s", text(r))
+	}
+}
+
+// TestModuleMethodsAreTools checks that a module's methods, which this binary has no Go types
+// for, are tools too: with the server's schema, their arguments passed to the server, which
+// decodes them as strictly as any body.
+func TestModuleMethodsAreTools(t *testing.T) {
+	env := computetest.New(t, computetest.Options{Modules: []compute.Module{pingmodule.Module{}}})
+	cs := session(t, env.Server(t), env.RootKey)
+	tools, err := cs.ListTools(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var send *mcp.Tool
+	for _, tl := range tools.Tools {
+		if tl.Name == "pings_send" {
+			send = tl
+		}
+	}
+	if send == nil {
+		t.Fatal("no pings_send tool")
+	}
+	if schema, _ := json.Marshal(send.InputSchema); !strings.Contains(string(schema), `"message"`) {
+		t.Fatalf("pings_send's schema %s does not describe its input", schema)
+	}
+	if r := call(t, cs, "pings_get", map[string]any{"ping": "0190a0b0-0000-7000-8000-000000000001"}); !r.IsError || !strings.HasPrefix(text(r), "not_found") {
+		t.Fatalf("pings_get of nothing = %v %s, want not_found", r.IsError, text(r))
+	}
+	if r := call(t, cs, "pings_get", map[string]any{"ping": "x", "nope": 1}); !r.IsError || !strings.Contains(text(r), "nope") {
+		t.Fatalf("pings_get with an unknown field = %v %s, want invalid_argument naming it", r.IsError, text(r))
 	}
 }
