@@ -279,6 +279,10 @@ func (c *Compute) Stop(ctx context.Context) error {
 	}
 }
 
+// Runtime is what modules get of the core: the services of modules.Runtime. A host may use them
+// too, e.g. the secret box for its own secrets.
+func (c *Compute) Runtime() *modules.Runtime { return c.rt }
+
 // Mode is the process mode.
 func (c *Compute) Mode() Mode { return c.opts.Mode }
 

@@ -26,8 +26,10 @@ type fuzzFleet struct {
 	nodeID string
 }
 
-func newFuzzFleet(f testing.TB) *fuzzFleet {
-	env := computetest.New(f, computetest.Options{})
+func newFuzzFleet(f testing.TB) *fuzzFleet { return newFuzzFleetWith(f, computetest.Options{}) }
+
+func newFuzzFleetWith(f testing.TB, opts computetest.Options) *fuzzFleet {
+	env := computetest.New(f, opts)
 	ctx := context.Background()
 	a := env.Compute.API
 	if _, err := a.Sites.Create(ctx, env.RootKey, api.CreateSite{Name: "s1"}); err != nil {
