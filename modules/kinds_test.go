@@ -81,7 +81,9 @@ func TestRegistryLooksUpWhatWasRegistered(t *testing.T) {
 	r := modules.NewRegistry()
 	err := r.Add(moduleFunc{"m", func(r *modules.Registry) {
 		r.ResourceTypes(iam.ResourceType{Name: "thing"})
-		r.Resolver("thing", func(context.Context, postgres.Querier, string) (map[string]any, error) { return map[string]any{"name": "t"}, nil })
+		r.Resolver("thing", func(context.Context, postgres.Querier, string) (map[string]any, error) {
+			return map[string]any{"name": "t"}, nil
+		})
 		r.CommandKind(modules.CommandKind{Name: "thing.poke"})
 		r.DesiredKind(modules.DesiredKind{Name: "thing.state", Version: 3, State: state})
 		r.EventTypes(modules.EventType{Name: "thing.poked"})
