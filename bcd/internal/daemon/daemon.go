@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/better-compute/compute/agent/ext"
 	agentv1 "github.com/better-compute/compute/agent/v1"
 	"github.com/better-compute/compute/bcd/internal/cdi"
 	"github.com/better-compute/compute/bcd/internal/hardware"
@@ -36,6 +37,8 @@ type Config struct {
 	Fake     *Fake  // nil: the real machine
 	Version  string
 	Logger   *slog.Logger
+	// Extensions carry out modules' command and desired-state kinds (agent/ext).
+	Extensions []ext.Extension
 }
 
 // Status is the status file: the agent's status and what bcd knows of its machine.
@@ -80,6 +83,7 @@ func Run(ctx context.Context, cfg Config) error {
 	a, err := nodeagent.New(nodeagent.Config{
 		Store: j, Hardware: hw, Converger: &cdi.Converger{Dir: cfg.CDIDir, Devices: inv.GetGpus, Logger: cfg.Logger}, Logger: cfg.Logger, Version: cfg.Version,
 		Gateway: cfg.Gateway, Facts: &agentv1.MachineFacts{Hostname: host, MachineId: machineID(), Os: "linux", AgentVersion: cfg.Version},
+		Extensions: cfg.Extensions,
 	})
 	if err != nil {
 		return err
