@@ -136,23 +136,8 @@ func (e *Envelope) InvokeTx(ctx context.Context, tx pgx.Tx, credential string, h
 			Message: fmt.Sprintf("%s: InvokeTx needs a READ COMMITTED transaction, not %s", h.Info.FullName(), level),
 			Details: map[string]any{"reason": "isolation", "isolation": level}}
 	}
-	for attempt := 1; ; attempt++ {
-		var res Result
-		err := pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error { // a savepoint
-			var err error
-			res, err = e.run(ctx, sp, p, h, target, key, hash, in)
-			return err
-		})
-		if err == nil {
-			return res, nil
-		}
-		if !retryable(err) || attempt == maxAttempts || ctx.Err() != nil {
-			return Result{}, e.mapError(ctx, h, err)
-		}
-		if err := sleep(ctx, backoff(attempt)); err != nil {
-			return Result{}, e.mapError(ctx, h, err)
-		}
-	}
+	savepoint := func(fn func(pgx.Tx) error) error { return pgx.BeginFunc(ctx, tx, fn) }
+	return e.retried(ctx, savepoint, p, h, target, key, hash, in)
 }
 
 func (e *Envelope) authenticate(ctx context.Context, credential string) (iam.Principal, error) {
@@ -300,9 +285,17 @@ func (e *Envelope) transactAlone(ctx context.Context, p iam.Principal, h *module
 	if !h.Info.Mutating {
 		opts.AccessMode = pgx.ReadOnly
 	}
+	begin := func(fn func(pgx.Tx) error) error { return pgx.BeginTxFunc(ctx, e.rt.DB.Pool, opts, fn) }
+	return e.retried(ctx, begin, p, h, t, key, hash, in)
+}
+
+// retried runs the call in a transaction begin makes, and again in a new one while the database
+// reports a deadlock or serialization failure or the method asks (modules.ErrRetry), up to
+// maxAttempts runs with jittered backoff between them.
+func (e *Envelope) retried(ctx context.Context, begin func(func(pgx.Tx) error) error, p iam.Principal, h *modules.Handler, t modules.Target, key string, hash []byte, in any) (Result, error) {
 	for attempt := 1; ; attempt++ {
 		var res Result
-		err := pgx.BeginTxFunc(ctx, e.rt.DB.Pool, opts, func(tx pgx.Tx) error {
+		err := begin(func(tx pgx.Tx) error {
 			var err error
 			res, err = e.run(ctx, tx, p, h, t, key, hash, in)
 			return err
