@@ -109,8 +109,8 @@ func InsertNode(ctx context.Context, q postgres.Querier, n NewNode) (api.Node, e
 	return node, err
 }
 
-// The writes below are the only ones of node rows outside this file's InsertNode. Each is one
-// statement, however many nodes it names. One that names several nodes expects the caller to
+// InsertNode and the writes below are the only writes of node rows. Each is one statement,
+// however many nodes it names. One that names several nodes expects the caller to
 // hold their rows' locks already (LockNodes), as the lock order in docs/capacity.md asks; an
 // UPDATE would take them in whatever order its plan visits them. The rollups of nodes whose
 // state, status, health or pool change are recounted by a trigger of capacity's

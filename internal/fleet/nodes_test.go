@@ -93,8 +93,7 @@ func (f *rollupFleet) noDrift(t *testing.T) {
 
 // TestNodeWritesKeepRollups: a change of a node's status, health or state through fleet's writes
 // alone, with no call of capacity.RefreshNodes, leaves every rollup exact, its schedulable flag
-// included (which Drift does not compare): the trigger on compute.nodes recounts them, one call
-// for a multi-row write.
+// included (which Drift does not compare): the trigger on compute.nodes recounts them.
 func TestNodeWritesKeepRollups(t *testing.T) {
 	f := newRollupFleet(t, 3)
 	if got, free := f.rollups(t); got != "true true true" || !slices.Equal(free, []int{8, 8, 8}) {
