@@ -1,5 +1,5 @@
-// Package fleet owns the fleet tables (sites, pools, nodes, devices) and serves the sites,
-// pools and nodes API groups.
+// Package fleet owns the fleet tables (sites, pools, nodes) and serves the sites, pools and nodes
+// API groups. It is the one writer of node rows: the gateway and nodes call its node writes.
 package fleet
 
 import (

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -106,4 +107,88 @@ func InsertNode(ctx context.Context, q postgres.Querier, n NewNode) (api.Node, e
 			Details: map[string]any{"reason": "name_taken", "name": n.Name}}
 	}
 	return node, err
+}
+
+// InsertNode and the writes below are the only writes of node rows. Each is one statement,
+// however many nodes it names. One that names several nodes expects the caller to
+// hold their rows' locks already (LockNodes), as the lock order in docs/capacity.md asks; an
+// UPDATE would take them in whatever order its plan visits them. The rollups of nodes whose
+// state, status, health or pool change are recounted by a trigger of capacity's
+// (compute.refresh_node_capacity), in the same statement, after these rows' locks.
+
+// LockNodes takes the rows of nodes, in id order, for a transaction that will change them.
+// NO KEY UPDATE, as an UPDATE of them takes: a booking holds KEY SHARE on its node through the
+// foreign key, and must not wait.
+func LockNodes(ctx context.Context, q postgres.Querier, ids []string) error {
+	_, err := q.Exec(ctx, `SELECT 1 FROM compute.nodes WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE`, ids)
+	return err
+}
+
+// Seen is when a node was last heard from.
+type Seen struct {
+	Node string
+	At   time.Time
+}
+
+// MarkSeen records when nodes were last heard from, as a gateway's heartbeat flush writes it.
+func MarkSeen(ctx context.Context, q postgres.Querier, seen []Seen) error {
+	ids, at := make([]string, len(seen)), make([]time.Time, len(seen))
+	for i, s := range seen {
+		ids[i], at[i] = s.Node, s.At
+	}
+	_, err := q.Exec(ctx, `UPDATE compute.nodes n SET last_seen_at = u.t FROM unnest($1::uuid[], $2::timestamptz[]) AS u(n, t) WHERE n.id = u.n`, ids, at)
+	return err
+}
+
+// Connect puts nodes that opened a session online, seen now: healthy, unless their reports
+// already said otherwise.
+func Connect(ctx context.Context, q postgres.Querier, ids []string) error {
+	_, err := q.Exec(ctx, `UPDATE compute.nodes SET status = 'online', last_seen_at = compute.compute_now(), updated_at = compute.compute_now(),
+		  health = CASE WHEN health = 'unknown' THEN 'healthy' ELSE health END WHERE id = ANY($1::uuid[])`, ids)
+	return err
+}
+
+// SetStatus moves the nodes among ids whose status differs to status, and returns those it
+// moved. A retired node is never put online.
+func SetStatus(ctx context.Context, q postgres.Querier, ids []string, status string) ([]api.Node, error) {
+	rows, err := q.Query(ctx, `UPDATE compute.nodes SET status = $2, updated_at = compute.compute_now()
+		WHERE id = ANY($1::uuid[]) AND status <> $2 AND ($2 <> $3 OR state <> $4)
+		RETURNING `+nodeColumns, ids, status, api.NodeOnline, api.NodeRetired)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (api.Node, error) { return scanNode(r) })
+}
+
+// SetHealth sets the health of the nodes among ids whose health differs.
+func SetHealth(ctx context.Context, q postgres.Querier, ids []string, health string) error {
+	_, err := q.Exec(ctx, `UPDATE compute.nodes SET health = $2, updated_at = compute.compute_now() WHERE id = ANY($1::uuid[]) AND health <> $2`, ids, health)
+	return err
+}
+
+// SetState moves nodes to a lifecycle state. Which moves are allowed is the caller's decision,
+// made under the rows' locks.
+func SetState(ctx context.Context, q postgres.Querier, ids []string, state string) error {
+	_, err := q.Exec(ctx, `UPDATE compute.nodes SET state = $2, updated_at = compute.compute_now() WHERE id = ANY($1::uuid[])`, ids, state)
+	return err
+}
+
+// SetLabels replaces the labels of a tenant's nodes among ids.
+func SetLabels(ctx context.Context, q postgres.Querier, tenant string, ids []string, labels map[string]string) error {
+	_, err := q.Exec(ctx, `UPDATE compute.nodes SET labels = $3, updated_at = compute.compute_now() WHERE id = ANY($1::uuid[]) AND tenant_id = $2`,
+		ids, tenant, labelsOrEmpty(labels))
+	return err
+}
+
+// SetFacts replaces what nodes say about themselves, as a join that takes a node over does.
+func SetFacts(ctx context.Context, q postgres.Querier, ids []string, facts map[string]any) error {
+	_, err := q.Exec(ctx, `UPDATE compute.nodes SET facts = $2, updated_at = compute.compute_now() WHERE id = ANY($1::uuid[])`, ids, facts)
+	return err
+}
+
+// MergeFacts adds facts to what nodes say about themselves, replacing those of the same keys, as
+// an inventory report does.
+func MergeFacts(ctx context.Context, q postgres.Querier, ids []string, facts map[string]any) error {
+	_, err := q.Exec(ctx, `UPDATE compute.nodes SET facts = facts || $2::jsonb, updated_at = compute.compute_now() WHERE id = ANY($1::uuid[])`, ids, facts)
+	return err
 }

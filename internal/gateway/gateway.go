@@ -22,8 +22,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/better-compute/compute/api"
-	"github.com/better-compute/compute/internal/capacity"
 	"github.com/better-compute/compute/internal/events"
+	"github.com/better-compute/compute/internal/fleet"
 	"github.com/better-compute/compute/internal/nodes"
 	"github.com/better-compute/compute/internal/pki"
 	"github.com/better-compute/compute/modules"
@@ -366,71 +366,58 @@ func (g *Gateway) flush(ctx context.Context) error {
 		ids = append(ids, id)
 	}
 	slices.Sort(ids)
-	var ackIDs, ackErrs []string
-	var epochs, acks []int64
-	var seen []time.Time
-	var graces []float64
+	sessions := make([]nodes.SessionSeen, 0, len(ids))
+	seen := make([]fleet.Seen, 0, len(ids))
+	var acks []nodes.Applied
 	for _, id := range ids {
 		t := batch[id]
 		grace := t.grace
 		if grace == 0 {
 			grace = g.grace(g.HeartbeatInterval())
 		}
-		epochs, seen, graces = append(epochs, t.epoch), append(seen, t.seen), append(graces, grace.Seconds())
+		sessions = append(sessions, nodes.SessionSeen{Node: id, Epoch: t.epoch, At: t.seen, Grace: grace})
+		seen = append(seen, fleet.Seen{Node: id, At: t.seen})
 		if t.ack {
-			ackIDs, acks, ackErrs = append(ackIDs, id), append(acks, t.applied), append(ackErrs, t.errText)
+			acks = append(acks, nodes.Applied{Node: id, Generation: t.applied, Error: t.errText})
 		}
 	}
 	return g.rt.DB.Tx(ctx, func(tx pgx.Tx) error {
-		b := &pgx.Batch{}
 		// The nodes' rows first, in id order, as every path that changes a node takes them (a
 		// session's claim, MarkOffline): updating sessions or nodes in the order of a join would
-		// deadlock with those. NO KEY UPDATE, as the UPDATE itself takes: a placement's booking
-		// holds KEY SHARE on its node through the foreign key, and must not wait for a flush.
-		b.Queue(`SELECT 1 FROM compute.nodes WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE`, ids)
-		b.Queue(`UPDATE compute.node_sessions s SET last_seen_at = u.t, offline_after = u.t + make_interval(secs => u.g)
-			FROM unnest($1::uuid[], $2::bigint[], $3::timestamptz[], $4::float8[]) AS u(n, e, t, g)
-			WHERE s.node_id = u.n AND s.epoch = u.e AND s.gateway_id = $5`, ids, epochs, seen, graces, g.cfg.ID)
-		b.Queue(`UPDATE compute.nodes n SET last_seen_at = u.t FROM unnest($1::uuid[], $2::timestamptz[]) AS u(n, t) WHERE n.id = u.n`, ids, seen)
-		if len(ackIDs) > 0 {
-			b.Queue(`UPDATE compute.node_desired d SET applied_generation = greatest(d.applied_generation, u.g), applied_error = u.e
-				FROM unnest($1::uuid[], $2::bigint[], $3::text[]) AS u(n, g, e) WHERE d.node_id = u.n`, ackIDs, acks, ackErrs)
-		}
-		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		// deadlock with those.
+		if err := fleet.LockNodes(ctx, tx, ids); err != nil {
 			return err
 		}
-		return g.backOnline(ctx, tx, ids, epochs)
+		held, err := nodes.TouchSessions(ctx, tx, g.cfg.ID, sessions)
+		if err != nil {
+			return err
+		}
+		if err := fleet.MarkSeen(ctx, tx, seen); err != nil {
+			return err
+		}
+		if len(acks) > 0 {
+			if err := nodes.RecordApplied(ctx, tx, acks); err != nil {
+				return err
+			}
+		}
+		return g.backOnline(ctx, tx, held)
 	})
 }
 
-// backOnline puts online again the nodes among ids that were marked offline while this gateway
-// held their session at that epoch, and refreshes their rollups so that they take bookings.
-func (g *Gateway) backOnline(ctx context.Context, tx pgx.Tx, ids []string, epochs []int64) error {
-	rows, err := tx.Query(ctx, `UPDATE compute.nodes n SET status = 'online', updated_at = compute.compute_now()
-		FROM unnest($1::uuid[], $2::bigint[]) AS u(n, e), compute.node_sessions s
-		WHERE n.id = u.n AND s.node_id = u.n AND s.epoch = u.e AND s.gateway_id = $3
-		  AND n.status = 'offline' AND n.state <> $4
-		RETURNING n.id::text, n.tenant_id`, ids, epochs, g.cfg.ID, api.NodeRetired)
+// backOnline puts online again the nodes among held (those whose session this gateway holds at
+// the epoch it flushed) that were marked offline while it held them; the rollups' trigger then
+// lets them take bookings.
+func (g *Gateway) backOnline(ctx context.Context, tx pgx.Tx, held []string) error {
+	back, err := fleet.SetStatus(ctx, tx, held, api.NodeOnline)
 	if err != nil {
 		return err
 	}
-	var back, tenants []string
-	var id, tenant string
-	if _, err := pgx.ForEachRow(rows, []any{&id, &tenant}, func() error {
-		back, tenants = append(back, id), append(tenants, tenant)
-		return nil
-	}); err != nil {
-		return err
-	}
-	if len(back) == 0 {
-		return nil
-	}
-	for i := range back {
-		if err := events.Emit(ctx, tx, "node.online", tenants[i], back[i], map[string]any{"gateway": g.cfg.ID, "heartbeat": true}); err != nil {
+	for _, n := range back {
+		if err := events.Emit(ctx, tx, "node.online", n.TenantID, n.ID, map[string]any{"gateway": g.cfg.ID, "heartbeat": true}); err != nil {
 			return err
 		}
 	}
-	return capacity.RefreshNodes(ctx, tx, back...)
+	return nil
 }
 
 // pollLoop is the safety net under LISTEN/NOTIFY: a notification lost while the listening

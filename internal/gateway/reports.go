@@ -9,7 +9,7 @@ import (
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/internal/capacity"
 	"github.com/better-compute/compute/internal/events"
-	"github.com/better-compute/compute/postgres"
+	"github.com/better-compute/compute/internal/fleet"
 )
 
 // inventory turns a node's report into devices, node resources and atoms.
@@ -23,8 +23,7 @@ func (g *Gateway) inventory(ctx context.Context, node string, inv *agentv1.Inven
 	}
 	return g.rt.DB.Tx(ctx, func(tx pgx.Tx) error {
 		// The node's row before its rollup's, the order of every path (docs/capacity.md).
-		if _, err := tx.Exec(ctx, `UPDATE compute.nodes SET facts = facts || jsonb_build_object('gpuStatus', $2::text), updated_at = compute.compute_now()
-			WHERE id = $1`, node, inv.GetGpuStatus()); err != nil {
+		if err := fleet.MergeFacts(ctx, tx, []string{node}, map[string]any{"gpuStatus": inv.GetGpuStatus()}); err != nil {
 			return err
 		}
 		return capacity.SetInventory(ctx, tx, node, in)
@@ -41,7 +40,7 @@ var criticalXIDs = map[int32]bool{48: true, 63: true, 64: true, 74: true, 79: tr
 func (g *Gateway) health(ctx context.Context, node string, h *agentv1.HealthReport) error {
 	return g.rt.DB.Tx(ctx, func(tx pgx.Tx) error {
 		// The node's row before its rollup's, the order of every path (docs/capacity.md).
-		if _, err := tx.Exec(ctx, `SELECT 1 FROM compute.nodes WHERE id = $1 FOR NO KEY UPDATE`, node); err != nil {
+		if err := fleet.LockNodes(ctx, tx, []string{node}); err != nil {
 			return err
 		}
 		for _, e := range h.GetGpuEvents() {
@@ -68,14 +67,14 @@ func (g *Gateway) health(ctx context.Context, node string, h *agentv1.HealthRepo
 			}
 		}
 		if p := h.GetHost(); p != nil {
-			return setNodeHealth(ctx, tx, node, pressureHealth(p))
+			return fleet.SetHealth(ctx, tx, []string{node}, pressureHealth(p))
 		}
 		return nil
 	})
 }
 
 func (g *Gateway) hostPressure(ctx context.Context, node string, p *agentv1.HostPressure) error {
-	return setNodeHealth(ctx, g.rt.DB.Pool, node, pressureHealth(p))
+	return fleet.SetHealth(ctx, g.rt.DB.Pool, []string{node}, pressureHealth(p))
 }
 
 // pressureHealth: a host nearly out of memory or disk is degraded; one out of either is unhealthy.
@@ -88,14 +87,4 @@ func pressureHealth(p *agentv1.HostPressure) string {
 		return api.HealthDegraded
 	}
 	return api.HealthHealthy
-}
-
-// setNodeHealth changes a node's health when it differs, and refreshes its rollup: an unhealthy
-// node takes no bookings.
-func setNodeHealth(ctx context.Context, q postgres.Querier, node, health string) error {
-	tag, err := q.Exec(ctx, `UPDATE compute.nodes SET health = $2, updated_at = compute.compute_now() WHERE id = $1 AND health <> $2`, node, health)
-	if err != nil || tag.RowsAffected() == 0 {
-		return err
-	}
-	return capacity.RefreshNodes(ctx, q, node)
 }

@@ -18,8 +18,8 @@ import (
 
 	agentv1 "github.com/better-compute/compute/agent/v1"
 	"github.com/better-compute/compute/api"
-	"github.com/better-compute/compute/internal/capacity"
 	"github.com/better-compute/compute/internal/events"
+	"github.com/better-compute/compute/internal/fleet"
 	"github.com/better-compute/compute/internal/nodes"
 	"github.com/better-compute/compute/internal/pki"
 )
@@ -241,22 +241,12 @@ func (g *Gateway) claim(ctx context.Context, nodeID string, hello *agentv1.Hello
 		if state == api.NodeRetired {
 			return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("node %s is retired", nodeID))
 		}
-		err = tx.QueryRow(ctx, `INSERT INTO compute.node_sessions (node_id, gateway_id, epoch, agent_version, connected_at, last_seen_at, offline_after)
-			VALUES ($1, $2, 1, $3, compute.compute_now(), compute.compute_now(), compute.compute_now() + make_interval(secs => $4))
-			ON CONFLICT (node_id) DO UPDATE SET gateway_id = excluded.gateway_id, epoch = compute.node_sessions.epoch + 1,
-			  agent_version = excluded.agent_version, connected_at = excluded.connected_at, last_seen_at = excluded.last_seen_at,
-			  offline_after = excluded.offline_after
-			RETURNING epoch`, nodeID, g.cfg.ID, hello.GetAgentVersion(), grace.Seconds()).Scan(&epoch)
-		if err != nil {
+		if epoch, err = nodes.OpenSession(ctx, tx, nodeID, g.cfg.ID, hello.GetAgentVersion(), grace); err != nil {
 			return err
 		}
 		if status != api.NodeOnline {
 			// A node that connects is healthy until its reports say otherwise.
-			if _, err := tx.Exec(ctx, `UPDATE compute.nodes SET status = 'online', last_seen_at = compute.compute_now(), updated_at = compute.compute_now(),
-				  health = CASE WHEN health = 'unknown' THEN 'healthy' ELSE health END WHERE id = $1`, nodeID); err != nil {
-				return err
-			}
-			if err := capacity.RefreshNodes(ctx, tx, nodeID); err != nil {
+			if err := fleet.Connect(ctx, tx, []string{nodeID}); err != nil {
 				return err
 			}
 			if err := events.Emit(ctx, tx, "node.online", tenant, nodeID, map[string]any{"gateway": g.cfg.ID}); err != nil {

@@ -229,14 +229,14 @@ func FailOverdueCommands(ctx context.Context, q postgres.Querier) (int64, error)
 	return tag.RowsAffected(), err
 }
 
-// MarkOffline takes online nodes whose session has been silent past its grace period offline,
-// and refreshes their rollups so that nothing is placed on them.
+// MarkOffline takes online nodes whose session has been silent past its grace period offline;
+// their rollups' trigger then keeps anything from being placed on them.
 func MarkOffline(ctx context.Context, db *postgres.DB) (int, error) {
-	var ids []string
+	var n int
 	err := db.Tx(ctx, func(tx pgx.Tx) error {
 		// Lock the silent nodes in id order (the order every path that changes nodes takes them),
 		// then decide again in a new statement: one that waited sees the heartbeat that came
-		// meanwhile.
+		// meanwhile, and no heartbeat is written while the locks are held.
 		lrows, err := tx.Query(ctx, `SELECT n.id::text FROM compute.nodes n JOIN compute.node_sessions s ON s.node_id = n.id
 			WHERE n.status = 'online' AND s.offline_after <= compute.compute_now() ORDER BY n.id FOR NO KEY UPDATE OF n`)
 		if err != nil {
@@ -246,27 +246,26 @@ func MarkOffline(ctx context.Context, db *postgres.DB) (int, error) {
 		if err != nil || len(silent) == 0 {
 			return err
 		}
-		rows, err := tx.Query(ctx, `UPDATE compute.nodes n SET status = 'offline', updated_at = compute.compute_now()
-			FROM compute.node_sessions s
-			WHERE n.id = ANY($1::uuid[]) AND s.node_id = n.id AND n.status = 'online' AND s.offline_after <= compute.compute_now()
-			RETURNING n.id::text, n.tenant_id`, silent)
+		srows, err := tx.Query(ctx, `SELECT node_id::text FROM compute.node_sessions
+			WHERE node_id = ANY($1::uuid[]) AND offline_after <= compute.compute_now()`, silent)
 		if err != nil {
 			return err
 		}
-		var id, tenant string
-		var tenants []string
-		if _, err := pgx.ForEachRow(rows, []any{&id, &tenant}, func() error {
-			ids, tenants = append(ids, id), append(tenants, tenant)
-			return nil
-		}); err != nil {
+		still, err := pgx.CollectRows(srows, pgx.RowTo[string])
+		if err != nil {
 			return err
 		}
-		for i := range ids {
-			if err := events.Emit(ctx, tx, "node.offline", tenants[i], ids[i], nil); err != nil {
+		gone, err := fleet.SetStatus(ctx, tx, still, api.NodeOffline)
+		if err != nil {
+			return err
+		}
+		for _, node := range gone {
+			if err := events.Emit(ctx, tx, "node.offline", node.TenantID, node.ID, nil); err != nil {
 				return err
 			}
 		}
-		return capacity.RefreshNodes(ctx, tx, ids...)
+		n = len(gone)
+		return nil
 	})
-	return len(ids), err
+	return n, err
 }

@@ -75,3 +75,23 @@ func BumpDesired(ctx context.Context, tx pgx.Tx, nodeIDs ...string) error {
 	}
 	return nil
 }
+
+// Applied is a node's acknowledgement of the desired state it applied: the generation, and the
+// error it met ("" for none).
+type Applied struct {
+	Node       string
+	Generation int64
+	Error      string
+}
+
+// RecordApplied records nodes' acknowledgements. An applied generation never moves back: an
+// acknowledgement that arrives late changes only the error.
+func RecordApplied(ctx context.Context, q postgres.Querier, acks []Applied) error {
+	ids, gens, errs := make([]string, len(acks)), make([]int64, len(acks)), make([]string, len(acks))
+	for i, a := range acks {
+		ids[i], gens[i], errs[i] = a.Node, a.Generation, a.Error
+	}
+	_, err := q.Exec(ctx, `UPDATE compute.node_desired d SET applied_generation = greatest(d.applied_generation, u.g), applied_error = u.e
+		FROM unnest($1::uuid[], $2::bigint[], $3::text[]) AS u(n, g, e) WHERE d.node_id = u.n`, ids, gens, errs)
+	return err
+}

@@ -19,7 +19,6 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	agentv1 "github.com/better-compute/compute/agent/v1"
-	"github.com/better-compute/compute/internal/capacity"
 	"github.com/better-compute/compute/internal/events"
 	"github.com/better-compute/compute/internal/fleet"
 	"github.com/better-compute/compute/internal/pki"
@@ -83,9 +82,6 @@ func (m *Module) Join(ctx context.Context, req *agentv1.JoinRequest) (*agentv1.J
 			return connect.NewError(connect.CodeInvalidArgument, err)
 		}
 		if _, err := tx.Exec(ctx, `INSERT INTO compute.node_desired (node_id) VALUES ($1) ON CONFLICT DO NOTHING`, nodeID); err != nil {
-			return err
-		}
-		if err := capacity.RefreshNodes(ctx, tx, nodeID); err != nil {
 			return err
 		}
 		if err := events.Emit(ctx, tx, "node.joined", tenant, nodeID, map[string]any{"pool": pool, "name": name}); err != nil {
@@ -205,7 +201,7 @@ func admit(ctx context.Context, tx pgx.Tx, c claim) (string, error) {
 	if _, err := pki.RevokeNode(ctx, tx, id); err != nil {
 		return "", err
 	}
-	if _, err = tx.Exec(ctx, `UPDATE compute.nodes SET facts = $2, updated_at = compute.compute_now() WHERE id = $1`, id, factMap); err != nil {
+	if err := fleet.SetFacts(ctx, tx, []string{id}, factMap); err != nil {
 		return "", err
 	}
 	// A takeover token spends the old secret: only the new joiner's holds from now on.

@@ -30,11 +30,8 @@ func transition(ctx context.Context, c *modules.Call, to string, allowed ...stri
 			Message: fmt.Sprintf("node %s is %s and cannot become %s", n.Name, n.State, to),
 			Details: map[string]any{"reason": "state", "state": n.State}}
 	}
-	if _, err := c.Tx.Exec(ctx, `UPDATE compute.nodes SET state = $2, updated_at = compute.compute_now() WHERE id = $1`, n.ID, to); err != nil {
-		return n, err
-	}
-	// Whether the node takes bookings is part of its rollup.
-	if err := capacity.RefreshNodes(ctx, c.Tx, n.ID); err != nil {
+	// Whether the node takes bookings is part of its rollup, which the write's trigger recounts.
+	if err := fleet.SetState(ctx, c.Tx, []string{n.ID}, to); err != nil {
 		return n, err
 	}
 	if err := events.Emit(ctx, c.Tx, "node."+to, n.TenantID, n.ID, map[string]any{"from": n.State}); err != nil {
@@ -44,7 +41,7 @@ func transition(ctx context.Context, c *modules.Call, to string, allowed ...stri
 }
 
 func lockNode(ctx context.Context, c *modules.Call) (api.Node, error) {
-	if _, err := c.Tx.Exec(ctx, `SELECT 1 FROM compute.nodes WHERE id = $1 FOR NO KEY UPDATE`, c.Target.ResourceID); err != nil {
+	if err := fleet.LockNodes(ctx, c.Tx, []string{c.Target.ResourceID}); err != nil {
 		return api.Node{}, err
 	}
 	return fleet.GetNode(ctx, c.Tx, c.Target.ResourceID, c.Target.TenantID)
@@ -98,12 +95,7 @@ func registerLifecycle(r *modules.Registry) {
 		})
 	modules.Handle(r, api.NodesSetLabels, nodeTarget(func(in api.SetNodeLabels) api.NodeRef { return in.NodeRef }),
 		func(ctx context.Context, c *modules.Call, in api.SetNodeLabels) (api.Node, error) {
-			labels := in.Labels
-			if labels == nil {
-				labels = map[string]string{}
-			}
-			if _, err := c.Tx.Exec(ctx, `UPDATE compute.nodes SET labels = $3, updated_at = compute.compute_now() WHERE id = $1 AND tenant_id = $2`,
-				c.Target.ResourceID, c.Target.TenantID, labels); err != nil {
+			if err := fleet.SetLabels(ctx, c.Tx, c.Target.TenantID, []string{c.Target.ResourceID}, in.Labels); err != nil {
 				return api.Node{}, err
 			}
 			return fleet.GetNode(ctx, c.Tx, c.Target.ResourceID, c.Target.TenantID)

@@ -1,6 +1,6 @@
 // Package nodes is the control plane's side of nodes at work: join tokens and the JoinService,
-// node lifecycle (cordon, drain, retire, labels), commands, desired state, and the sessions table
-// the gateway keeps. It owns the machine PKI's use: the CA is loaded at Initialize.
+// node lifecycle (cordon, drain, retire, labels), commands, desired state, and the sessions table,
+// whose writes the gateway calls. It owns the machine PKI's use: the CA is loaded at Initialize.
 package nodes
 
 import (

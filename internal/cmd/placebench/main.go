@@ -22,6 +22,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/better-compute/compute"
@@ -78,9 +79,6 @@ func main() {
 		if err != nil {
 			log.Fatal(err)
 		}
-		if _, err := db.Pool.Exec(ctx, `UPDATE compute.nodes SET status = 'online', health = 'healthy' WHERE id = $1`, node.ID); err != nil {
-			log.Fatal(err)
-		}
 		inv := capacity.Inventory{VCPUs: 192, MemoryGiB: 2048}
 		for g := range 8 {
 			inv.GPUs = append(inv.GPUs, capacity.GPU{Index: g, UUID: fmt.Sprintf("GPU-%05d-%d", i, g), Name: "NVIDIA H100 80GB HBM3",
@@ -90,6 +88,15 @@ func main() {
 			log.Fatal(err)
 		}
 		ids = append(ids, node.ID)
+	}
+	// As if every node had opened its session: online and healthy.
+	if err := db.Tx(ctx, func(tx pgx.Tx) error {
+		if err := fleet.LockNodes(ctx, tx, ids); err != nil {
+			return err
+		}
+		return fleet.Connect(ctx, tx, ids)
+	}); err != nil {
+		log.Fatal(err)
 	}
 	if _, err := db.Pool.Exec(ctx, `CREATE SCHEMA bench; CREATE TABLE bench.raw (
 		  node int NOT NULL, resource text NOT NULL, atoms int4range NOT NULL, during tstzrange NOT NULL,
