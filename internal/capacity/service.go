@@ -26,19 +26,24 @@ func (Service) Reserve(ctx context.Context, c *modules.Call, in api.CreateReserv
 }
 
 // Release implements modules.Capacity: an active reservation is released, a pending one
-// cancelled; one already ended is left as it is.
+// cancelled; one already ended is left as it is. A reservation the worker activates between the
+// read of its state and the change is read again once.
 func (Service) Release(ctx context.Context, c *modules.Call, id string) error {
-	var state string
-	err := c.Tx.QueryRow(ctx, `SELECT state FROM compute.reservations WHERE id = $1 AND tenant_id = $2`, id, c.Target.TenantID).Scan(&state)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return api.NotFound("reservation", id)
-	case err != nil:
-		return err
-	case state == api.ReservationActive:
-		return release(ctx, c.Tx, id, c.Target.TenantID)
-	case state == api.ReservationPending:
-		return cancel(ctx, c.Tx, id, c.Target.TenantID)
+	for attempt := 0; ; attempt++ {
+		var state string
+		err := c.Tx.QueryRow(ctx, `SELECT state FROM compute.reservations WHERE id = $1 AND tenant_id = $2`, id, c.Target.TenantID).Scan(&state)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			return api.NotFound("reservation", id)
+		case err != nil:
+			return err
+		case state == api.ReservationActive:
+			err = release(ctx, c.Tx, id, c.Target.TenantID)
+		case state == api.ReservationPending:
+			err = cancel(ctx, c.Tx, id, c.Target.TenantID)
+		}
+		if api.CodeOf(err) != api.CodeFailedPrecondition || attempt == 1 {
+			return err
+		}
 	}
-	return nil
 }
