@@ -2,6 +2,7 @@ package capacity
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -92,7 +93,9 @@ func reserveBatch(ctx context.Context, tx pgx.Tx, rt *modules.Runtime, calls []*
 
 // packer plans a batch's calls one after another over the snapshots of the nodes the batch
 // locked (every booking from now on): best fit, the node with the fewest free whole GPUs on which
-// the call fits without preempting.
+// the call fits without preempting. It is incremental: a node's free count is kept and changes
+// only when the node takes a placement, and a node with fewer free GPUs than a call asks for is
+// passed over without planning.
 type packer struct {
 	now   time.Time
 	nodes []packNode
@@ -100,31 +103,62 @@ type packer struct {
 
 type packNode struct {
 	snap NodeSnapshot
+	// windowed: some hold starts after now, so which holds a window overlaps depends on its
+	// end, and the node's view is made per call. Otherwise every hold overlaps every window
+	// that starts now, and the snapshot is the view.
+	windowed bool
+	free     int // freeWhole of the snapshot, when not windowed
 }
 
 func newPacker(snaps []NodeSnapshot, now time.Time) *packer {
 	p := &packer{now: now, nodes: make([]packNode, len(snaps))}
 	for i, s := range snaps {
-		p.nodes[i] = packNode{snap: s}
+		p.nodes[i].snap = s
+		p.nodes[i].update(now)
 	}
 	return p
+}
+
+func (n *packNode) update(now time.Time) {
+	n.windowed = false
+	for _, h := range n.snap.Held {
+		if h.From.After(now) || (h.To != nil && !h.To.After(now)) {
+			n.windowed = true
+		}
+	}
+	n.free = freeWhole(n.snap)
+}
+
+// packFit is a node that may fit a call, with its view over the call's window.
+type packFit struct {
+	node, free int
+	view       *NodeSnapshot
 }
 
 // place chooses the node for shape over w, which starts now, and plans on it; ok is false when
 // no node fits without preempting.
 func (p *packer) place(shape api.Shape, w window) (node int, plan MemberPlan, ok bool) {
-	best, bestFree := -1, 0
+	fits := make([]packFit, 0, len(p.nodes))
 	for j := range p.nodes {
-		view := during(p.nodes[j].snap, w.start, endOr(w.end))
-		pl, ok := Plan(view, shape, false)
-		if !ok || len(pl.Preempts) > 0 {
-			continue
+		n := &p.nodes[j]
+		view, free := &n.snap, n.free
+		if n.windowed {
+			v := during(n.snap, w.start, endOr(w.end))
+			view, free = &v, freeWhole(v)
 		}
-		if free := freeWhole(view); best < 0 || free < bestFree {
-			best, bestFree, plan = j, free, pl
+		// free counts every whole GPU a normal booking may take: with fewer, Plan cannot fit.
+		if free >= shape.GPUs {
+			fits = append(fits, packFit{j, free, view})
 		}
 	}
-	return best, plan, best >= 0
+	// Fewest free first, in node order among equals: the first that fits is the best fit.
+	slices.SortStableFunc(fits, func(a, b packFit) int { return a.free - b.free })
+	for _, f := range fits {
+		if plan, ok := Plan(*f.view, shape, false); ok && len(plan.Preempts) == 0 {
+			return f.node, plan, true
+		}
+	}
+	return -1, MemberPlan{}, false
 }
 
 // take books picks on node j over w, for the calls planned after it.
@@ -133,6 +167,7 @@ func (p *packer) take(j int, picks []Pick, w window) {
 	for _, pk := range picks {
 		n.snap.Held = append(n.snap.Held, Held{Resource: pk.Resource, Span: pk.Span, From: w.start, To: w.end})
 	}
+	n.update(p.now)
 }
 
 // freeWhole counts the whole-mode GPUs of a snapshot with nothing held on them.
