@@ -180,11 +180,3 @@ func freeWhole(n NodeSnapshot) int {
 	}
 	return free
 }
-
-// endOr is the end of a window for overlap tests: far in the future when there is none.
-func endOr(t *time.Time) time.Time {
-	if t == nil {
-		return farFuture
-	}
-	return *t
-}

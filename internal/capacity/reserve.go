@@ -25,6 +25,17 @@ type window struct {
 	end   *time.Time
 }
 
+// farFuture stands for "until released" when a window needs an end.
+var farFuture = time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// endOr is the end of a window for overlap tests: far in the future when there is none.
+func endOr(t *time.Time) time.Time {
+	if t == nil {
+		return farFuture
+	}
+	return *t
+}
+
 // dbNow reads compute_now(): every decision about time is the database's.
 func dbNow(ctx context.Context, q postgres.Querier) (time.Time, error) {
 	var t time.Time
@@ -32,11 +43,15 @@ func dbNow(ctx context.Context, q postgres.Querier) (time.Time, error) {
 	return t, err
 }
 
+// startGrace is how far in the past a start may be and be taken as now: a caller's clock and
+// the database's differ, and a request takes time to arrive.
+const startGrace = time.Minute
+
 // requestWindow turns a request's start, duration and end into a window, against now.
 func requestWindow(now time.Time, start *time.Time, duration string, end *time.Time) (window, error) {
 	w := window{start: now}
 	if start != nil {
-		if start.Before(now.Add(-time.Minute)) {
+		if start.Before(now.Add(-startGrace)) {
 			return w, api.InvalidField("start", "%s is in the past (now is %s)", start.Format(time.RFC3339), now.Format(time.RFC3339))
 		}
 		if start.After(now) {
