@@ -196,14 +196,18 @@ func (r request) placeMember(ctx context.Context, tx pgx.Tx, used []string) (*me
 	if simple && !r.in.Spot {
 		passes = append(passes, true)
 	}
+	q := filterQuery
+	args := candidateArgs{Pool: r.pool, Model: r.in.Model, GPUs: r.in.GPUs, SpotFree: !r.in.Spot, VCPUs: r.in.VCPUs, Memory: r.in.MemoryGiB,
+		Require: labelsOrEmpty(r.in.RequireLabels), Avoid: labelsOrEmpty(r.in.AvoidLabels), Now: nowPath, Kind: shapeKind(r.in.Shape), Limit: 1}
+	if simple {
+		q = fitQuery(r.in.Model)
+		args = candidateArgs{Pool: r.pool, Model: r.in.Model, GPUs: r.in.GPUs, Limit: 1}
+	}
 	pass := 0
 	for range maxCandidates {
-		q := filterQuery
-		args := candidateArgs{Pool: r.pool, Model: r.in.Model, GPUs: r.in.GPUs, SpotFree: !r.in.Spot, VCPUs: r.in.VCPUs, Memory: r.in.MemoryGiB,
-			Require: labelsOrEmpty(r.in.RequireLabels), Avoid: labelsOrEmpty(r.in.AvoidLabels), Exclude: tried, Now: nowPath, Kind: shapeKind(r.in.Shape), Limit: 1}
+		args.Exclude = tried
 		if simple {
-			q = fitQuery(r.in.Model)
-			args = candidateArgs{Pool: r.pool, Model: r.in.Model, GPUs: r.in.GPUs, SpotFree: passes[pass], Exclude: tried, Limit: 1}
+			args.SpotFree = passes[pass]
 		}
 		cands, err := lockCandidates(ctx, tx, q.skip, args)
 		if err == nil && len(cands) == 0 {
