@@ -72,9 +72,10 @@ func (p placement) reservation(tenant, pool string, now time.Time) api.Reservati
 }
 
 // bookingWrite is the one writer of placements, for a lone call (a batch of one) and a batch of
-// calls alike. It runs after every lock but the quotas': the reservations, their bookings, the
-// recount of the nodes they change, the quotas and the events go out as one statement each, in
-// one round trip, and the quota updates lock their rows last (see docs/capacity.md, "Lock order").
+// calls alike. It runs after every lock but the quotas', in one round trip: one multi-row
+// statement each for the reservations, their bookings, the recount of the nodes they change and
+// the events, and one update per quota row they count against, which locks the row last (see
+// docs/capacity.md, "Lock order").
 type bookingWrite struct {
 	tenant, pool string
 	now          time.Time
