@@ -87,6 +87,9 @@ var nonKey = regexp.MustCompile(`[^a-z0-9.]+`)
 // families are matched in order: the first a name contains decides.
 var families = []string{"gb200", "b200", "gh200", "h200", "h100", "a100", "a30", "a10g", "a10", "l40s", "l40", "l4", "t4", "v100", "mi300x", "mi250x"}
 
+// maxModelKey is the longest model key, as compute.devices' check allows.
+const maxModelKey = 64
+
 // ModelKey turns the name hardware reports ("NVIDIA H100 80GB HBM3") into the short, stable key
 // that requests, quotas and meters use ("h100"). Variants whose MIG profiles differ get a key of
 // their own (a100-40gb, h100-94gb).
@@ -109,8 +112,8 @@ func ModelKey(name string, memoryMiB int64) string {
 	if k == "" {
 		return "gpu"
 	}
-	if len(k) > 64 {
-		k = k[:64]
+	if len(k) > maxModelKey {
+		k = k[:maxModelKey]
 	}
 	return k
 }

@@ -13,8 +13,8 @@ import (
 	"github.com/better-compute/compute/postgres"
 )
 
-// DefaultHorizon is how far reservations.availability looks by default.
-const DefaultHorizon = 30 * 24 * time.Hour
+// HorizonDefault is how far reservations.availability looks by default.
+const HorizonDefault = 30 * 24 * time.Hour
 
 // poolSnapshots reads every schedulable node of a pool with the bookings that overlap [from, to).
 func poolSnapshots(ctx context.Context, q postgres.Querier, pool string, from, to time.Time) ([]NodeSnapshot, error) {
@@ -123,7 +123,7 @@ func availability(ctx context.Context, c *modules.Call, in api.Availability) (ap
 		}
 	}
 	d, _ := api.ParseDuration("duration", in.Duration)
-	horizon := DefaultHorizon
+	horizon := HorizonDefault
 	if in.Horizon != "" {
 		horizon, _ = api.ParseDuration("horizon", in.Horizon)
 	}

@@ -2,10 +2,7 @@ package capacity
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
-	"fmt"
-	"strings"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -46,23 +43,12 @@ func reserveBatch(ctx context.Context, tx pgx.Tx, rt *modules.Runtime, calls []*
 	for _, c := range calls {
 		smallest = min(smallest, c.In.GPUs)
 	}
-	q := fitAnySQL
-	if first.In.Model != "" {
-		q = fitModelSQL
-	}
-	q = strings.Replace(q, "LIMIT 1", "LIMIT $6", 1)
-	rows, err := tx.Query(ctx, q+" SKIP LOCKED", pool.ID, first.In.Model, smallest, false, []string{}, len(calls))
+	cands, err := lockCandidates(ctx, tx, fitQuery(first.In.Model).skip,
+		candidateArgs{Pool: pool.ID, Model: first.In.Model, GPUs: smallest, Limit: len(calls)})
 	if err != nil {
 		return nil, err
 	}
-	cands, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (candidate, error) {
-		var c candidate
-		return c, r.Scan(&c.id, &c.name)
-	})
-	if err != nil {
-		return nil, err
-	}
-	snaps, err := loadSnapshots(ctx, tx, cands, now)
+	snaps, err := loadSnapshots(ctx, tx, cands, window{start: now})
 	if err != nil {
 		return nil, err
 	}
@@ -72,10 +58,11 @@ func reserveBatch(ctx context.Context, tx pgx.Tx, rt *modules.Runtime, calls []*
 		return nil, err
 	}
 
-	var w batchWrite
+	pk := newPacker(snaps, now)
+	write := newBookingWrite(tenant, pool.ID, now)
 	for i, c := range calls {
 		in := c.In
-		win, err := requestWindow(now, nil, in.Duration, in.End)
+		w, err := requestWindow(now, nil, in.Duration, in.End)
 		if err == nil {
 			err = quotas.check(tenant, requested(in))
 		}
@@ -83,173 +70,104 @@ func reserveBatch(ctx context.Context, tx pgx.Tx, rt *modules.Runtime, calls []*
 			out[i].Err = err
 			continue
 		}
-		// Best fit over the locked nodes: the one with the fewest free GPUs that fits.
-		best, bestFree := -1, 0
-		var bestPlan MemberPlan
-		for j := range snaps {
-			view := during(snaps[j], win.start, endOr(win.end))
-			plan, ok := Plan(view, in.Shape, false)
-			if !ok || len(plan.Preempts) > 0 {
-				continue
-			}
-			if free := freeWhole(view); best < 0 || free < bestFree {
-				best, bestFree, bestPlan = j, free, plan
-			}
-		}
-		if best < 0 {
+		j, plan, ok := pk.place(in.Shape, w)
+		if !ok {
 			out[i].Alone = true
 			continue
 		}
-		cl := claims{GPUs: map[string]int{}}
-		for _, pk := range bestPlan.Picks {
-			cl.GPUs[pk.Model] += int(pk.Units)
-		}
-		if err := quotas.check(tenant, cl); err != nil {
+		p := newPlacement(fleet.NewID(), c.Principal.ID, in, w, now, []memberPlan{{pk.nodes[j].snap, plan}})
+		if err := quotas.check(tenant, p.claims); err != nil {
 			out[i].Err = err
 			continue
 		}
-		quotas.add(cl)
-		snap := &snaps[best]
-		for _, pk := range bestPlan.Picks {
-			snap.Held = append(snap.Held, Held{Resource: pk.Resource, Span: pk.Span, From: win.start, To: win.end})
-		}
-		id := fleet.NewID()
-		labels := in.Labels
-		if labels == nil {
-			labels = map[string]string{}
-		}
-		if err := w.add(id, c.Principal.ID, snap.NodeID, in.Shape, cl, labels, win, bestPlan.Picks); err != nil {
-			return nil, err
-		}
-		out[i].Out = api.Reservation{
-			ID: id, TenantID: tenant, PoolID: pool.ID, State: api.ReservationActive, Shape: in.Shape, Members: 1,
-			StartsAt: win.start, EndsAt: win.end, Labels: labels, CreatedBy: c.Principal.ID, CreatedAt: now, UpdatedAt: now,
-			Allocations: []api.Allocation{allocation(snap.NodeID, snap.Name, in.Shape, bestPlan.Picks, snap.GPUs)},
-		}
+		quotas.add(p.claims)
+		pk.take(j, plan.Picks, w)
+		write.add(p)
+		out[i].Out = p.reservation(tenant, pool.ID, now)
 	}
-	if err := w.send(ctx, tx, tenant, pool.ID, now, quotas); err != nil {
-		return nil, fmt.Errorf("capacity: write a batch of %d placements: %w", len(calls), err)
+	if err := write.send(ctx, tx, quotas); err != nil {
+		return nil, err
 	}
 	return out, nil
 }
 
-// batchWrite gathers a batch's rows so that they go out as a few multi-row statements, not a
-// few statements per placement.
-type batchWrite struct {
-	ids, creators, shapes, claims, labels []string
-	ends                                  []*time.Time
-	starts                                []time.Time
-	// bookings
-	bres, bnodes, bkinds, bmodels []string
-	blo, bhi                      []int32
-	bunits                        []float64
-	bstarts                       []time.Time
-	bends                         []*time.Time
-	// the nodes that take bookings, and the quota the claims add to
-	taken map[string]bool
-	total claims
+// packer plans a batch's calls one after another over the snapshots of the nodes the batch
+// locked (every booking from now on): best fit, the node with the fewest free whole GPUs on which
+// the call fits without preempting. It is incremental: a node's free count is kept and changes
+// only when the node takes a placement, and a node with fewer free GPUs than a call asks for is
+// passed over without planning.
+type packer struct {
+	now   time.Time
+	nodes []packNode
 }
 
-func (w *batchWrite) add(id, creator, node string, shape api.Shape, cl claims, labels map[string]string, win window, picks []Pick) error {
-	shapeJSON, err1 := json.Marshal(shape)
-	claimsJSON, err2 := json.Marshal(cl)
-	labelsJSON, err3 := json.Marshal(labels)
-	if err := errors.Join(err1, err2, err3); err != nil {
-		return err
+type packNode struct {
+	snap NodeSnapshot
+	// windowed: some hold starts after now, so which holds a window overlaps depends on its
+	// end, and the node's view is made per call. Otherwise every hold overlaps every window
+	// that starts now, and the snapshot is the view.
+	windowed bool
+	free     int // freeWhole of the snapshot, when not windowed
+}
+
+func newPacker(snaps []NodeSnapshot, now time.Time) *packer {
+	p := &packer{now: now, nodes: make([]packNode, len(snaps))}
+	for i, s := range snaps {
+		p.nodes[i].snap = s
+		p.nodes[i].update(now)
 	}
-	w.ids = append(w.ids, id)
-	w.creators = append(w.creators, creator)
-	w.shapes = append(w.shapes, string(shapeJSON))
-	w.claims = append(w.claims, string(claimsJSON))
-	w.labels = append(w.labels, string(labelsJSON))
-	w.starts = append(w.starts, win.start)
-	w.ends = append(w.ends, win.end)
-	if w.taken == nil {
-		w.taken = map[string]bool{}
-		w.total.GPUs = map[string]int{}
-	}
-	for _, p := range picks {
-		w.bres = append(w.bres, id)
-		w.bnodes = append(w.bnodes, node)
-		w.bkinds = append(w.bkinds, p.Kind)
-		w.bmodels = append(w.bmodels, p.Model)
-		w.blo = append(w.blo, int32(p.Span.Lo))
-		w.bhi = append(w.bhi, int32(p.Span.Hi))
-		w.bunits = append(w.bunits, p.Units)
-		w.bstarts = append(w.bstarts, win.start)
-		w.bends = append(w.bends, win.end)
-		w.taken[node] = true
-		if p.Kind == "gpu" {
-			w.total.GPUs[p.Model] += int(p.Units)
+	return p
+}
+
+func (n *packNode) update(now time.Time) {
+	n.windowed = false
+	for _, h := range n.snap.Held {
+		if h.From.After(now) || (h.To != nil && !h.To.After(now)) {
+			n.windowed = true
 		}
 	}
-	return nil
+	n.free = freeWhole(n.snap)
 }
 
-func (w *batchWrite) send(ctx context.Context, tx pgx.Tx, tenant, pool string, now time.Time, quotas quotaRows) error {
-	if len(w.ids) == 0 {
-		return nil
-	}
-	b := &pgx.Batch{}
-	b.Queue(`INSERT INTO compute.reservations (id, tenant_id, pool_id, state, spot, shape, members, claims, starts_at, ends_at, labels, created_by, created_at, updated_at)
-		SELECT u.id, $1, $2, 'active', false, u.shape::jsonb, 1, u.claims::jsonb, u.starts, u.ends, u.labels::jsonb, u.creator, $3, $3
-		FROM unnest($4::uuid[], $5::text[], $6::text[], $7::timestamptz[], $8::timestamptz[], $9::text[], $10::text[])
-		  AS u(id, shape, claims, starts, ends, labels, creator)`,
-		tenant, pool, now, w.ids, w.shapes, w.claims, w.starts, w.ends, w.labels, w.creators)
-	b.Queue(`INSERT INTO compute.bookings (reservation_id, member, node_id, resource, kind, model, units, atoms, during, spot)
-		SELECT u.r, 0, u.n, 'gpu', u.k, u.m, u.units, int4range(u.lo, u.hi), tstzrange(u.s, u.e, '[)'), false
-		FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::float8[], $6::int[], $7::int[], $8::timestamptz[], $9::timestamptz[])
-		  AS u(r, n, k, m, units, lo, hi, s, e)`,
-		w.bres, w.bnodes, w.bkinds, w.bmodels, w.bunits, w.blo, w.bhi, w.bstarts, w.bends)
-	// Recounted, not decremented: see refreshSQL. The candidates are locked already.
-	b.Queue(refreshSQL, sortedKeys(w.taken))
-	quotas.queue(b, tenant, pool, w.total)
-	b.Queue(`INSERT INTO compute.events (type, tenant_id, subject, data)
-		SELECT 'reservation.created', $1, u.id::text, jsonb_build_object('pool', $2::text, 'state', 'active', 'spot', false)
-		FROM unnest($3::uuid[]) AS u(id)`, tenant, pool, w.ids)
-	return tx.SendBatch(ctx, b).Close()
+// packFit is a node that may fit a call, with its view over the call's window.
+type packFit struct {
+	node, free int
+	view       *NodeSnapshot
 }
 
-// loadSnapshots reads the devices and the bookings from now on of several locked nodes.
-// candidate is a locked node.
-type candidate struct{ id, name string }
+// place chooses the node for shape over w, which starts now, and plans on it; ok is false when
+// no node fits without preempting.
+func (p *packer) place(shape api.Shape, w window) (node int, plan MemberPlan, ok bool) {
+	fits := make([]packFit, 0, len(p.nodes))
+	for j := range p.nodes {
+		n := &p.nodes[j]
+		view, free := &n.snap, n.free
+		if n.windowed {
+			v := during(n.snap, w.start, endOr(w.end))
+			view, free = &v, freeWhole(v)
+		}
+		// free counts every whole GPU a normal booking may take: with fewer, Plan cannot fit.
+		if free >= shape.GPUs {
+			fits = append(fits, packFit{j, free, view})
+		}
+	}
+	// Fewest free first, in node order among equals: the first that fits is the best fit.
+	slices.SortStableFunc(fits, func(a, b packFit) int { return a.free - b.free })
+	for _, f := range fits {
+		if plan, ok := Plan(*f.view, shape, false); ok && len(plan.Preempts) == 0 {
+			return f.node, plan, true
+		}
+	}
+	return -1, MemberPlan{}, false
+}
 
-func loadSnapshots(ctx context.Context, tx pgx.Tx, cands []candidate, now time.Time) ([]NodeSnapshot, error) {
-	if len(cands) == 0 {
-		return nil, nil
+// take books picks on node j over w, for the calls planned after it.
+func (p *packer) take(j int, picks []Pick, w window) {
+	n := &p.nodes[j]
+	for _, pk := range picks {
+		n.snap.Held = append(n.snap.Held, Held{Resource: pk.Resource, Span: pk.Span, From: w.start, To: w.end})
 	}
-	ids := make([]string, len(cands))
-	index := map[string]int{}
-	snaps := make([]NodeSnapshot, len(cands))
-	for i, c := range cands {
-		ids[i], index[c.id] = c.id, i
-		snaps[i] = NodeSnapshot{NodeID: c.id, Name: c.name}
-	}
-	b := &pgx.Batch{}
-	b.Queue(`SELECT node_id::text, index, uuid, model, nvlink_domain, mode, shares, health <> 'unhealthy' FROM compute.devices
-		WHERE node_id = ANY($1::uuid[]) ORDER BY node_id, index`, ids).Query(func(rows pgx.Rows) error {
-		var node string
-		var g GPUState
-		_, err := pgx.ForEachRow(rows, []any{&node, &g.Index, &g.UUID, &g.Model, &g.Domain, &g.Mode, &g.Shares, &g.Healthy}, func() error {
-			snaps[index[node]].GPUs = append(snaps[index[node]].GPUs, g)
-			return nil
-		})
-		return err
-	})
-	b.Queue(`SELECT node_id::text, resource, lower(atoms), upper(atoms), spot, reservation_id::text, lower(during), upper(during)
-		FROM compute.bookings WHERE node_id = ANY($1::uuid[]) AND during && tstzrange($2, NULL)`, ids, now).Query(func(rows pgx.Rows) error {
-		var node string
-		var h Held
-		_, err := pgx.ForEachRow(rows, []any{&node, &h.Resource, &h.Span.Lo, &h.Span.Hi, &h.Spot, &h.Reservation, &h.From, &h.To}, func() error {
-			snaps[index[node]].Held = append(snaps[index[node]].Held, h)
-			return nil
-		})
-		return err
-	})
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return nil, fmt.Errorf("capacity: read candidate nodes: %w", err)
-	}
-	return snaps, nil
+	n.update(p.now)
 }
 
 // freeWhole counts the whole-mode GPUs of a snapshot with nothing held on them.
@@ -261,12 +179,4 @@ func freeWhole(n NodeSnapshot) int {
 		}
 	}
 	return free
-}
-
-// endOr is the end of a window for overlap tests: far in the future when there is none.
-func endOr(t *time.Time) time.Time {
-	if t == nil {
-		return time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)
-	}
-	return *t
 }

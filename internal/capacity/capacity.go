@@ -26,11 +26,17 @@ var Migrations = postgres.EmbeddedMigrations("capacity", "compute", migrationsFS
 
 // Module registers capacity's tables, groups and workers. It is part of the core.
 type Module struct {
-	// Tick is how often the lifecycle worker activates and ends reservations; default 1s.
+	// Tick is how often the lifecycle worker activates and ends reservations; zero is TickDefault.
 	Tick time.Duration
-	// BillingEvery is how often reserved time is handed to billing; default 1 minute.
+	// BillingEvery is how often reserved time is handed to billing; zero is BillingEveryDefault.
 	BillingEvery time.Duration
 }
+
+// The defaults of Module's fields.
+const (
+	TickDefault         = time.Second
+	BillingEveryDefault = time.Minute
+)
 
 // Name implements modules.Module.
 func (Module) Name() string { return "capacity" }
@@ -38,10 +44,10 @@ func (Module) Name() string { return "capacity" }
 // Register implements modules.Module.
 func (m Module) Register(r *modules.Registry) error {
 	if m.Tick == 0 {
-		m.Tick = time.Second
+		m.Tick = TickDefault
 	}
 	if m.BillingEvery == 0 {
-		m.BillingEvery = time.Minute
+		m.BillingEvery = BillingEveryDefault
 	}
 	r.Migrations(events.Migrations, Migrations)
 	r.ResourceTypes(

@@ -27,15 +27,22 @@ type Inventory struct {
 	MemoryGiB int
 }
 
+// The largest inventory a node may report, as the schema's checks allow.
+const (
+	maxVCPUs     = 65536
+	maxMemoryGiB = 1 << 20
+	maxGPUIndex  = 255
+)
+
 // Validate checks an inventory: unique indexes and UUIDs, sane numbers.
 func (inv Inventory) Validate() error {
-	if inv.VCPUs < 0 || inv.VCPUs > 65536 || inv.MemoryGiB < 0 || inv.MemoryGiB > 1<<20 {
+	if inv.VCPUs < 0 || inv.VCPUs > maxVCPUs || inv.MemoryGiB < 0 || inv.MemoryGiB > maxMemoryGiB {
 		return fmt.Errorf("capacity: inventory of %d vCPUs and %d GiB is out of range", inv.VCPUs, inv.MemoryGiB)
 	}
 	idx, ids := map[int]bool{}, map[string]bool{}
 	for _, g := range inv.GPUs {
 		switch {
-		case g.Index < 0 || g.Index > 255:
+		case g.Index < 0 || g.Index > maxGPUIndex:
 			return fmt.Errorf("capacity: GPU index %d is out of range", g.Index)
 		case idx[g.Index]:
 			return fmt.Errorf("capacity: two GPUs have index %d", g.Index)

@@ -278,11 +278,7 @@ func (r request) diagnoseBookings(ctx context.Context, q postgres.Querier, sched
 	}
 	start := r.w.start
 	fits := func(n NodeSnapshot, from time.Time, to *time.Time) bool {
-		end := farFuture
-		if to != nil {
-			end = *to
-		}
-		_, ok := Plan(during(n, from, end), r.in.Shape, r.in.Spot)
+		_, ok := Plan(during(n, from, endOr(to)), r.in.Shape, r.in.Spot)
 		return ok
 	}
 	atStart, overWindow := 0, 0
@@ -305,13 +301,13 @@ func (r request) diagnoseBookings(ctx context.Context, q postgres.Querier, sched
 	if overWindow >= need {
 		return diagnosis{NoRoomContended, "concurrent requests took the nodes that fit first; try again", counts}, nil
 	}
-	freeAt, found := earliestFit(snaps, need, length, start, start.Add(DefaultHorizon), fits)
+	freeAt, found := earliestFit(snaps, need, length, start, start.Add(HorizonDefault), fits)
 	var when string
 	if found {
 		counts["freeAt"] = freeAt
 		when = "; it is free from " + freeAt.Format(time.RFC3339)
 	} else {
-		when = fmt.Sprintf("; it is not free within %d days (reservations.availability looks further)", int(DefaultHorizon.Hours()/24))
+		when = fmt.Sprintf("; it is not free within %d days (reservations.availability looks further)", int(HorizonDefault.Hours()/24))
 	}
 	if r.in.Spot {
 		when += " (a spot request never displaces a booking, spot or not)"
@@ -323,9 +319,6 @@ func (r request) diagnoseBookings(ctx context.Context, q postgres.Querier, sched
 	}
 	return diagnosis{NoRoomBooked, "what would fit is held by other reservations" + when, counts}, nil
 }
-
-// farFuture stands for "until released" when a window needs an end.
-var farFuture = time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // firstBlock is the start of the first booking of n, after from and before to, from which the
 // shape no longer fits on n.

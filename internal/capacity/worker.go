@@ -18,6 +18,9 @@ import (
 // tickBatch bounds how many reservations one tick moves per transaction.
 const tickBatch = 500
 
+// billBatch bounds how many bookings one Bill hands over; the rest wait for the next.
+const billBatch = 5000
+
 // TickResult counts what a Tick did.
 type TickResult struct {
 	Activated, Ended int
@@ -171,7 +174,7 @@ func Bill(ctx context.Context, db *postgres.DB, port iam.Biller) (BillResult, er
 		  coalesce(b.billed_until, lower(b.during)), lower(b.during), upper(b.during), r.spot
 		FROM compute.bookings b JOIN compute.reservations r ON r.id = b.reservation_id
 		WHERE (b.billed_until IS NULL OR upper_inf(b.during) OR b.billed_until < upper(b.during)) AND lower(b.during) < $1
-		ORDER BY b.id LIMIT 5000`, now)
+		ORDER BY b.id LIMIT $2`, now, billBatch)
 	if err != nil {
 		return res, err
 	}

@@ -45,6 +45,20 @@ func QueueEmit(b *pgx.Batch, typ, tenant, subject string, data map[string]any) {
 	b.Queue(`INSERT INTO compute.events (type, tenant_id, subject, data) VALUES ($1, $2, $3, $4)`, typ, tenant, subject, data)
 }
 
+// QueueEmitMany adds one event of a type per subject to a batch, as one statement: data[i] is
+// subjects[i]'s (nil reads as {}). A batch of placements writes its events so.
+func QueueEmitMany(b *pgx.Batch, typ, tenant string, subjects []string, data []map[string]any) {
+	rows := make([]map[string]any, len(data))
+	for i, d := range data {
+		if rows[i] = d; d == nil {
+			rows[i] = map[string]any{}
+		}
+	}
+	b.Queue(`INSERT INTO compute.events (type, tenant_id, subject, data)
+		SELECT $1, $2, u.subject, u.data FROM unnest($3::text[], $4::jsonb[]) WITH ORDINALITY AS u(subject, data, i) ORDER BY u.i`,
+		typ, tenant, subjects, rows)
+}
+
 // About returns the events about subject, oldest first.
 func About(ctx context.Context, q postgres.Querier, subject string) ([]Event, error) {
 	rows, err := q.Query(ctx, `SELECT id, type, tenant_id, subject, data, created_at FROM compute.events WHERE subject = $1 ORDER BY id`, subject)
