@@ -24,8 +24,6 @@ var (
 // "package: table". TestOneWriterPerTable fails when one of them no longer occurs, so the list
 // only shrinks.
 var knownWriters = map[string]string{
-	// TODO: remove once capacity's batch writes its events through internal/events (being moved).
-	"internal/capacity: compute.events": "the batched placement writes its events' rows itself",
 	// A benchmark's fixture, not a product path: it books every node directly, because the fill
 	// is not what is measured.
 	"internal/cmd/placebench: compute.reservations": "the fill",
