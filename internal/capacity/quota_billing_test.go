@@ -116,3 +116,26 @@ func TestBillingOnReservedTime(t *testing.T) {
 		t.Fatalf("vcpu.hours = %v", vcpu)
 	}
 }
+
+// TestBillingReachesEveryBooking pins a starvation: a run picked the first bookings by id whether
+// or not any of their hours had closed, so with more open bookings than a batch (billBatch) the
+// ones after them were never billed.
+func TestBillingReachesEveryBooking(t *testing.T) {
+	f := newFleet(t, fleetSpec{nodes: 1, gpus: 8})
+	f.DB.SetNow(t0) // 10:00
+	f.mustReserve(t, api.CreateReservation{Shape: api.Shape{GPUs: 1}, Duration: "10h"})
+	f.mustReserve(t, api.CreateReservation{Shape: api.Shape{GPUs: 1}, Duration: "10h"})
+	f.DB.SetNow(t0.Add(30 * time.Minute))
+	f.mustReserve(t, api.CreateReservation{Shape: api.Shape{GPUs: 1}, Duration: "10h"}) // the last booking by id
+
+	// 11:10, a batch of two: the first two bookings' hour 10:00-11:00 is billed.
+	f.DB.SetNow(t0.Add(70 * time.Minute))
+	if res, err := capacity.BillIn(f.ctx, f.DB, f.IAM, 2); err != nil || res.Records != 2 {
+		t.Fatalf("first run = %+v, %v; want 2 records", res, err)
+	}
+	// 11:20: the first two have nothing closed (11:00-12:00 runs); the third's 10:30-11:00 must come.
+	f.DB.SetNow(t0.Add(80 * time.Minute))
+	if res, err := capacity.BillIn(f.ctx, f.DB, f.IAM, 2); err != nil || res.Records != 1 {
+		t.Fatalf("second run = %+v, %v; want the third booking's record", res, err)
+	}
+}

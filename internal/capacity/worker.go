@@ -165,6 +165,10 @@ type BillResult struct {
 // the booking and the hour, so a rerun or a crash between recording and advancing never bills
 // twice. The booking's billed_until then moves past what was handed over.
 func Bill(ctx context.Context, db *postgres.DB, port iam.Biller) (BillResult, error) {
+	return bill(ctx, db, port, billBatch)
+}
+
+func bill(ctx context.Context, db *postgres.DB, port iam.Biller, batch int) (BillResult, error) {
 	var res BillResult
 	now, err := dbNow(ctx, db.Pool)
 	if err != nil {
@@ -174,7 +178,12 @@ func Bill(ctx context.Context, db *postgres.DB, port iam.Biller) (BillResult, er
 		  coalesce(b.billed_until, lower(b.during)), lower(b.during), upper(b.during), r.spot
 		FROM compute.bookings b JOIN compute.reservations r ON r.id = b.reservation_id
 		WHERE (b.billed_until IS NULL OR upper_inf(b.during) OR b.billed_until < upper(b.during)) AND lower(b.during) < $1
-		ORDER BY b.id LIMIT $2`, now, billBatch)
+		  -- Only bookings with a closed window to bill (closedWindows' first): the clock hour their
+		  -- cursor is in is over, or they ended. Otherwise bookings with nothing closed yet would
+		  -- fill every batch and those after them never be billed.
+		  AND least(date_bin('1 hour', coalesce(b.billed_until, lower(b.during)), timestamptz '2000-01-01 00:00:00+00') + interval '1 hour',
+		    upper(b.during)) <= $1
+		ORDER BY b.id LIMIT $2`, now, batch)
 	if err != nil {
 		return res, err
 	}

@@ -1,0 +1,4 @@
+package capacity
+
+// BillIn is Bill with a batch size of the test's choosing.
+var BillIn = bill
