@@ -43,6 +43,8 @@ func TestExitCodesAndOutputs(t *testing.T) {
 		{name: "unknown subcommand as JSON", args: []string{"-o", "json", "reservations", "craete"}, code: 2, jsonCode: api.CodeInvalidArgument},
 		{name: "unknown iam subcommand", args: []string{"iam", "tenant", "bogus"}, code: 2, stderr: `unknown command "bogus"`},
 		{name: "unknown completion shell", args: []string{"completion", "bsh"}, code: 2, stderr: `unknown command "bsh"`},
+		{name: "unknown help topic", args: []string{"help", "nope"}, code: 2, stderr: `unknown help topic "nope"`},
+		{name: "help of a command", args: []string{"help", "pools", "list"}, code: 0, stdout: "List the pools"},
 		{name: "unknown flag", args: []string{"pools", "list", "--bogus"}, code: 2, stderr: "unknown flag: --bogus"},
 		{name: "bad flag value", args: []string{"pools", "list", "--limit", "many"}, code: 2, stderr: "--limit"},
 		{name: "bad output format", args: []string{"pools", "list", "-o", "yaml"}, code: 2, stderr: `-o "yaml"`},

@@ -95,6 +95,7 @@ config file (--config, default ` + defaultConfigPath() + `: {"url": …, "apiKey
 	}
 	root.AddCommand(devCmd(), serveCmd(), simCmd(p), iamCmd(p), mcpCmd(p), methodsCmd(p), callCmd(p))
 	root.InitDefaultCompletionCmd()
+	root.SetHelpCommand(helpCmd(root))
 	strictUsage(root)
 	return root
 }
@@ -102,6 +103,22 @@ config file (--config, default ` + defaultConfigPath() + `: {"url": …, "apiKey
 // strictUsage makes every mistake in a command line a usage error: a word that names no
 // subcommand (cobra would print help and succeed) answers "unknown command" with suggestions,
 // and a wrong number of arguments is a usage error too.
+// helpCmd is cobra's help command, except that a topic that names no command is a usage error
+// (exit 2), not the root's help and success.
+func helpCmd(root *cobra.Command) *cobra.Command {
+	return &cobra.Command{
+		Use:   "help [command]",
+		Short: "Help about any command",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			target, rest, err := root.Find(args)
+			if err != nil || len(rest) > 0 || target == root && len(args) > 0 {
+				return usageError{fmt.Errorf("unknown help topic %q: better-compute help lists the commands", strings.Join(args, " "))}
+			}
+			return target.Help()
+		},
+	}
+}
+
 func strictUsage(c *cobra.Command) {
 	c.SuggestionsMinimumDistance = 2
 	if c.HasSubCommands() && c.Run == nil && c.RunE == nil {
