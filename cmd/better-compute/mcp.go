@@ -55,7 +55,10 @@ confirmation id; once the person approves it, the same call runs once.`,
 			h := mcptools.HTTPHandler(func(key string) (*client.Client, error) {
 				return client.New(p.URL, client.WithAPIKey(key), client.WithUserAgent("better-compute-mcp/"+version))
 			}, version)
-			srv := &http.Server{Addr: httpAddr, Handler: h, ReadHeaderTimeout: 10 * time.Second}
+			// Requests are small JSON-RPC messages: their bodies are bounded and must arrive in
+			// time. No write timeout: a session's answers stream for as long as it lasts.
+			srv := &http.Server{Addr: httpAddr, Handler: http.MaxBytesHandler(h, mcpMaxBody),
+				ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
 			fmt.Fprintf(cmd.OutOrStdout(), "better-compute mcp: streamable HTTP on %s; every request needs Authorization: Bearer <API key>, the credential of its calls\n", httpAddr)
 			errc := make(chan error, 1)
 			go func() { errc <- srv.ListenAndServe() }()
@@ -70,3 +73,7 @@ confirmation id; once the person approves it, the same call runs once.`,
 	c.Flags().StringVar(&httpAddr, "http", "", "serve streamable HTTP on this address instead of stdio")
 	return c
 }
+
+// mcpMaxBody bounds one MCP request over HTTP: a tool call's arguments are an API input, which the
+// API bounds at 1 MiB, plus JSON-RPC's framing.
+const mcpMaxBody = 2 << 20
