@@ -42,6 +42,9 @@ func main() {
 		os.Exit(1)
 	}
 	fmt.Printf("Better Compute devserver\n  URL:     %s\n  Gateway: %s\n  API key: %s\n", s.URL, s.Gateway, s.APIKey)
+	if hash, err := s.Compute.Runtime().Fleet.CAHash(); err == nil {
+		fmt.Printf("  CA hash: %s (bcd join --ca-hash pins the machine CA)\n", hash)
+	}
 	if *simN > 0 {
 		fmt.Printf("  Nodes:   %d simulated machines with 8 H100s each, in pool %q\n", *simN, devserver.SimPool)
 	}

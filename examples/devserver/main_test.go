@@ -35,10 +35,14 @@ func TestDevserverProcess(t *testing.T) {
 
 	urlRE := regexp.MustCompile(`URL:\s+(\S+)`)
 	keyRE := regexp.MustCompile(`API key:\s+(\S+)`)
-	var url, key string
+	hashRE := regexp.MustCompile(`CA hash:\s+(sha256:[0-9a-f]{64})`)
+	var url, key, hash string
 	lines := bufio.NewScanner(stdout)
 	deadline := time.AfterFunc(60*time.Second, func() { cmd.Process.Kill() })
-	for (url == "" || key == "") && lines.Scan() {
+	for (url == "" || key == "" || hash == "") && lines.Scan() {
+		if m := hashRE.FindStringSubmatch(lines.Text()); m != nil {
+			hash = m[1]
+		}
 		if m := urlRE.FindStringSubmatch(lines.Text()); m != nil {
 			url = m[1]
 		}
@@ -47,8 +51,8 @@ func TestDevserverProcess(t *testing.T) {
 		}
 	}
 	deadline.Stop()
-	if url == "" || key == "" {
-		t.Fatal("the devserver did not print its URL and API key")
+	if url == "" || key == "" || hash == "" {
+		t.Fatal("the devserver did not print its URL, API key and CA hash")
 	}
 	go io.Copy(io.Discard, stdout)
 
