@@ -145,13 +145,20 @@ func (g *Gateway) Serve(ctx context.Context, cert *x509.Certificate, st stream) 
 	// the next.
 	expiry := time.AfterFunc(time.Until(s.notAfter), func() { s.close("the node's certificate expired") })
 	defer expiry.Stop()
+	ended := false // the stream ended from the node's side, not by the gateway's decision
 	defer func() {
 		g.mu.Lock()
 		if g.sessions[nodeID] == s {
 			delete(g.sessions, nodeID)
 		}
+		running := g.running
 		g.mu.Unlock()
 		s.close("session ended")
+		// A gateway stopping lets its nodes reconnect elsewhere within their grace; a node whose
+		// own stream ended is gone now.
+		if ended && running {
+			g.closed(ctx, nodeID, epoch)
+		}
 	}()
 	g.touch(nodeID, epoch, func(t *touch) { t.applied, t.ack = hello.GetAppliedGeneration(), true })
 
@@ -216,10 +223,12 @@ func (g *Gateway) Serve(ctx context.Context, cert *x509.Certificate, st stream) 
 				g.log.WarnContext(ctx, "gateway: node message", "node", nodeID, "error", err)
 			}
 		case err := <-recvErr:
+			ended = true
 			return err
 		case <-s.done:
 			return nil
-		case <-ctx.Done():
+		case <-ctx.Done(): // the node went away, or the stream could not be written
+			ended = true
 			return nil
 		}
 	}
@@ -257,6 +266,16 @@ func (g *Gateway) claim(ctx context.Context, nodeID string, hello *agentv1.Hello
 		return err
 	})
 	return epoch, err
+}
+
+// closed takes the node of a session whose stream ended offline at once, unless a newer session
+// holds it; should that fail, the worker does it when the session's grace runs out.
+func (g *Gateway) closed(ctx context.Context, nodeID string, epoch int64) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if _, err := nodes.CloseSession(ctx, g.rt.DB, nodeID, g.cfg.ID, epoch); err != nil {
+		g.log.WarnContext(ctx, "gateway: take a disconnected node offline", "node", nodeID, "error", err)
+	}
 }
 
 // work pushes desired state and commands when woken.
