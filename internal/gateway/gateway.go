@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"golang.org/x/time/rate"
 
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/internal/events"
@@ -45,6 +46,14 @@ const (
 	// DefaultRevocationsReload is how often the revocation set is reloaded whole, the safety
 	// net under its notifications.
 	DefaultRevocationsReload = time.Minute
+	// DefaultAdmitRate is how many new sessions a second a gateway admits, with bursts of
+	// DefaultAdmitBurst: each costs a claim transaction, then an inventory report, a desired-state
+	// push and a dispatch. A storm of reconnects (10,000 agents at once) beyond it is refused
+	// with Unavailable, which agents retry with jittered backoff, instead of queueing in the
+	// database pool until handshakes and streams time out. 200 a second is twice what the
+	// 2-core benchmark machine admitted unthrottled (docs/benchmarks.md).
+	DefaultAdmitRate  = 200
+	DefaultAdmitBurst = 200
 	// maxListenBackoff bounds the wait between attempts to listen again.
 	maxListenBackoff = 30 * time.Second
 )
@@ -60,6 +69,8 @@ type Config struct {
 	FlushInterval     time.Duration
 	PollInterval      time.Duration
 	RevocationsReload time.Duration
+	AdmitRate         float64 // new sessions a second
+	AdmitBurst        int
 }
 
 // Gateway serves sessions. Run must be running for sessions to be accepted.
@@ -70,6 +81,8 @@ type Gateway struct {
 	log *slog.Logger
 	// revoked is the revocation set handshakes are checked against, in memory.
 	revoked *pki.Revocations
+	// admission bounds the rate of new sessions.
+	admission *rate.Limiter
 
 	mu       sync.Mutex
 	running  bool
@@ -107,8 +120,14 @@ func New(mod *nodes.Module, cfg Config) *Gateway {
 	if cfg.RevocationsReload == 0 {
 		cfg.RevocationsReload = DefaultRevocationsReload
 	}
+	if cfg.AdmitRate == 0 {
+		cfg.AdmitRate = DefaultAdmitRate
+	}
+	if cfg.AdmitBurst == 0 {
+		cfg.AdmitBurst = DefaultAdmitBurst
+	}
 	return &Gateway{cfg: cfg, mod: mod, sessions: map[string]*session{}, touched: map[string]*touch{},
-		revoked: pki.NewRevocations()}
+		revoked: pki.NewRevocations(), admission: rate.NewLimiter(rate.Limit(cfg.AdmitRate), cfg.AdmitBurst)}
 }
 
 // ID is the gateway's name in the sessions table.

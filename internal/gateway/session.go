@@ -98,6 +98,18 @@ func (s *session) close(reason string) {
 // ErrNotRunning is the error of a session that arrives while the gateway is not running.
 var ErrNotRunning = errors.New("gateway: not running")
 
+// ErrBusy is the error of a session refused because new sessions arrive faster than the gateway
+// admits them.
+var ErrBusy = errors.New("gateway: admitting no more new sessions this moment; retry with backoff")
+
+// admit takes a token for a new session, or refuses it as unavailable, which nodes retry.
+func (g *Gateway) admit() error {
+	if !g.admission.Allow() {
+		return connect.NewError(connect.CodeUnavailable, ErrBusy)
+	}
+	return nil
+}
+
 // Serve runs a node's session on st until it ends: the node is the one cert names, which the TLS
 // stack has verified against the machine CA. A revoked certificate is refused explicitly
 // (permission denied, which the node takes as final), from memory: no query per connection.
@@ -107,6 +119,9 @@ func (g *Gateway) Serve(ctx context.Context, cert *x509.Certificate, st stream) 
 	g.mu.Unlock()
 	if !running {
 		return connect.NewError(connect.CodeUnavailable, ErrNotRunning)
+	}
+	if err := g.admit(); err != nil {
+		return err
 	}
 	nodeID, err := g.revoked.CheckNode(cert)
 	if err != nil {
