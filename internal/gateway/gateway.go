@@ -98,6 +98,7 @@ type touch struct {
 	errText string
 	ack     bool
 	grace   time.Duration // from the interval the node was last told
+	health  string        // from the host pressure of its last heartbeat; "" without one
 }
 
 // New returns a gateway of the nodes module. It touches nothing until Run.
@@ -373,8 +374,9 @@ func (g *Gateway) flushLoop(ctx context.Context) error {
 
 // flush writes every heartbeat and acknowledgement since the last flush in a few statements,
 // whatever the number of nodes: the sessions' last sight and grace (from the interval each node
-// was told), the nodes' last sight, online again for a node marked offline while its session
-// lived (a process stopped a while, then continued), and applied generations.
+// was told), the nodes' last sight, applied generations, the health host pressure gives, and
+// online again for a node marked offline while its session lived (a process stopped a while,
+// then continued).
 func (g *Gateway) flush(ctx context.Context) error {
 	g.mu.Lock()
 	batch := g.touched
@@ -392,6 +394,7 @@ func (g *Gateway) flush(ctx context.Context) error {
 	sessions := make([]nodes.SessionSeen, 0, len(ids))
 	seen := make([]fleet.Seen, 0, len(ids))
 	var acks []nodes.Applied
+	health := map[string]string{} // node → health from host pressure
 	for _, id := range ids {
 		t := batch[id]
 		grace := t.grace
@@ -402,6 +405,9 @@ func (g *Gateway) flush(ctx context.Context) error {
 		seen = append(seen, fleet.Seen{Node: id, At: t.seen})
 		if t.ack {
 			acks = append(acks, nodes.Applied{Node: id, Generation: t.applied, Error: t.errText})
+		}
+		if t.health != "" {
+			health[id] = t.health
 		}
 	}
 	return g.rt.DB.Tx(ctx, func(tx pgx.Tx) error {
@@ -423,8 +429,30 @@ func (g *Gateway) flush(ctx context.Context) error {
 				return err
 			}
 		}
+		if err := setHealth(ctx, tx, held, health); err != nil {
+			return err
+		}
 		return g.backOnline(ctx, tx, held)
 	})
+}
+
+// setHealth records the health host pressure gives the nodes among held, one statement per
+// health at most (three), whatever the number of heartbeats.
+func setHealth(ctx context.Context, tx pgx.Tx, held []string, health map[string]string) error {
+	by := map[string][]string{}
+	for _, id := range held { // in id order, as held is
+		if h := health[id]; h != "" {
+			by[h] = append(by[h], id)
+		}
+	}
+	for _, h := range []string{api.HealthHealthy, api.HealthDegraded, api.HealthUnhealthy} {
+		if len(by[h]) > 0 {
+			if err := fleet.SetHealth(ctx, tx, by[h], h); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // backOnline puts online again the nodes among held (those whose session this gateway holds at

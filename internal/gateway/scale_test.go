@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/better-compute/compute"
+	agentv1 "github.com/better-compute/compute/agent/v1"
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/computetest"
 )
@@ -70,4 +71,54 @@ func TestClosedSessionLosesToANewerOne(t *testing.T) {
 	}
 	newer.conn.Close()
 	within(t, 2*time.Second, "the node offline once its newest session ended", func() bool { return p.status(t, id) == api.NodeOffline })
+}
+
+// stat reads PostgreSQL's cumulative statistics after the backends have reported theirs.
+func (p *plane) stat(t *testing.T, q string) int {
+	t.Helper()
+	time.Sleep(1500 * time.Millisecond) // backends report at most once a second
+	if _, err := p.DB.Pool.Exec(p.ctx, `SELECT pg_stat_clear_snapshot()`); err != nil {
+		t.Fatal(err)
+	}
+	return p.count(t, q)
+}
+
+// TestHeartbeatsCostStatementsPerFlushNotPerHeartbeat: 600 heartbeats carrying host pressure,
+// whose health flips each time, cost a few transactions and row updates a flush, not one each;
+// the last pressure still decides the node's health.
+func TestHeartbeatsCostStatementsPerFlushNotPerHeartbeat(t *testing.T) {
+	p := newPlane(t, slow)
+	n := p.rawSession(t, "beats")
+	go func() { // the acknowledgements, read so the gateway is never held up sending them
+		for {
+			if _, err := n.st.Recv(); err != nil {
+				return
+			}
+		}
+	}()
+	const xacts = `SELECT xact_commit FROM pg_catalog.pg_stat_database WHERE datname = current_database()`
+	const updates = `SELECT sum(n_tup_upd)::int FROM pg_catalog.pg_stat_user_tables WHERE schemaname = 'compute' AND relname IN ('nodes', 'node_sessions')`
+	x0, u0 := p.stat(t, xacts), p.count(t, updates)
+	const beats = 600
+	for i := range beats {
+		used := 0.5
+		if i%2 == 1 || i == beats-1 {
+			used = 0.95 // degraded
+		}
+		if err := n.st.Send(&agentv1.NodeMessage{Body: &agentv1.NodeMessage_Heartbeat{Heartbeat: &agentv1.Heartbeat{
+			Pressure: &agentv1.HostPressure{MemoryUsed: used}}}}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	within(t, 5*time.Second, "the node degraded by its last heartbeat's pressure", func() bool {
+		node, err := p.Compute.API.Nodes.Get(p.ctx, p.RootKey, api.GetNode{Node: n.id})
+		return err == nil && node.Health == api.HealthDegraded
+	})
+	x1, u1 := p.stat(t, xacts), p.count(t, updates)
+	t.Logf("%d heartbeats: %d transactions, %d row updates of nodes and sessions", beats, x1-x0, u1-u0)
+	// Per flush (about one a second, a few seconds): a handful of each, with the workers' ticks.
+	if x1-x0 > beats/4 || u1-u0 > beats/4 {
+		t.Fatalf("%d heartbeats cost %d transactions and %d row updates: that grows per heartbeat, not per flush", beats, x1-x0, u1-u0)
+	}
 }

@@ -370,12 +370,16 @@ func (s *session) handle(ctx context.Context, m *agentv1.NodeMessage) error {
 		// number of sessions held); the grace the flush writes is derived from it.
 		interval := g.HeartbeatInterval()
 		s.told.Store(int64(interval))
-		g.touch(s.node, s.epoch, func(t *touch) { t.applied, t.ack = max(t.applied, b.Heartbeat.GetAppliedGeneration()), true })
+		// Host pressure is written by the flush too, the last heartbeat's winning: no statement
+		// per heartbeat.
+		g.touch(s.node, s.epoch, func(t *touch) {
+			t.applied, t.ack = max(t.applied, b.Heartbeat.GetAppliedGeneration()), true
+			if p := b.Heartbeat.GetPressure(); p != nil {
+				t.health = pressureHealth(p)
+			}
+		})
 		s.send(ctx, &agentv1.ServerMessage{Body: &agentv1.ServerMessage_HeartbeatAck{HeartbeatAck: &agentv1.HeartbeatAck{
 			HeartbeatInterval: durationpb.New(interval)}}})
-		if p := b.Heartbeat.GetPressure(); p != nil {
-			return g.hostPressure(ctx, s.node, p)
-		}
 	case *agentv1.NodeMessage_Inventory:
 		g.touch(s.node, s.epoch, nil)
 		return g.inventory(ctx, s.node, b.Inventory)
