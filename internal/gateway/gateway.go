@@ -261,12 +261,13 @@ func (g *Gateway) listenOnce(ctx context.Context, listening func()) error {
 	}
 }
 
-// catchUp does what lost notifications would have done.
+// catchUp does what lost notifications would have done, however long ago: it reconciles every
+// session held.
 func (g *Gateway) catchUp(ctx context.Context) error {
 	if err := g.reloadRevocations(ctx); err != nil {
 		return err
 	}
-	return g.poll(ctx)
+	return g.reconcile(ctx)
 }
 
 func (g *Gateway) notified(ctx context.Context, channel, payload string) {
@@ -482,9 +483,43 @@ func (g *Gateway) pollLoop(ctx context.Context) error {
 	})
 }
 
-// poll wakes every session held here whose node has a pending command or a newer desired state
-// than it was sent.
+// pollLookback is how far back the poll reads changes: a change's clock is its transaction's
+// start, so one that took this long to commit is left to its notification.
+const pollLookback = time.Minute
+
+// poll wakes the sessions held here whose node has a pending command or a desired state moved
+// past what it was sent, and lets go of those taken over, reading by index only what changed
+// lately (nodes.Poll): its cost follows the changes, not the number of sessions held.
 func (g *Gateway) poll(ctx context.Context) error {
+	if g.Sessions() == 0 {
+		return nil
+	}
+	w, err := nodes.Poll(ctx, g.rt.DB.Pool, g.cfg.ID, pollLookback)
+	if err != nil {
+		return err
+	}
+	for node, epoch := range w.Sessions {
+		if s := g.session(node); s != nil && epoch > s.epoch {
+			s.close("the session was taken over by a newer connection")
+		}
+	}
+	for _, node := range w.Commands {
+		if s := g.session(node); s != nil {
+			s.wake(true, false)
+		}
+	}
+	for node, gen := range w.Desired {
+		if s := g.session(node); s != nil && gen > s.sentGeneration() {
+			s.wake(false, true)
+		}
+	}
+	return nil
+}
+
+// reconcile wakes every session held here whose node has a pending command or a newer desired
+// state than it was sent, and lets go of those taken over: one query over all of them, for when
+// notifications may have been lost for longer than the poll looks back.
+func (g *Gateway) reconcile(ctx context.Context) error {
 	g.mu.Lock()
 	held := make([]string, 0, len(g.sessions))
 	sent := map[string]int64{}

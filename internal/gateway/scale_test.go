@@ -122,3 +122,22 @@ func TestHeartbeatsCostStatementsPerFlushNotPerHeartbeat(t *testing.T) {
 		t.Fatalf("%d heartbeats cost %d transactions and %d row updates: that grows per heartbeat, not per flush", beats, x1-x0, u1-u0)
 	}
 }
+
+// TestPollDispatchesWhatWasNotAnnounced: a command and a desired state written without a
+// notification reach their node by the poll, which reads only what changed.
+func TestPollDispatchesWhatWasNotAnnounced(t *testing.T) {
+	p := newPlane(t, slow)
+	f := p.fleet(t, 20, "quiet", p.gw)
+	node := f.Nodes[3].NodeID()
+	if _, err := p.DB.Pool.Exec(p.ctx, `INSERT INTO compute.commands (id, tenant_id, node_id, kind, deadline, created_by)
+		SELECT gen_random_uuid(), tenant_id, id, 'health.check', now() + interval '1 minute', 'test' FROM compute.nodes WHERE id = $1`, node); err != nil {
+		t.Fatal(err)
+	}
+	within(t, 5*time.Second, "the unannounced command done", func() bool {
+		return p.count(t, `SELECT count(*) FROM compute.commands WHERE node_id = $1 AND state = 'succeeded'`, node) == 1
+	})
+	gen := p.count(t, `UPDATE compute.node_desired SET generation = generation + 1, updated_at = now() WHERE node_id = $1 RETURNING generation`, node)
+	within(t, 5*time.Second, "the unannounced desired state applied", func() bool {
+		return p.count(t, `SELECT applied_generation FROM compute.node_desired WHERE node_id = $1`, node) == gen
+	})
+}
