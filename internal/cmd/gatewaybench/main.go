@@ -191,7 +191,7 @@ func main() {
 
 	fmt.Printf("| measure | value |\n| --- | ---: |\n")
 	fmt.Printf("| simulated nodes, sessions up | %d, in %s |\n", *nodes, joined.Round(time.Second))
-	fmt.Printf("| heartbeat interval asked of nodes (now; those that connected early keep what they were given) | %s |\n", interval)
+	fmt.Printf("| heartbeat interval asked of nodes (every heartbeat's answer carries it) | %s |\n", interval)
 	fmt.Printf("| commands (health.check), succeeded | %d, %d (%d not sent) |\n", *commands, okCount, failed.Load())
 	fmt.Printf("| command round trip p50 / p99 / p99.9 | %.1f / %.1f / %.1f ms |\n", pct(0.50), pct(0.99), pct(0.999))
 	fmt.Printf("| commands per second | %.0f |\n", float64(*commands)/loadSecs)
