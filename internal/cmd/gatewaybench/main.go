@@ -5,7 +5,7 @@
 // plane's CPU and memory while idle and under commands; and the database writes that heartbeats
 // cause.
 //
-//	go run ./internal/cmd/gatewaybench [-nodes 1000] [-commands 3000] [-clients 16] [-idle 30s]
+//	go run ./internal/cmd/gatewaybench [-nodes 1000] [-commands 3000] [-clients 16] [-idle 30s] [-memprofile heap.pprof]
 package main
 
 import (
@@ -20,6 +20,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"runtime"
+	"runtime/pprof"
 	"sort"
 	"strconv"
 	"sync"
@@ -42,6 +43,7 @@ func main() {
 	url := flag.String("url", "", "(child) API URL")
 	token := flag.String("token", "", "(child) join token")
 	gateway := flag.String("gateway", "", "(child) gateway address")
+	memProfile := flag.String("memprofile", "", "write a heap profile of the idle control plane to this file")
 	flag.Parse()
 	if *child {
 		runFleet(*url, *token, *gateway, *nodes)
@@ -122,6 +124,9 @@ func main() {
 	idleCPU := (selfstat.CPU() - cpu0).Seconds() / time.Since(t0).Seconds()
 	idleRSS := selfstat.RSSMiB()
 	secs := time.Since(t0).Seconds()
+	if *memProfile != "" {
+		writeHeapProfile(*memProfile)
+	}
 
 	// Commands.
 	fmt.Fprintf(os.Stderr, "gatewaybench: sending %d commands from %d clients\n", *commands, *clients)
@@ -216,4 +221,17 @@ func runFleet(url, token, gateway string, n int) {
 	cores := (selfstat.CPU() - c0).Seconds() / time.Since(t0).Seconds()
 	fmt.Printf("%.2f cores, %.0f MiB RSS for %d agents\n", cores, selfstat.RSSMiB(), n)
 	f.Stop()
+}
+
+// writeHeapProfile writes the live heap, after a collection, for go tool pprof.
+func writeHeapProfile(path string) {
+	f, err := os.Create(path)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer f.Close()
+	runtime.GC()
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		log.Fatal(err)
+	}
 }
