@@ -141,3 +141,15 @@ func TestPollDispatchesWhatWasNotAnnounced(t *testing.T) {
 		return p.count(t, `SELECT applied_generation FROM compute.node_desired WHERE node_id = $1`, node) == gen
 	})
 }
+
+// TestStoppingGatewayLeavesNodesTheirGrace: a gateway that stops says goodbye; its nodes are not
+// taken for gone but keep their grace to reconnect elsewhere.
+func TestStoppingGatewayLeavesNodesTheirGrace(t *testing.T) {
+	p := newPlane(t, slow)
+	p.fleet(t, 20, "stay", p.gw)
+	p.stop()
+	time.Sleep(1500 * time.Millisecond) // longer than a close takes
+	if n := p.count(t, `SELECT count(*) FROM compute.nodes WHERE status = 'online'`); n != 20 {
+		t.Fatalf("%d of 20 nodes online after their gateway stopped, want all: they have their grace", n)
+	}
+}
