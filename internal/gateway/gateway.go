@@ -88,6 +88,7 @@ type Gateway struct {
 	running  bool
 	sessions map[string]*session // by node id
 	touched  map[string]*touch   // since the last flush
+	closing  map[string]int64    // node → epoch of a session whose stream ended, since the last flush
 }
 
 // touch is what a flush writes for one node.
@@ -127,7 +128,7 @@ func New(mod *nodes.Module, cfg Config) *Gateway {
 	if cfg.AdmitBurst == 0 {
 		cfg.AdmitBurst = DefaultAdmitBurst
 	}
-	return &Gateway{cfg: cfg, mod: mod, sessions: map[string]*session{}, touched: map[string]*touch{},
+	return &Gateway{cfg: cfg, mod: mod, sessions: map[string]*session{}, touched: map[string]*touch{}, closing: map[string]int64{},
 		revoked: pki.NewRevocations(), admission: rate.NewLimiter(rate.Limit(cfg.AdmitRate), cfg.AdmitBurst)}
 }
 
@@ -365,7 +366,8 @@ func (g *Gateway) touch(node string, epoch int64, f func(*touch)) {
 func (g *Gateway) flushLoop(ctx context.Context) error {
 	return modules.Every(ctx, g.cfg.FlushInterval, func() error {
 		// A failed flush is not the gateway failing: its heartbeats are lost, and the nodes' next
-		// ones, well within their grace, are written by a later flush.
+		// ones, well within their grace, are written by a later flush; its closed sessions' nodes
+		// go offline when their grace runs out.
 		if err := g.flush(ctx); err != nil && ctx.Err() == nil {
 			g.log.WarnContext(ctx, "gateway: flush heartbeats", "error", err)
 		}
@@ -374,30 +376,41 @@ func (g *Gateway) flushLoop(ctx context.Context) error {
 }
 
 // flush writes every heartbeat and acknowledgement since the last flush in a few statements,
-// whatever the number of nodes: the sessions' last sight and grace (from the interval each node
+// whatever the number of nodes: the sessions whose streams ended closed and their nodes offline,
+// the sessions' last sight and grace (from the interval each node
 // was told), the nodes' last sight, applied generations, the health host pressure gives, and
 // online again for a node marked offline while its session lived (a process stopped a while,
 // then continued).
 func (g *Gateway) flush(ctx context.Context) error {
 	g.mu.Lock()
-	batch := g.touched
-	g.touched = map[string]*touch{}
+	batch, closing := g.touched, g.closing
+	g.touched, g.closing = map[string]*touch{}, map[string]int64{}
 	g.mu.Unlock()
-	if len(batch) == 0 {
+	if len(batch) == 0 && len(closing) == 0 {
 		return nil
 	}
 	// In node order, as every writer of many node rows takes them.
-	ids := make([]string, 0, len(batch))
+	ids := make([]string, 0, len(batch)+len(closing))
 	for id := range batch {
 		ids = append(ids, id)
 	}
+	closed := make([]nodes.SessionClosed, 0, len(closing))
+	for id, epoch := range closing {
+		closed = append(closed, nodes.SessionClosed{Node: id, Epoch: epoch})
+		if batch[id] == nil {
+			ids = append(ids, id)
+		}
+	}
 	slices.Sort(ids)
-	sessions := make([]nodes.SessionSeen, 0, len(ids))
-	seen := make([]fleet.Seen, 0, len(ids))
+	sessions := make([]nodes.SessionSeen, 0, len(batch))
+	seen := make([]fleet.Seen, 0, len(batch))
 	var acks []nodes.Applied
 	health := map[string]string{} // node → health from host pressure
 	for _, id := range ids {
 		t := batch[id]
+		if t == nil {
+			continue
+		}
 		grace := t.grace
 		if grace == 0 {
 			grace = g.grace(g.HeartbeatInterval())
@@ -417,6 +430,13 @@ func (g *Gateway) flush(ctx context.Context) error {
 		// deadlock with those.
 		if err := fleet.LockNodes(ctx, tx, ids); err != nil {
 			return err
+		}
+		// Closed first: a closed session takes no more heartbeats, so its last ones cannot put
+		// its node back online below.
+		if len(closed) > 0 {
+			if _, err := nodes.CloseSessions(ctx, tx, g.cfg.ID, closed); err != nil {
+				return err
+			}
 		}
 		held, err := nodes.TouchSessions(ctx, tx, g.cfg.ID, sessions)
 		if err != nil {

@@ -166,14 +166,13 @@ func (g *Gateway) Serve(ctx context.Context, cert *x509.Certificate, st stream) 
 		if g.sessions[nodeID] == s {
 			delete(g.sessions, nodeID)
 		}
-		running := g.running
+		// A node whose own stream ended is gone: the next flush takes it offline. A gateway
+		// stopping lets its nodes reconnect elsewhere within their grace.
+		if ended && g.running {
+			g.closing[nodeID] = max(g.closing[nodeID], epoch)
+		}
 		g.mu.Unlock()
 		s.close("session ended")
-		// A gateway stopping lets its nodes reconnect elsewhere within their grace; a node whose
-		// own stream ended is gone now.
-		if ended && running {
-			g.closed(ctx, nodeID, epoch)
-		}
 	}()
 	g.touch(nodeID, epoch, func(t *touch) { t.applied, t.ack = hello.GetAppliedGeneration(), true })
 
@@ -281,16 +280,6 @@ func (g *Gateway) claim(ctx context.Context, nodeID string, hello *agentv1.Hello
 		return err
 	})
 	return epoch, err
-}
-
-// closed takes the node of a session whose stream ended offline at once, unless a newer session
-// holds it; should that fail, the worker does it when the session's grace runs out.
-func (g *Gateway) closed(ctx context.Context, nodeID string, epoch int64) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	if _, err := nodes.CloseSession(ctx, g.rt.DB, nodeID, g.cfg.ID, epoch); err != nil {
-		g.log.WarnContext(ctx, "gateway: take a disconnected node offline", "node", nodeID, "error", err)
-	}
 }
 
 // work pushes desired state and commands when woken.

@@ -6,7 +6,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/better-compute/compute/internal/fleet"
 	"github.com/better-compute/compute/postgres"
 )
 
@@ -55,26 +54,33 @@ func TouchSessions(ctx context.Context, q postgres.Querier, gateway string, seen
 	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
-// CloseSession closes gateway's session of node at epoch, whose stream ended (the agent stopped,
-// the connection closed), and takes the node offline at once, without waiting for its grace
-// period. A session taken over since (a newer epoch, here or at another gateway) is left alone:
-// the newer one holds the node. It reports whether the node went offline.
-func CloseSession(ctx context.Context, db *postgres.DB, node, gateway string, epoch int64) (bool, error) {
-	var gone bool
-	err := db.Tx(ctx, func(tx pgx.Tx) error {
-		// The node's row first, as every writer of nodes and sessions takes it; a claim elsewhere
-		// waits for it, or has already moved the epoch and the update below matches nothing.
-		if err := fleet.LockNodes(ctx, tx, []string{node}); err != nil {
-			return err
-		}
-		tag, err := tx.Exec(ctx, `UPDATE compute.node_sessions SET closed_at = compute.compute_now(), offline_after = compute.compute_now()
-			WHERE node_id = $1 AND gateway_id = $2 AND epoch = $3 AND closed_at IS NULL`, node, gateway, epoch)
-		if err != nil || tag.RowsAffected() == 0 {
-			return err
-		}
-		n, err := takeOffline(ctx, tx, []string{node}, map[string]any{"gateway": gateway, "closed": true})
-		gone = n == 1
-		return err
-	})
-	return gone, err
+// SessionClosed is a session whose stream ended.
+type SessionClosed struct {
+	Node  string
+	Epoch int64
+}
+
+// CloseSessions closes gateway's sessions among closed, whose streams ended (the agent stopped,
+// the connection closed), and takes their nodes offline at once, without waiting for their grace
+// period, as MarkOffline does. A session taken over since (a newer epoch, here or at another
+// gateway) is left alone: the newer one holds the node. The caller holds the nodes' row locks, so
+// a claim elsewhere has either moved the epoch already or waits. It returns how many nodes went
+// offline.
+func CloseSessions(ctx context.Context, tx pgx.Tx, gateway string, closed []SessionClosed) (int, error) {
+	ids, epochs := make([]string, len(closed)), make([]int64, len(closed))
+	for i, c := range closed {
+		ids[i], epochs[i] = c.Node, c.Epoch
+	}
+	rows, err := tx.Query(ctx, `UPDATE compute.node_sessions s SET closed_at = compute.compute_now(), offline_after = compute.compute_now()
+		FROM unnest($1::uuid[], $2::bigint[]) AS u(n, e)
+		WHERE s.node_id = u.n AND s.epoch = u.e AND s.gateway_id = $3 AND s.closed_at IS NULL
+		RETURNING s.node_id::text`, ids, epochs, gateway)
+	if err != nil {
+		return 0, err
+	}
+	gone, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || len(gone) == 0 {
+		return 0, err
+	}
+	return takeOffline(ctx, tx, gone, map[string]any{"gateway": gateway, "closed": true})
 }
