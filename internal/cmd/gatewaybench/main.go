@@ -123,6 +123,9 @@ func main() {
 	s1, n1, x1 := stats()
 	idleCPU := (selfstat.CPU() - cpu0).Seconds() / time.Since(t0).Seconds()
 	idleRSS := selfstat.RSSMiB()
+	var mem runtime.MemStats
+	runtime.ReadMemStats(&mem)
+	goroutines := runtime.NumGoroutine()
 	secs := time.Since(t0).Seconds()
 	if *memProfile != "" {
 		writeHeapProfile(*memProfile)
@@ -202,6 +205,8 @@ func main() {
 	fmt.Printf("| commands per second | %.0f |\n", float64(*commands)/loadSecs)
 	fmt.Printf("| control plane CPU, idle / under commands | %.2f / %.2f cores |\n", idleCPU, loadCPU)
 	fmt.Printf("| control plane memory (RSS), idle / after commands | %.0f / %.0f MiB |\n", idleRSS, loadRSS)
+	fmt.Printf("| control plane, idle: heap in use, goroutine stacks, goroutines | %.0f MiB, %.0f MiB, %d |\n",
+		float64(mem.HeapInuse)/(1<<20), float64(mem.StackInuse)/(1<<20), goroutines)
 	fmt.Printf("| heartbeat writes, idle: session rows, node rows updated per second | %.0f, %.0f |\n", float64(s1-s0)/secs, float64(n1-n0)/secs)
 	fmt.Printf("| database transactions per second, idle (every source) | %.1f |\n", float64(x1-x0)/secs)
 	fmt.Printf("| the simulated fleet's own process | %s |\n", fleetCost)
