@@ -68,7 +68,7 @@ type Options struct {
 	// their session after half of it. Default 24h.
 	NodeCertLifetime time.Duration
 	// HeartbeatInterval fixes the interval gateways ask of nodes. Default: spread a budget of 100
-	// heartbeats a second per gateway over its sessions, between 5s and 60s.
+	// heartbeats a second per gateway over its sessions, between 5s and 9s.
 	HeartbeatInterval time.Duration
 }
 

@@ -261,10 +261,13 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, out io.Writer
 	sctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	errs := []error{srv.Shutdown(sctx)}
+	// The gateway stops before its connections close: it says goodbye, and its nodes reconnect
+	// elsewhere within their grace. Connections closed under a running gateway are nodes leaving,
+	// which it takes offline at once.
+	errs = append(errs, c.Stop(sctx))
 	if gw != nil {
 		errs = append(errs, gw.Close())
 	}
-	errs = append(errs, c.Stop(sctx))
 	return errors.Join(errs...)
 }
 

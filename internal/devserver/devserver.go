@@ -178,7 +178,8 @@ func (s *Server) simulate(ctx context.Context, n int) error {
 	return s.waitSchedulable(wctx, s.fleet, SimGPUs)
 }
 
-// Stop shuts everything down in order: HTTP, background work, the pool, the database.
+// Stop shuts everything down in order: the API's HTTP, background work (the gateway says goodbye
+// to its sessions), the gateway's connections, the pool, the database.
 func (s *Server) Stop(ctx context.Context) error {
 	var errs []error
 	if s.fleet != nil {
@@ -192,15 +193,17 @@ func (s *Server) Stop(ctx context.Context) error {
 	} else if s.listener != nil {
 		s.listener.Close()
 	}
+	// The gateway stops before its connections close, so that its nodes are not taken for gone
+	// (offline at once) but reconnect within their grace.
+	if s.Compute != nil {
+		errs = append(errs, s.Compute.Stop(ctx))
+	}
 	if s.gw != nil {
 		// Sessions are long-lived streams: close them rather than wait for them to finish.
 		errs = append(errs, s.gw.Close())
 		if err := <-s.gwServed; !errors.Is(err, http.ErrServerClosed) {
 			errs = append(errs, err)
 		}
-	}
-	if s.Compute != nil {
-		errs = append(errs, s.Compute.Stop(ctx))
 	}
 	if s.DB != nil {
 		s.DB.Close()

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"golang.org/x/time/rate"
 
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/internal/events"
@@ -34,13 +35,25 @@ const (
 	DefaultFlushInterval = time.Second
 	DefaultPollInterval  = 2 * time.Second
 	// DefaultHeartbeatBudget is how many heartbeats a second one gateway asks of its nodes in
-	// all: with 1,000 sessions each node beats every 10 s.
+	// all, up to MaxHeartbeatInterval: with 800 sessions each node beats every 8 s.
 	DefaultHeartbeatBudget = 100
 	MinHeartbeatInterval   = 5 * time.Second
-	MaxHeartbeatInterval   = 60 * time.Second
+	// MaxHeartbeatInterval bounds the grace of a silent node (three intervals and two flushes)
+	// to 29 s, so the worker's next tick has it offline within 30 s at any fleet size. Past 900
+	// sessions the budget is exceeded rather than detection slowed: heartbeats cost rows in the
+	// once-a-second flush, not statements.
+	MaxHeartbeatInterval = 9 * time.Second
 	// DefaultRevocationsReload is how often the revocation set is reloaded whole, the safety
 	// net under its notifications.
 	DefaultRevocationsReload = time.Minute
+	// DefaultAdmitRate is how many new sessions a second a gateway admits, with bursts of
+	// DefaultAdmitBurst: each costs a claim transaction, then an inventory report, a desired-state
+	// push and a dispatch. A storm of reconnects (10,000 agents at once) beyond it is refused
+	// with Unavailable, which agents retry with jittered backoff, instead of queueing in the
+	// database pool until handshakes and streams time out. 200 a second is twice what the
+	// 2-core benchmark machine admitted unthrottled (docs/benchmarks.md).
+	DefaultAdmitRate  = 200
+	DefaultAdmitBurst = 200
 	// maxListenBackoff bounds the wait between attempts to listen again.
 	maxListenBackoff = 30 * time.Second
 )
@@ -56,6 +69,8 @@ type Config struct {
 	FlushInterval     time.Duration
 	PollInterval      time.Duration
 	RevocationsReload time.Duration
+	AdmitRate         float64 // new sessions a second
+	AdmitBurst        int
 }
 
 // Gateway serves sessions. Run must be running for sessions to be accepted.
@@ -66,11 +81,14 @@ type Gateway struct {
 	log *slog.Logger
 	// revoked is the revocation set handshakes are checked against, in memory.
 	revoked *pki.Revocations
+	// admission bounds the rate of new sessions.
+	admission *rate.Limiter
 
 	mu       sync.Mutex
 	running  bool
 	sessions map[string]*session // by node id
 	touched  map[string]*touch   // since the last flush
+	closing  map[string]int64    // node → epoch of a session whose stream ended, since the last flush
 }
 
 // touch is what a flush writes for one node.
@@ -81,6 +99,7 @@ type touch struct {
 	errText string
 	ack     bool
 	grace   time.Duration // from the interval the node was last told
+	health  string        // from the host pressure of its last heartbeat; "" without one
 }
 
 // New returns a gateway of the nodes module. It touches nothing until Run.
@@ -103,8 +122,14 @@ func New(mod *nodes.Module, cfg Config) *Gateway {
 	if cfg.RevocationsReload == 0 {
 		cfg.RevocationsReload = DefaultRevocationsReload
 	}
-	return &Gateway{cfg: cfg, mod: mod, sessions: map[string]*session{}, touched: map[string]*touch{},
-		revoked: pki.NewRevocations()}
+	if cfg.AdmitRate == 0 {
+		cfg.AdmitRate = DefaultAdmitRate
+	}
+	if cfg.AdmitBurst == 0 {
+		cfg.AdmitBurst = DefaultAdmitBurst
+	}
+	return &Gateway{cfg: cfg, mod: mod, sessions: map[string]*session{}, touched: map[string]*touch{}, closing: map[string]int64{},
+		revoked: pki.NewRevocations(), admission: rate.NewLimiter(rate.Limit(cfg.AdmitRate), cfg.AdmitBurst)}
 }
 
 // ID is the gateway's name in the sessions table.
@@ -237,12 +262,13 @@ func (g *Gateway) listenOnce(ctx context.Context, listening func()) error {
 	}
 }
 
-// catchUp does what lost notifications would have done.
+// catchUp does what lost notifications would have done, however long ago: it reconciles every
+// session held.
 func (g *Gateway) catchUp(ctx context.Context) error {
 	if err := g.reloadRevocations(ctx); err != nil {
 		return err
 	}
-	return g.poll(ctx)
+	return g.reconcile(ctx)
 }
 
 func (g *Gateway) notified(ctx context.Context, channel, payload string) {
@@ -340,7 +366,8 @@ func (g *Gateway) touch(node string, epoch int64, f func(*touch)) {
 func (g *Gateway) flushLoop(ctx context.Context) error {
 	return modules.Every(ctx, g.cfg.FlushInterval, func() error {
 		// A failed flush is not the gateway failing: its heartbeats are lost, and the nodes' next
-		// ones, well within their grace, are written by a later flush.
+		// ones, well within their grace, are written by a later flush; its closed sessions' nodes
+		// go offline when their grace runs out.
 		if err := g.flush(ctx); err != nil && ctx.Err() == nil {
 			g.log.WarnContext(ctx, "gateway: flush heartbeats", "error", err)
 		}
@@ -349,28 +376,41 @@ func (g *Gateway) flushLoop(ctx context.Context) error {
 }
 
 // flush writes every heartbeat and acknowledgement since the last flush in a few statements,
-// whatever the number of nodes: the sessions' last sight and grace (from the interval each node
-// was told), the nodes' last sight, online again for a node marked offline while its session
-// lived (a process stopped a while, then continued), and applied generations.
+// whatever the number of nodes: the sessions whose streams ended closed and their nodes offline,
+// the sessions' last sight and grace (from the interval each node
+// was told), the nodes' last sight, applied generations, the health host pressure gives, and
+// online again for a node marked offline while its session lived (a process stopped a while,
+// then continued).
 func (g *Gateway) flush(ctx context.Context) error {
 	g.mu.Lock()
-	batch := g.touched
-	g.touched = map[string]*touch{}
+	batch, closing := g.touched, g.closing
+	g.touched, g.closing = map[string]*touch{}, map[string]int64{}
 	g.mu.Unlock()
-	if len(batch) == 0 {
+	if len(batch) == 0 && len(closing) == 0 {
 		return nil
 	}
 	// In node order, as every writer of many node rows takes them.
-	ids := make([]string, 0, len(batch))
+	ids := make([]string, 0, len(batch)+len(closing))
 	for id := range batch {
 		ids = append(ids, id)
 	}
+	closed := make([]nodes.SessionClosed, 0, len(closing))
+	for id, epoch := range closing {
+		closed = append(closed, nodes.SessionClosed{Node: id, Epoch: epoch})
+		if batch[id] == nil {
+			ids = append(ids, id)
+		}
+	}
 	slices.Sort(ids)
-	sessions := make([]nodes.SessionSeen, 0, len(ids))
-	seen := make([]fleet.Seen, 0, len(ids))
+	sessions := make([]nodes.SessionSeen, 0, len(batch))
+	seen := make([]fleet.Seen, 0, len(batch))
 	var acks []nodes.Applied
+	health := map[string]string{} // node → health from host pressure
 	for _, id := range ids {
 		t := batch[id]
+		if t == nil {
+			continue
+		}
 		grace := t.grace
 		if grace == 0 {
 			grace = g.grace(g.HeartbeatInterval())
@@ -380,6 +420,9 @@ func (g *Gateway) flush(ctx context.Context) error {
 		if t.ack {
 			acks = append(acks, nodes.Applied{Node: id, Generation: t.applied, Error: t.errText})
 		}
+		if t.health != "" {
+			health[id] = t.health
+		}
 	}
 	return g.rt.DB.Tx(ctx, func(tx pgx.Tx) error {
 		// The nodes' rows first, in id order, as every path that changes a node takes them (a
@@ -387,6 +430,13 @@ func (g *Gateway) flush(ctx context.Context) error {
 		// deadlock with those.
 		if err := fleet.LockNodes(ctx, tx, ids); err != nil {
 			return err
+		}
+		// Closed first: a closed session takes no more heartbeats, so its last ones cannot put
+		// its node back online below.
+		if len(closed) > 0 {
+			if _, err := nodes.CloseSessions(ctx, tx, g.cfg.ID, closed); err != nil {
+				return err
+			}
 		}
 		held, err := nodes.TouchSessions(ctx, tx, g.cfg.ID, sessions)
 		if err != nil {
@@ -400,8 +450,30 @@ func (g *Gateway) flush(ctx context.Context) error {
 				return err
 			}
 		}
+		if err := setHealth(ctx, tx, held, health); err != nil {
+			return err
+		}
 		return g.backOnline(ctx, tx, held)
 	})
+}
+
+// setHealth records the health host pressure gives the nodes among held, one statement per
+// health at most (three), whatever the number of heartbeats.
+func setHealth(ctx context.Context, tx pgx.Tx, held []string, health map[string]string) error {
+	by := map[string][]string{}
+	for _, id := range held { // in id order, as held is
+		if h := health[id]; h != "" {
+			by[h] = append(by[h], id)
+		}
+	}
+	for _, h := range []string{api.HealthHealthy, api.HealthDegraded, api.HealthUnhealthy} {
+		if len(by[h]) > 0 {
+			if err := fleet.SetHealth(ctx, tx, by[h], h); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // backOnline puts online again the nodes among held (those whose session this gateway holds at
@@ -431,9 +503,43 @@ func (g *Gateway) pollLoop(ctx context.Context) error {
 	})
 }
 
-// poll wakes every session held here whose node has a pending command or a newer desired state
-// than it was sent.
+// pollLookback is how far back the poll reads changes: a change's clock is its transaction's
+// start, so one that took this long to commit is left to its notification.
+const pollLookback = time.Minute
+
+// poll wakes the sessions held here whose node has a pending command or a desired state moved
+// past what it was sent, and lets go of those taken over, reading by index only what changed
+// lately (nodes.Poll): its cost follows the changes, not the number of sessions held.
 func (g *Gateway) poll(ctx context.Context) error {
+	if g.Sessions() == 0 {
+		return nil
+	}
+	w, err := nodes.Poll(ctx, g.rt.DB.Pool, g.cfg.ID, pollLookback)
+	if err != nil {
+		return err
+	}
+	for node, epoch := range w.Sessions {
+		if s := g.session(node); s != nil && epoch > s.epoch {
+			s.close("the session was taken over by a newer connection")
+		}
+	}
+	for _, node := range w.Commands {
+		if s := g.session(node); s != nil {
+			s.wake(true, false)
+		}
+	}
+	for node, gen := range w.Desired {
+		if s := g.session(node); s != nil && gen > s.sentGeneration() {
+			s.wake(false, true)
+		}
+	}
+	return nil
+}
+
+// reconcile wakes every session held here whose node has a pending command or a newer desired
+// state than it was sent, and lets go of those taken over: one query over all of them, for when
+// notifications may have been lost for longer than the poll looks back.
+func (g *Gateway) reconcile(ctx context.Context) error {
 	g.mu.Lock()
 	held := make([]string, 0, len(g.sessions))
 	sent := map[string]int64{}

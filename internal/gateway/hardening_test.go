@@ -34,6 +34,13 @@ type rawNode struct {
 
 func (p *plane) rawSession(t *testing.T, host string) *rawNode {
 	t.Helper()
+	id, tc := p.rawJoin(t, host)
+	return p.rawConnect(t, id, tc, p.gw)
+}
+
+// rawJoin joins a node and returns its id and the TLS configuration of its sessions.
+func (p *plane) rawJoin(t *testing.T, host string) (string, *tls.Config) {
+	t.Helper()
 	keyDER, csr, err := nodeagent.NewKey()
 	if err != nil {
 		t.Fatal(err)
@@ -51,7 +58,13 @@ func (p *plane) rawSession(t *testing.T, host string) *rawNode {
 	}
 	tc := &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: roots,
 		Certificates: []tls.Certificate{{Certificate: [][]byte{resp.Msg.GetCertificateDer()}, PrivateKey: key}}}
-	conn, err := grpc.NewClient(p.gw, grpc.WithTransportCredentials(credentials.NewTLS(tc)))
+	return resp.Msg.GetNodeId(), tc
+}
+
+// rawConnect opens a session of the node id at the gateway gw.
+func (p *plane) rawConnect(t *testing.T, id string, tc *tls.Config, gw string) *rawNode {
+	t.Helper()
+	conn, err := grpc.NewClient(gw, grpc.WithTransportCredentials(credentials.NewTLS(tc)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +82,7 @@ func (p *plane) rawSession(t *testing.T, host string) *rawNode {
 	if err != nil || first.GetWelcome() == nil {
 		t.Fatalf("first message %v, %v; want a welcome", first, err)
 	}
-	return &rawNode{id: resp.Msg.GetNodeId(), st: st, conn: conn}
+	return &rawNode{id: id, st: st, conn: conn}
 }
 
 // next returns the next message for which keep holds, skipping the others.

@@ -73,10 +73,6 @@ func (g *Gateway) health(ctx context.Context, node string, h *agentv1.HealthRepo
 	})
 }
 
-func (g *Gateway) hostPressure(ctx context.Context, node string, p *agentv1.HostPressure) error {
-	return fleet.SetHealth(ctx, g.rt.DB.Pool, []string{node}, pressureHealth(p))
-}
-
 // pressureHealth: a host nearly out of memory or disk is degraded; one out of either is unhealthy.
 func pressureHealth(p *agentv1.HostPressure) string {
 	worst := max(p.GetMemoryUsed(), p.GetDiskUsed())

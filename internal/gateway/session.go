@@ -98,6 +98,18 @@ func (s *session) close(reason string) {
 // ErrNotRunning is the error of a session that arrives while the gateway is not running.
 var ErrNotRunning = errors.New("gateway: not running")
 
+// ErrBusy is the error of a session refused because new sessions arrive faster than the gateway
+// admits them.
+var ErrBusy = errors.New("gateway: admitting no more new sessions this moment; retry with backoff")
+
+// admit takes a token for a new session, or refuses it as unavailable, which nodes retry.
+func (g *Gateway) admit() error {
+	if !g.admission.Allow() {
+		return connect.NewError(connect.CodeUnavailable, ErrBusy)
+	}
+	return nil
+}
+
 // Serve runs a node's session on st until it ends: the node is the one cert names, which the TLS
 // stack has verified against the machine CA. A revoked certificate is refused explicitly
 // (permission denied, which the node takes as final), from memory: no query per connection.
@@ -107,6 +119,9 @@ func (g *Gateway) Serve(ctx context.Context, cert *x509.Certificate, st stream) 
 	g.mu.Unlock()
 	if !running {
 		return connect.NewError(connect.CodeUnavailable, ErrNotRunning)
+	}
+	if err := g.admit(); err != nil {
+		return err
 	}
 	nodeID, err := g.revoked.CheckNode(cert)
 	if err != nil {
@@ -145,10 +160,16 @@ func (g *Gateway) Serve(ctx context.Context, cert *x509.Certificate, st stream) 
 	// the next.
 	expiry := time.AfterFunc(time.Until(s.notAfter), func() { s.close("the node's certificate expired") })
 	defer expiry.Stop()
+	ended := false // the stream ended from the node's side, not by the gateway's decision
 	defer func() {
 		g.mu.Lock()
 		if g.sessions[nodeID] == s {
 			delete(g.sessions, nodeID)
+		}
+		// A node whose own stream ended is gone: the next flush takes it offline. A gateway
+		// stopping lets its nodes reconnect elsewhere within their grace.
+		if ended && g.running {
+			g.closing[nodeID] = max(g.closing[nodeID], epoch)
 		}
 		g.mu.Unlock()
 		s.close("session ended")
@@ -216,10 +237,12 @@ func (g *Gateway) Serve(ctx context.Context, cert *x509.Certificate, st stream) 
 				g.log.WarnContext(ctx, "gateway: node message", "node", nodeID, "error", err)
 			}
 		case err := <-recvErr:
+			ended = true
 			return err
 		case <-s.done:
 			return nil
-		case <-ctx.Done():
+		case <-ctx.Done(): // the node went away, or the stream could not be written
+			ended = true
 			return nil
 		}
 	}
@@ -336,12 +359,16 @@ func (s *session) handle(ctx context.Context, m *agentv1.NodeMessage) error {
 		// number of sessions held); the grace the flush writes is derived from it.
 		interval := g.HeartbeatInterval()
 		s.told.Store(int64(interval))
-		g.touch(s.node, s.epoch, func(t *touch) { t.applied, t.ack = max(t.applied, b.Heartbeat.GetAppliedGeneration()), true })
+		// Host pressure is written by the flush too, the last heartbeat's winning: no statement
+		// per heartbeat.
+		g.touch(s.node, s.epoch, func(t *touch) {
+			t.applied, t.ack = max(t.applied, b.Heartbeat.GetAppliedGeneration()), true
+			if p := b.Heartbeat.GetPressure(); p != nil {
+				t.health = pressureHealth(p)
+			}
+		})
 		s.send(ctx, &agentv1.ServerMessage{Body: &agentv1.ServerMessage_HeartbeatAck{HeartbeatAck: &agentv1.HeartbeatAck{
 			HeartbeatInterval: durationpb.New(interval)}}})
-		if p := b.Heartbeat.GetPressure(); p != nil {
-			return g.hostPressure(ctx, s.node, p)
-		}
 	case *agentv1.NodeMessage_Inventory:
 		g.touch(s.node, s.epoch, nil)
 		return g.inventory(ctx, s.node, b.Inventory)

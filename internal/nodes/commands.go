@@ -255,17 +255,23 @@ func MarkOffline(ctx context.Context, db *postgres.DB) (int, error) {
 		if err != nil {
 			return err
 		}
-		gone, err := fleet.SetStatus(ctx, tx, still, api.NodeOffline)
-		if err != nil {
-			return err
-		}
-		for _, node := range gone {
-			if err := events.Emit(ctx, tx, "node.offline", node.TenantID, node.ID, nil); err != nil {
-				return err
-			}
-		}
-		n = len(gone)
-		return nil
+		n, err = takeOffline(ctx, tx, still, nil)
+		return err
 	})
 	return n, err
+}
+
+// takeOffline takes the online nodes among ids offline and records each with a node.offline
+// event; the caller holds their row locks. It returns how many went offline.
+func takeOffline(ctx context.Context, tx pgx.Tx, ids []string, data map[string]any) (int, error) {
+	gone, err := fleet.SetStatus(ctx, tx, ids, api.NodeOffline)
+	if err != nil {
+		return 0, err
+	}
+	for _, node := range gone {
+		if err := events.Emit(ctx, tx, "node.offline", node.TenantID, node.ID, data); err != nil {
+			return 0, err
+		}
+	}
+	return len(gone), nil
 }

@@ -68,7 +68,7 @@ func (m *Module) Register(r *modules.Registry) error {
 	r.EventTypes(
 		modules.EventType{Name: "node.joined", Description: "A machine joined a pool (data: pool, name)."},
 		modules.EventType{Name: "node.online", Description: "A node's session began, or its heartbeats came back (data: gateway)."},
-		modules.EventType{Name: "node.offline", Description: "A node fell silent past its grace period."},
+		modules.EventType{Name: "node.offline", Description: "A node fell silent past its grace period, or its session's stream ended (data: gateway, closed)."},
 		modules.EventType{Name: "node.active", Description: "A node was uncordoned (data: from)."},
 		modules.EventType{Name: "node.cordoned", Description: "A node takes no new bookings (data: from)."},
 		modules.EventType{Name: "node.draining", Description: "A node's bookings are being ended (data: from)."},

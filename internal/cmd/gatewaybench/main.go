@@ -5,7 +5,7 @@
 // plane's CPU and memory while idle and under commands; and the database writes that heartbeats
 // cause.
 //
-//	go run ./internal/cmd/gatewaybench [-nodes 1000] [-commands 3000] [-clients 16] [-idle 30s]
+//	go run ./internal/cmd/gatewaybench [-nodes 1000] [-commands 3000] [-clients 16] [-idle 30s] [-memprofile heap.pprof]
 package main
 
 import (
@@ -20,6 +20,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"runtime"
+	"runtime/pprof"
 	"sort"
 	"strconv"
 	"sync"
@@ -42,6 +43,7 @@ func main() {
 	url := flag.String("url", "", "(child) API URL")
 	token := flag.String("token", "", "(child) join token")
 	gateway := flag.String("gateway", "", "(child) gateway address")
+	memProfile := flag.String("memprofile", "", "write a heap profile of the idle control plane to this file")
 	flag.Parse()
 	if *child {
 		runFleet(*url, *token, *gateway, *nodes)
@@ -121,7 +123,13 @@ func main() {
 	s1, n1, x1 := stats()
 	idleCPU := (selfstat.CPU() - cpu0).Seconds() / time.Since(t0).Seconds()
 	idleRSS := selfstat.RSSMiB()
+	var mem runtime.MemStats
+	runtime.ReadMemStats(&mem)
+	goroutines := runtime.NumGoroutine()
 	secs := time.Since(t0).Seconds()
+	if *memProfile != "" {
+		writeHeapProfile(*memProfile)
+	}
 
 	// Commands.
 	fmt.Fprintf(os.Stderr, "gatewaybench: sending %d commands from %d clients\n", *commands, *clients)
@@ -191,12 +199,14 @@ func main() {
 
 	fmt.Printf("| measure | value |\n| --- | ---: |\n")
 	fmt.Printf("| simulated nodes, sessions up | %d, in %s |\n", *nodes, joined.Round(time.Second))
-	fmt.Printf("| heartbeat interval asked of nodes (now; those that connected early keep what they were given) | %s |\n", interval)
+	fmt.Printf("| heartbeat interval asked of nodes (every heartbeat's answer carries it) | %s |\n", interval)
 	fmt.Printf("| commands (health.check), succeeded | %d, %d (%d not sent) |\n", *commands, okCount, failed.Load())
 	fmt.Printf("| command round trip p50 / p99 / p99.9 | %.1f / %.1f / %.1f ms |\n", pct(0.50), pct(0.99), pct(0.999))
 	fmt.Printf("| commands per second | %.0f |\n", float64(*commands)/loadSecs)
 	fmt.Printf("| control plane CPU, idle / under commands | %.2f / %.2f cores |\n", idleCPU, loadCPU)
 	fmt.Printf("| control plane memory (RSS), idle / after commands | %.0f / %.0f MiB |\n", idleRSS, loadRSS)
+	fmt.Printf("| control plane, idle: heap in use, goroutine stacks, goroutines | %.0f MiB, %.0f MiB, %d |\n",
+		float64(mem.HeapInuse)/(1<<20), float64(mem.StackInuse)/(1<<20), goroutines)
 	fmt.Printf("| heartbeat writes, idle: session rows, node rows updated per second | %.0f, %.0f |\n", float64(s1-s0)/secs, float64(n1-n0)/secs)
 	fmt.Printf("| database transactions per second, idle (every source) | %.1f |\n", float64(x1-x0)/secs)
 	fmt.Printf("| the simulated fleet's own process | %s |\n", fleetCost)
@@ -216,4 +226,17 @@ func runFleet(url, token, gateway string, n int) {
 	cores := (selfstat.CPU() - c0).Seconds() / time.Since(t0).Seconds()
 	fmt.Printf("%.2f cores, %.0f MiB RSS for %d agents\n", cores, selfstat.RSSMiB(), n)
 	f.Stop()
+}
+
+// writeHeapProfile writes the live heap, after a collection, for go tool pprof.
+func writeHeapProfile(path string) {
+	f, err := os.Create(path)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer f.Close()
+	runtime.GC()
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		log.Fatal(err)
+	}
 }

@@ -1,0 +1,155 @@
+package gateway_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/better-compute/compute"
+	agentv1 "github.com/better-compute/compute/agent/v1"
+	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/computetest"
+)
+
+// slow gives nodes a grace period (3 × 5 s and two flushes) far longer than what the tests of
+// closed sessions wait, so only the close can have taken a node offline.
+func slow(o *compute.Options) { o.HeartbeatInterval = 5 * time.Second }
+
+func (p *plane) status(t *testing.T, node string) string {
+	t.Helper()
+	n, err := p.Compute.API.Nodes.Get(p.ctx, p.RootKey, api.GetNode{Node: node})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n.Status
+}
+
+// within polls cond until it holds or d passes.
+func within(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s not within %v", what, d)
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+}
+
+// TestClosedSessionTakesItsNodeOfflineAtOnce: a node whose agent stops is offline in about a
+// second, not after its grace period, with a node.offline event; the rest of the fleet stays up.
+func TestClosedSessionTakesItsNodeOfflineAtOnce(t *testing.T) {
+	p := newPlane(t, slow)
+	f := p.fleet(t, 50, "close", p.gw)
+	gone := f.Nodes[7]
+	start := time.Now()
+	gone.Disconnect()
+	within(t, 2*time.Second, "the stopped node offline", func() bool { return p.status(t, gone.NodeID()) == api.NodeOffline })
+	t.Logf("offline %v after the agent stopped", time.Since(start).Round(time.Millisecond))
+	if n := p.count(t, `SELECT count(*) FROM compute.events WHERE type = 'node.offline' AND subject = $1`, gone.NodeID()); n != 1 {
+		t.Fatalf("%d node.offline events, want 1", n)
+	}
+	if n := p.count(t, `SELECT count(*) FROM compute.nodes WHERE status = 'online'`); n != 49 {
+		t.Fatalf("%d nodes online, want the other 49", n)
+	}
+	gone.Resume()
+	within(t, 10*time.Second, "the node online again", func() bool { return p.status(t, gone.NodeID()) == api.NodeOnline })
+}
+
+// TestClosedSessionLosesToANewerOne: the end of a session taken over by one at another gateway
+// does not take the node offline; the newer session's end does.
+func TestClosedSessionLosesToANewerOne(t *testing.T) {
+	p := newPlane(t, slow)
+	second := computetest.Attach(t, p.Env, computetest.Options{Configure: slow})
+	gw2, _ := second.Gateway(t, "")
+	id, tc := p.rawJoin(t, "moved")
+	old := p.rawConnect(t, id, tc, p.gw)
+	newer := p.rawConnect(t, id, tc, gw2)
+	old.conn.Close()
+	time.Sleep(1500 * time.Millisecond) // longer than a close takes (see above)
+	if got := p.status(t, id); got != api.NodeOnline {
+		t.Fatalf("status %s after the old session ended, want online: the newer session holds the node", got)
+	}
+	newer.conn.Close()
+	within(t, 2*time.Second, "the node offline once its newest session ended", func() bool { return p.status(t, id) == api.NodeOffline })
+}
+
+// stat reads PostgreSQL's cumulative statistics after the backends have reported theirs.
+func (p *plane) stat(t *testing.T, q string) int {
+	t.Helper()
+	time.Sleep(1500 * time.Millisecond) // backends report at most once a second
+	if _, err := p.DB.Pool.Exec(p.ctx, `SELECT pg_stat_clear_snapshot()`); err != nil {
+		t.Fatal(err)
+	}
+	return p.count(t, q)
+}
+
+// TestHeartbeatsCostStatementsPerFlushNotPerHeartbeat: 600 heartbeats carrying host pressure,
+// whose health flips each time, cost a few transactions and row updates a flush, not one each;
+// the last pressure still decides the node's health.
+func TestHeartbeatsCostStatementsPerFlushNotPerHeartbeat(t *testing.T) {
+	p := newPlane(t, slow)
+	n := p.rawSession(t, "beats")
+	go func() { // the acknowledgements, read so the gateway is never held up sending them
+		for {
+			if _, err := n.st.Recv(); err != nil {
+				return
+			}
+		}
+	}()
+	const xacts = `SELECT xact_commit FROM pg_catalog.pg_stat_database WHERE datname = current_database()`
+	const updates = `SELECT sum(n_tup_upd)::int FROM pg_catalog.pg_stat_user_tables WHERE schemaname = 'compute' AND relname IN ('nodes', 'node_sessions')`
+	x0, u0 := p.stat(t, xacts), p.count(t, updates)
+	const beats = 600
+	for i := range beats {
+		used := 0.5
+		if i%2 == 1 || i == beats-1 {
+			used = 0.95 // degraded
+		}
+		if err := n.st.Send(&agentv1.NodeMessage{Body: &agentv1.NodeMessage_Heartbeat{Heartbeat: &agentv1.Heartbeat{
+			Pressure: &agentv1.HostPressure{MemoryUsed: used}}}}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	within(t, 5*time.Second, "the node degraded by its last heartbeat's pressure", func() bool {
+		node, err := p.Compute.API.Nodes.Get(p.ctx, p.RootKey, api.GetNode{Node: n.id})
+		return err == nil && node.Health == api.HealthDegraded
+	})
+	x1, u1 := p.stat(t, xacts), p.count(t, updates)
+	t.Logf("%d heartbeats: %d transactions, %d row updates of nodes and sessions", beats, x1-x0, u1-u0)
+	// Per flush (about one a second, a few seconds): a handful of each, with the workers' ticks.
+	if x1-x0 > beats/4 || u1-u0 > beats/4 {
+		t.Fatalf("%d heartbeats cost %d transactions and %d row updates: that grows per heartbeat, not per flush", beats, x1-x0, u1-u0)
+	}
+}
+
+// TestPollDispatchesWhatWasNotAnnounced: a command and a desired state written without a
+// notification reach their node by the poll, which reads only what changed.
+func TestPollDispatchesWhatWasNotAnnounced(t *testing.T) {
+	p := newPlane(t, slow)
+	f := p.fleet(t, 20, "quiet", p.gw)
+	node := f.Nodes[3].NodeID()
+	if _, err := p.DB.Pool.Exec(p.ctx, `INSERT INTO compute.commands (id, tenant_id, node_id, kind, deadline, created_by)
+		SELECT gen_random_uuid(), tenant_id, id, 'health.check', now() + interval '1 minute', 'test' FROM compute.nodes WHERE id = $1`, node); err != nil {
+		t.Fatal(err)
+	}
+	within(t, 5*time.Second, "the unannounced command done", func() bool {
+		return p.count(t, `SELECT count(*) FROM compute.commands WHERE node_id = $1 AND state = 'succeeded'`, node) == 1
+	})
+	gen := p.count(t, `UPDATE compute.node_desired SET generation = generation + 1, updated_at = now() WHERE node_id = $1 RETURNING generation`, node)
+	within(t, 5*time.Second, "the unannounced desired state applied", func() bool {
+		return p.count(t, `SELECT applied_generation FROM compute.node_desired WHERE node_id = $1`, node) == gen
+	})
+}
+
+// TestStoppingGatewayLeavesNodesTheirGrace: a gateway that stops says goodbye; its nodes are not
+// taken for gone but keep their grace to reconnect elsewhere.
+func TestStoppingGatewayLeavesNodesTheirGrace(t *testing.T) {
+	p := newPlane(t, slow)
+	p.fleet(t, 20, "stay", p.gw)
+	p.stop()
+	time.Sleep(1500 * time.Millisecond) // longer than a close takes
+	if n := p.count(t, `SELECT count(*) FROM compute.nodes WHERE status = 'online'`); n != 20 {
+		t.Fatalf("%d of 20 nodes online after their gateway stopped, want all: they have their grace", n)
+	}
+}

@@ -1,0 +1,4 @@
+package nodes
+
+// PollQuery is the poll's statement, for its plan to be checked.
+const PollQuery = pollQuery
