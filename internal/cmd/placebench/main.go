@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -41,6 +42,7 @@ func main() {
 	clientsFlag := flag.String("clients", "1,8,32", "client counts")
 	live := flag.Int("live", 0, "live one-GPU bookings besides the utilisation's, 8 a node on the first nodes")
 	explain := flag.Bool("explain", false, "print EXPLAIN ANALYZE of the best-fit candidate query before each row")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the measurements (not the set-up) to this file")
 	traceFlag := flag.Bool("trace", false, "print where the time of each statement goes, then exit after the first row")
 	flag.Parse()
 	trace = traceFlag
@@ -108,8 +110,18 @@ func main() {
 	}
 
 	clients := splitInts(*clientsFlag)
-	fmt.Printf("| clients | utilisation | placements/s | p50 | p99 | raw inserts/s | raw p99 | placements ÷ raw |\n")
-	fmt.Printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			log.Fatal(err)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	fmt.Printf("| clients | utilisation | placements/s | p50 | p99 | slowest | raw inserts/s | raw p99 | placements ÷ raw |\n")
+	fmt.Printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, util := range []int{0, 50, 90} {
 		for _, cl := range clients {
 			full := min((*live+7)/8, len(ids))
@@ -121,7 +133,7 @@ func main() {
 			}
 			free := (len(ids) - full) * 8 * (100 - util) / 100
 			count := min(*n, free/2)
-			rate, p50, p99, fails := measure(cl, count, func() error {
+			rate, p50, p99, slowest, fails := measure(cl, count, func() error {
 				_, err := c.API.Reservations.Create(ctx, key.Token, api.CreateReservation{Pool: "h100", Shape: api.Shape{GPUs: 1, Model: "h100"}})
 				return err
 			})
@@ -129,7 +141,7 @@ func main() {
 				fmt.Fprintf(os.Stderr, "placebench: %d of %d placements failed\n", fails, count)
 			}
 			var next atomic.Int64
-			rawRate, _, rawP99, _ := measure(cl, count, func() error {
+			rawRate, _, rawP99, _, _ := measure(cl, count, func() error {
 				i := next.Add(1)
 				_, err := db.Pool.Exec(ctx, `INSERT INTO bench.raw (node, resource, atoms, during)
 					VALUES ($1, 'gpu', int4range($2, $2 + 64), tstzrange(now(), NULL))`, i%int64(*nodes), (i/int64(*nodes))*64)
@@ -138,7 +150,7 @@ func main() {
 			if _, err := db.Pool.Exec(ctx, `TRUNCATE bench.raw`); err != nil {
 				log.Fatal(err)
 			}
-			fmt.Printf("| %d | %d%% | %.0f | %s | %s | %.0f | %s | %.2f |\n", cl, util, rate, ms(p50), ms(p99), rawRate, ms(rawP99), rate/rawRate)
+			fmt.Printf("| %d | %d%% | %.0f | %s | %s | %s | %.0f | %s | %.2f |\n", cl, util, rate, ms(p50), ms(p99), ms(slowest), rawRate, ms(rawP99), rate/rawRate)
 			if *trace {
 				tracer.report(count)
 				return
@@ -210,7 +222,7 @@ func explainCandidates(ctx context.Context, db *postgres.DB, pool string) {
 }
 
 // measure runs count operations from clients goroutines and returns the rate and latencies.
-func measure(clients, count int, op func() error) (rate float64, p50, p99 time.Duration, fails int) {
+func measure(clients, count int, op func() error) (rate float64, p50, p99, slowest time.Duration, fails int) {
 	var next atomic.Int64
 	lat := make([]time.Duration, count)
 	var failed atomic.Int64
@@ -239,7 +251,7 @@ func measure(clients, count int, op func() error) (rate float64, p50, p99 time.D
 	wg.Wait()
 	elapsed := time.Since(start)
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-	return float64(count) / elapsed.Seconds(), lat[count/2], lat[count*99/100], int(failed.Load())
+	return float64(count) / elapsed.Seconds(), lat[count/2], lat[count*99/100], lat[count-1], int(failed.Load())
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000) }
