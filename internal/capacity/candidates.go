@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/better-compute/compute/api"
 )
@@ -111,14 +110,8 @@ func fitQuery(model string, spot bool) candidateQuery {
 }
 
 // ExplainCandidates answers the plan, with ANALYZE, of the candidate query that places gpus whole
-// GPUs of model in pool now, for benchmarks. It runs in a transaction of its own that it rolls
-// back, so the rows it locks are let go.
-func ExplainCandidates(ctx context.Context, db *pgxpool.Pool, pool, model string, gpus int) ([]string, error) {
-	tx, err := db.Begin(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer tx.Rollback(ctx)
+// GPUs of model in pool now, for benchmarks and tests. It locks the node it finds, in tx.
+func ExplainCandidates(ctx context.Context, tx pgx.Tx, pool, model string, gpus int) ([]string, error) {
 	rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) "+fitQuery(model, false).skip,
 		pgx.StructArgs(candidateArgs{Pool: pool, Model: model, GPUs: gpus, Limit: 1}))
 	if err != nil {

@@ -212,7 +212,12 @@ func fill(ctx context.Context, db *postgres.DB, pool string, full, nodes []strin
 // explainCandidates prints the plan of the best-fit candidate query a placement of one H100 runs,
 // as the pool stands.
 func explainCandidates(ctx context.Context, db *postgres.DB, pool string) {
-	lines, err := capacity.ExplainCandidates(ctx, db.Pool, pool, "h100", 1)
+	tx, err := db.Pool.Begin(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer tx.Rollback(ctx) // lets go of the node it locked
+	lines, err := capacity.ExplainCandidates(ctx, tx, pool, "h100", 1)
 	if err != nil {
 		log.Fatal(err)
 	}
