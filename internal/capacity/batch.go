@@ -43,7 +43,7 @@ func reserveBatch(ctx context.Context, tx pgx.Tx, rt *modules.Runtime, calls []*
 	for _, c := range calls {
 		smallest = min(smallest, c.In.GPUs)
 	}
-	cands, err := lockCandidates(ctx, tx, fitQuery(first.In.Model).skip,
+	cands, err := lockCandidates(ctx, tx, fitQuery(first.In.Model, false).skip,
 		candidateArgs{Pool: pool.ID, Model: first.In.Model, GPUs: smallest, Limit: len(calls)})
 	if err != nil {
 		return nil, err

@@ -23,17 +23,26 @@ func locking(q string) candidateQuery {
 
 // fitSQL is the common case, N whole GPUs now with no label filter: an index walk over the pool's
 // schedulable nodes in best-fit order (fewest free GPUs first, so large free blocks stay whole),
-// stopping at the first unlocked nodes that fit. %s is the model condition and order: two
-// statements, not one with an OR, so that a prepared statement's generic plan still walks the
-// index in order.
+// stopping at the first unlocked nodes that fit. The first %s is the model condition, the second
+// the free-capacity condition, the third the order: one statement per case, not one with an OR or
+// a CASE, so that a prepared statement's generic plan still walks the index in order and the
+// free-capacity condition bounds the walk (an index condition) instead of filtering full nodes
+// one by one.
 const fitSQL = `
 SELECT nc.node_id::text, n.name
 FROM compute.node_capacity nc JOIN compute.nodes n ON n.id = nc.node_id
-WHERE nc.pool_id = @pool AND nc.schedulable AND %s
-  AND nc.gpus_free + CASE WHEN @spot_free THEN nc.gpus_spot ELSE 0 END >= @gpus
+WHERE nc.pool_id = @pool AND nc.schedulable AND %s AND %s
   AND NOT nc.node_id = ANY(coalesce(@exclude::uuid[], '{}'))
 ORDER BY %s nc.gpus_free, nc.node_id
 LIMIT @limit`
+
+// The free-capacity conditions of fitSQL. A spot-holding node enters the second pass only
+// (node_capacity_spot_fit, migration 00012, holds just those): without spot holders it had
+// enough free GPUs for the first already.
+const (
+	fitFree = "nc.gpus_free >= @gpus"
+	fitSpot = "nc.gpus_spot > 0 AND nc.gpus_free + nc.gpus_spot >= @gpus"
+)
 
 // filterSQL picks nodes that may fit a member, for every other case. On the "now" path it reads
 // the rollups: nodes whose free GPUs suffice without preempting come first, then the tightest
@@ -62,9 +71,11 @@ ORDER BY
 LIMIT @limit`
 
 var (
-	fitModelQuery = locking(fmt.Sprintf(fitSQL, "nc.gpu_model = @model", "nc.gpu_model,"))
-	fitAnyQuery   = locking(fmt.Sprintf(fitSQL, "@model = ''", ""))
-	filterQuery   = locking(filterSQL)
+	fitModelQuery     = locking(fmt.Sprintf(fitSQL, "nc.gpu_model = @model", fitFree, "nc.gpu_model,"))
+	fitAnyQuery       = locking(fmt.Sprintf(fitSQL, "@model = ''", fitFree, ""))
+	fitModelSpotQuery = locking(fmt.Sprintf(fitSQL, "nc.gpu_model = @model", fitSpot, "nc.gpu_model,"))
+	fitAnySpotQuery   = locking(fmt.Sprintf(fitSQL, "@model = ''", fitSpot, ""))
+	filterQuery       = locking(filterSQL)
 )
 
 // candidateArgs are the named arguments of the candidate queries; each reads those it names.
@@ -72,7 +83,7 @@ type candidateArgs struct {
 	Pool  string `db:"pool"`
 	Model string `db:"model"` // "": any
 	GPUs  int    `db:"gpus"`
-	// SpotFree counts what spot bookings hold as free: a normal request may preempt them.
+	// SpotFree counts what spot bookings hold as free (filterSQL): a normal request may preempt them.
 	SpotFree bool              `db:"spot_free"`
 	VCPUs    int               `db:"vcpus"`
 	Memory   int               `db:"memory"`
@@ -84,12 +95,29 @@ type candidateArgs struct {
 	Limit    int               `db:"limit"`
 }
 
-// fitQuery is the index walk for whole GPUs of model, or of any model.
-func fitQuery(model string) candidateQuery {
-	if model != "" {
+// fitQuery is the index walk for whole GPUs of model, or of any model; spot counts what spot
+// bookings hold as free, for a normal request that may preempt them.
+func fitQuery(model string, spot bool) candidateQuery {
+	switch {
+	case model != "" && spot:
+		return fitModelSpotQuery
+	case model != "":
 		return fitModelQuery
+	case spot:
+		return fitAnySpotQuery
 	}
 	return fitAnyQuery
+}
+
+// ExplainCandidates answers the plan, with ANALYZE, of the candidate query that places gpus whole
+// GPUs of model in pool now, for benchmarks and tests. It locks the node it finds, in tx.
+func ExplainCandidates(ctx context.Context, tx pgx.Tx, pool, model string, gpus int) ([]string, error) {
+	rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) "+fitQuery(model, false).skip,
+		pgx.StructArgs(candidateArgs{Pool: pool, Model: model, GPUs: gpus, Limit: 1}))
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
 // lockCandidates runs a candidate query and returns the nodes it locked, best first.

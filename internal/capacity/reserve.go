@@ -200,14 +200,13 @@ func (r request) placeMember(ctx context.Context, tx pgx.Tx, used []string) (*me
 	args := candidateArgs{Pool: r.pool, Model: r.in.Model, GPUs: r.in.GPUs, SpotFree: !r.in.Spot, VCPUs: r.in.VCPUs, Memory: r.in.MemoryGiB,
 		Require: labelsOrEmpty(r.in.RequireLabels), Avoid: labelsOrEmpty(r.in.AvoidLabels), Now: nowPath, Kind: shapeKind(r.in.Shape), Limit: 1}
 	if simple {
-		q = fitQuery(r.in.Model)
 		args = candidateArgs{Pool: r.pool, Model: r.in.Model, GPUs: r.in.GPUs, Limit: 1}
 	}
 	pass := 0
 	for range maxCandidates {
 		args.Exclude = tried
 		if simple {
-			args.SpotFree = passes[pass]
+			q = fitQuery(r.in.Model, passes[pass])
 		}
 		cands, err := lockCandidates(ctx, tx, q.skip, args)
 		if err == nil && len(cands) == 0 {

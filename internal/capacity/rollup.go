@@ -11,9 +11,9 @@ import (
 
 // refreshSQL recomputes the rollups of the nodes $1 from their devices and the bookings that
 // hold something now, under the rollups' locks, which it takes first, in node order. The recount
-// is compute.refresh_node_capacity (migration 00011), where the reasons for its order and its
-// clock are written: a trigger on compute.nodes calls it too, for the nodes whose state, status,
-// health or pool a statement changed, so a write of node rows needs no refresh of its own.
+// is compute.refresh_node_capacity (migrations 00011 and 00013), where the reasons for its order
+// and its clock are written: a trigger on compute.nodes calls it too, for the nodes whose state,
+// status, health or pool a statement changed, so a write of node rows needs no refresh of its own.
 const refreshSQL = `SELECT compute.refresh_node_capacity($1::uuid[])`
 
 // lockSQL takes the rollup rows of nodes, in a fixed order, for a transaction that changes their

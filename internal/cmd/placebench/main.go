@@ -3,9 +3,10 @@
 // -nodes nodes × 8 GPUs at 0%, 50% and 90% utilisation, with 1, 8 and 32 concurrent clients. In
 // the same run it measures the physical limit placements compete with: single-row inserts into a
 // bare EXCLUDE-guarded table on the same database, with the same clients. It prints a Markdown
-// table.
+// table. -live books that many more one-GPU bookings first, filling whole nodes (8 a node), so that
+// placements/s can be compared from 0 to tens of thousands of live bookings.
 //
-//	go run ./internal/cmd/placebench [-nodes 1000] [-n 1000]
+//	go run ./internal/cmd/placebench [-nodes 1000] [-n 1000] [-live 0]
 package main
 
 import (
@@ -17,6 +18,7 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -38,6 +40,9 @@ func main() {
 	nodes := flag.Int("nodes", 1000, "nodes in the pool (8 GPUs each)")
 	n := flag.Int("n", 1000, "placements per measurement (at most half the free GPUs)")
 	clientsFlag := flag.String("clients", "1,8,32", "client counts")
+	live := flag.Int("live", 0, "live one-GPU bookings besides the utilisation's, 8 a node on the first nodes")
+	explain := flag.Bool("explain", false, "print EXPLAIN ANALYZE of the best-fit candidate query before each row")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the measurements (not the set-up) to this file")
 	traceFlag := flag.Bool("trace", false, "print where the time of each statement goes, then exit after the first row")
 	flag.Parse()
 	trace = traceFlag
@@ -105,16 +110,30 @@ func main() {
 	}
 
 	clients := splitInts(*clientsFlag)
-	fmt.Printf("| clients | utilisation | placements/s | p50 | p99 | raw inserts/s | raw p99 | placements ÷ raw |\n")
-	fmt.Printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			log.Fatal(err)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	fmt.Printf("| clients | utilisation | placements/s | p50 | p99 | slowest | raw inserts/s | raw p99 | placements ÷ raw |\n")
+	fmt.Printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, util := range []int{0, 50, 90} {
 		for _, cl := range clients {
-			if err := fill(ctx, db, pool.ID, ids, util); err != nil {
+			full := min((*live+7)/8, len(ids))
+			if err := fill(ctx, db, pool.ID, ids[:full], ids[full:], *live, util); err != nil {
 				log.Fatal(err)
 			}
-			free := *nodes * 8 * (100 - util) / 100
+			if *explain {
+				explainCandidates(ctx, db, pool.ID)
+			}
+			free := (len(ids) - full) * 8 * (100 - util) / 100
 			count := min(*n, free/2)
-			rate, p50, p99, fails := measure(cl, count, func() error {
+			rate, p50, p99, slowest, fails := measure(cl, count, func() error {
 				_, err := c.API.Reservations.Create(ctx, key.Token, api.CreateReservation{Pool: "h100", Shape: api.Shape{GPUs: 1, Model: "h100"}})
 				return err
 			})
@@ -122,7 +141,7 @@ func main() {
 				fmt.Fprintf(os.Stderr, "placebench: %d of %d placements failed\n", fails, count)
 			}
 			var next atomic.Int64
-			rawRate, _, rawP99, _ := measure(cl, count, func() error {
+			rawRate, _, rawP99, _, _ := measure(cl, count, func() error {
 				i := next.Add(1)
 				_, err := db.Pool.Exec(ctx, `INSERT INTO bench.raw (node, resource, atoms, during)
 					VALUES ($1, 'gpu', int4range($2, $2 + 64), tstzrange(now(), NULL))`, i%int64(*nodes), (i/int64(*nodes))*64)
@@ -131,22 +150,39 @@ func main() {
 			if _, err := db.Pool.Exec(ctx, `TRUNCATE bench.raw`); err != nil {
 				log.Fatal(err)
 			}
-			fmt.Printf("| %d | %d%% | %.0f | %s | %s | %.0f | %s | %.2f |\n", cl, util, rate, ms(p50), ms(p99), rawRate, ms(rawP99), rate/rawRate)
+			fmt.Printf("| %d | %d%% | %.0f | %s | %s | %s | %.0f | %s | %.2f |\n", cl, util, rate, ms(p50), ms(p99), ms(slowest), rawRate, ms(rawP99), rate/rawRate)
 			if *trace {
 				tracer.report(count)
 				return
 			}
 		}
 	}
-	fmt.Printf("\n%d nodes × 8 GPUs; %d placements of 1 GPU per row (fewer where free capacity is short); %s, GOMAXPROCS %d; PostgreSQL in the same machine, fsync off.\n",
-		*nodes, *n, runtime.GOOS+"/"+runtime.GOARCH, runtime.GOMAXPROCS(0))
+	fmt.Printf("\n%d nodes × 8 GPUs, %d live bookings besides the utilisation's; %d placements of 1 GPU per row (fewer where free capacity is short); %s, GOMAXPROCS %d; PostgreSQL in the same machine, fsync off.\n",
+		*nodes, *live, *n, runtime.GOOS+"/"+runtime.GOARCH, runtime.GOMAXPROCS(0))
 }
 
-// fill empties the pool, then books util% of every node's GPUs with one background reservation
-// per node, written directly (the fill is not what is measured).
-func fill(ctx context.Context, db *postgres.DB, pool string, nodes []string, util int) error {
+// fill empties the pool, books live one-GPU bookings on the full nodes (8 a node, one reservation
+// a node), then util% of every other node's GPUs with one background reservation per node,
+// written directly (the fill is not what is measured).
+func fill(ctx context.Context, db *postgres.DB, pool string, full, nodes []string, live, util int) error {
 	if _, err := db.Pool.Exec(ctx, `DELETE FROM compute.reservations`); err != nil {
 		return err
+	}
+	if live > 0 {
+		_, err := db.Pool.Exec(ctx, `WITH r AS (
+			  INSERT INTO compute.reservations (id, tenant_id, pool_id, state, shape, members, starts_at, created_by)
+			  SELECT gen_random_uuid(), 'root', $1, 'active', '{}', 1, now() - interval '1 minute', 'fill' FROM unnest($2::uuid[]) n
+			  RETURNING id
+			), pairs AS (
+			  SELECT r.id, n, k FROM (SELECT id, row_number() OVER () AS k FROM r) r
+			  JOIN (SELECT n, row_number() OVER () AS k FROM unnest($2::uuid[]) n) nn USING (k)
+			)
+			INSERT INTO compute.bookings (reservation_id, member, node_id, resource, kind, model, units, atoms, during)
+			SELECT id, 0, n, 'gpu', 'gpu', 'h100', 1, int4range(g * 64, g * 64 + 64), tstzrange(now() - interval '1 minute', NULL)
+			FROM pairs, generate_series(0, 7) g WHERE (k - 1) * 8 + g < $3`, pool, full, live)
+		if err != nil {
+			return err
+		}
 	}
 	gpus := 8 * util / 100
 	if gpus > 0 {
@@ -165,16 +201,34 @@ func fill(ctx context.Context, db *postgres.DB, pool string, nodes []string, uti
 			return err
 		}
 	}
-	if err := capacity.RefreshNodes(ctx, db.Pool, nodes...); err != nil {
+	if err := capacity.RefreshNodes(ctx, db.Pool, append(append([]string{}, full...), nodes...)...); err != nil {
 		return err
 	}
-	// What autovacuum would do after a bulk change: fresh statistics for the planner.
-	_, err := db.Pool.Exec(ctx, `ANALYZE compute.node_capacity, compute.bookings, compute.reservations, compute.nodes`)
+	// What autovacuum would do after a bulk change, done now rather than during the measurement,
+	// where it would compete for the same cores: dead rows gone, fresh statistics for the planner.
+	_, err := db.Pool.Exec(ctx, `VACUUM (ANALYZE) compute.node_capacity, compute.bookings, compute.reservations, compute.nodes`)
 	return err
 }
 
+// explainCandidates prints the plan of the best-fit candidate query a placement of one H100 runs,
+// as the pool stands.
+func explainCandidates(ctx context.Context, db *postgres.DB, pool string) {
+	tx, err := db.Pool.Begin(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer tx.Rollback(ctx) // lets go of the node it locked
+	lines, err := capacity.ExplainCandidates(ctx, tx, pool, "h100", 1)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, l := range lines {
+		fmt.Fprintln(os.Stderr, l)
+	}
+}
+
 // measure runs count operations from clients goroutines and returns the rate and latencies.
-func measure(clients, count int, op func() error) (rate float64, p50, p99 time.Duration, fails int) {
+func measure(clients, count int, op func() error) (rate float64, p50, p99, slowest time.Duration, fails int) {
 	var next atomic.Int64
 	lat := make([]time.Duration, count)
 	var failed atomic.Int64
@@ -203,7 +257,7 @@ func measure(clients, count int, op func() error) (rate float64, p50, p99 time.D
 	wg.Wait()
 	elapsed := time.Since(start)
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-	return float64(count) / elapsed.Seconds(), lat[count/2], lat[count*99/100], int(failed.Load())
+	return float64(count) / elapsed.Seconds(), lat[count/2], lat[count*99/100], lat[count-1], int(failed.Load())
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000) }
