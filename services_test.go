@@ -91,6 +91,9 @@ func TestRuntimeServices(t *testing.T) {
 	if n := count(t, env, `SELECT count(*) FROM compute.events WHERE type = 'order.placed' AND subject = $1`, o.Reservation); n != 1 {
 		t.Fatalf("order.placed events = %d, want 1", n)
 	}
+	if _, err := compute.Invoke(ctx, env.Compute, env.RootKey, ordersCancel, api.GetReservation{Reservation: "not-an-id"}); api.CodeOf(err) != api.CodeNotFound {
+		t.Fatalf("a module releasing a reservation by a non-id = %v, want not_found", err)
+	}
 	if _, err := compute.Invoke(ctx, env.Compute, env.RootKey, ordersCancel, api.GetReservation{Reservation: o.Reservation}); err != nil {
 		t.Fatal(err)
 	}

@@ -64,6 +64,14 @@ type Get struct {
 	Ping string `json:"ping"`
 }
 
+// Validate implements the input check.
+func (in Get) Validate() error {
+	if uuid.Validate(in.Ping) != nil {
+		return api.InvalidField("ping", "must be a ping id")
+	}
+	return nil
+}
+
 // SetBanner is the input of pings.setBanner.
 type SetBanner struct {
 	Node   string `json:"node"`

@@ -89,6 +89,9 @@ func TestModuleEndToEnd(t *testing.T) {
 	}
 
 	// Bad input names the field; a command kind's own check runs; another tenant sees no node.
+	if _, err := compute.Invoke(ctx, env.Compute, env.RootKey, pingmodule.PingsGet, pingmodule.Get{Ping: "x"}); api.CodeOf(err) != api.CodeInvalidArgument {
+		t.Fatalf("pings.get of a non-id = %v, want invalid_argument", err)
+	}
 	if _, err := compute.Invoke(ctx, env.Compute, env.RootKey, pingmodule.PingsSend, pingmodule.Send{Node: node}); api.CodeOf(err) != api.CodeInvalidArgument {
 		t.Fatalf("a ping without a message = %v, want invalid_argument", err)
 	}

@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/internal/fleet"
 	"github.com/better-compute/compute/modules"
 )
 
@@ -29,6 +30,9 @@ func (Service) Reserve(ctx context.Context, c *modules.Call, in api.CreateReserv
 // cancelled; one already ended is left as it is. A reservation the worker activates between the
 // read of its state and the change is read again once.
 func (Service) Release(ctx context.Context, c *modules.Call, id string) error {
+	if !fleet.IsID(id) {
+		return api.NotFound("reservation", id) // as reservations.get answers
+	}
 	for attempt := 0; ; attempt++ {
 		var state string
 		err := c.Tx.QueryRow(ctx, `SELECT state FROM compute.reservations WHERE id = $1 AND tenant_id = $2`, id, c.Target.TenantID).Scan(&state)
