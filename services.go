@@ -2,11 +2,8 @@ package compute
 
 import (
 	"context"
-	"crypto/aes"
 	"crypto/cipher"
-	"crypto/hkdf"
 	"crypto/rand"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"time"
@@ -18,6 +15,7 @@ import (
 	"github.com/better-compute/compute/internal/events"
 	"github.com/better-compute/compute/internal/fleet"
 	"github.com/better-compute/compute/internal/nodes"
+	"github.com/better-compute/compute/internal/pki"
 	"github.com/better-compute/compute/modules"
 	"github.com/better-compute/compute/postgres"
 )
@@ -114,15 +112,7 @@ func (b secretBox) aead(purpose string) (cipher.AEAD, error) {
 	if purpose == "" {
 		return nil, errors.New("compute: a secret needs a purpose")
 	}
-	key, err := hkdf.Key(sha256.New, []byte(b.secret), nil, "better-compute module secret: "+purpose, 32)
-	if err != nil {
-		return nil, err
-	}
-	block, err := aes.NewCipher(key)
-	if err != nil {
-		return nil, err
-	}
-	return cipher.NewGCM(block)
+	return pki.SecretCipher(b.secret, "better-compute module secret: "+purpose)
 }
 
 func (b secretBox) Seal(purpose string, plaintext []byte) ([]byte, error) {

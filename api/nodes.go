@@ -197,7 +197,7 @@ func (in CreateCommand) Validate() error {
 		return err
 	}
 	// Which kinds exist is the server's registry's to say (modules add kinds); here only the form.
-	if !commandKindRE.MatchString(in.Kind) {
+	if !ValidKind(in.Kind) {
 		return InvalidField("kind", "%q is not a command kind: they are dotted lower-case words, e.g. gpu.reset", in.Kind)
 	}
 	if len(in.Args) > 0 {
@@ -221,7 +221,12 @@ func (in CreateCommand) Validate() error {
 	return nil
 }
 
-var commandKindRE = regexp.MustCompile(`^[a-z][a-z0-9]*(\.[a-z][a-z0-9]*)+$`)
+var kindRE = regexp.MustCompile(`^[a-z][a-z0-9]*(\.[a-z][a-z0-9]*)+$`)
+
+// ValidKind reports whether s has the form of a command or desired-state kind: dotted lower-case
+// words, e.g. gpu.reset or vps.instances. (agent/ext, which imports nothing of the control plane,
+// keeps its own copy of the rule.)
+func ValidKind(s string) bool { return kindRE.MatchString(s) }
 
 // GPUResetArgs are the arguments of gpu.reset.
 type GPUResetArgs struct {

@@ -11,16 +11,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/postgres"
 )
 
 // What a module adds besides methods: command kinds and desired-state kinds that travel to bcd,
 // IAM resource resolvers, event types, drivers and profiles. Each is refused when registered
 // twice or malformed, in compute.New.
-
-// kindRE is the form of a command, desired-state or event kind: dotted lower-case words, e.g.
-// gpu.reset or metal.power.
-var kindRE = regexp.MustCompile(`^[a-z][a-z0-9]*(\.[a-z][a-z0-9]*)+$`)
 
 // eventTypeRE is the form compute.events accepts.
 var eventTypeRE = regexp.MustCompile(`^[a-z]+(\.[a-z_]+)+$`)
@@ -73,7 +70,7 @@ type Profile struct {
 func (r *Registry) CommandKind(ks ...CommandKind) {
 	for _, k := range ks {
 		switch {
-		case !kindRE.MatchString(k.Name):
+		case !api.ValidKind(k.Name):
 			r.fail(fmt.Errorf("command kind %q: must be dotted lower-case words, e.g. gpu.reset", k.Name))
 		case r.commands[k.Name] != nil:
 			r.fail(fmt.Errorf("command kind %s is registered twice", k.Name))
@@ -87,7 +84,7 @@ func (r *Registry) CommandKind(ks ...CommandKind) {
 func (r *Registry) DesiredKind(ks ...DesiredKind) {
 	for _, k := range ks {
 		switch {
-		case !kindRE.MatchString(k.Name):
+		case !api.ValidKind(k.Name):
 			r.fail(fmt.Errorf("desired-state kind %q: must be dotted lower-case words, e.g. vps.instances", k.Name))
 		case k.Version == 0 || k.State == nil:
 			r.fail(fmt.Errorf("desired-state kind %s needs a version (from 1) and a State function", k.Name))

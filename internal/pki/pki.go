@@ -103,11 +103,15 @@ func Load(ctx context.Context, db *postgres.DB, secret string) (*Authority, erro
 }
 
 // keyCipher derives the AEAD that seals the CA key from the secret.
-func keyCipher(secret string) (cipher.AEAD, error) {
+func keyCipher(secret string) (cipher.AEAD, error) { return SecretCipher(secret, "better-compute machine CA key") }
+
+// SecretCipher derives an AES-256-GCM AEAD from the deployment's secret for one purpose (HKDF's
+// info): each purpose gets its own key.
+func SecretCipher(secret, purpose string) (cipher.AEAD, error) {
 	if secret == "" {
 		return nil, errors.New("pki: no secret")
 	}
-	key, err := hkdf.Key(sha256.New, []byte(secret), nil, "better-compute machine CA key", 32)
+	key, err := hkdf.Key(sha256.New, []byte(secret), nil, purpose, 32)
 	if err != nil {
 		return nil, err
 	}
