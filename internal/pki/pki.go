@@ -103,7 +103,9 @@ func Load(ctx context.Context, db *postgres.DB, secret string) (*Authority, erro
 }
 
 // keyCipher derives the AEAD that seals the CA key from the secret.
-func keyCipher(secret string) (cipher.AEAD, error) { return SecretCipher(secret, "better-compute machine CA key") }
+func keyCipher(secret string) (cipher.AEAD, error) {
+	return SecretCipher(secret, "better-compute machine CA key")
+}
 
 // SecretCipher derives an AES-256-GCM AEAD from the deployment's secret for one purpose (HKDF's
 // info): each purpose gets its own key.
