@@ -121,10 +121,9 @@ type MethodTable struct {
 
 // Methods returns every method served, core and modules', in registration order.
 func (e *Envelope) Methods() []api.MethodInfo {
-	hs := e.reg.Handlers()
-	out := make([]api.MethodInfo, len(hs))
-	for i, h := range hs {
-		out[i] = h.Info
+	out := make([]api.MethodInfo, len(e.table))
+	for i, m := range e.table {
+		out[i] = m.MethodInfo
 	}
 	return out
 }
