@@ -122,7 +122,8 @@ func (c *Compute) GatewayServices(s grpc.ServiceRegistrar) { c.gateway.Register(
 
 // GatewayTLS returns the TLS configuration of a gateway listener: a server certificate from the
 // machine CA for hosts (names or IP addresses nodes dial), TLS 1.3, client certificates required
-// and checked against revocation (from memory) when a session opens; the server certificate is
+// and checked against revocation (from memory) when a session opens; handshakes beyond the
+// gateway's admission rate refused before their cryptography; the server certificate is
 // reissued once two thirds of its life have passed. Initialize must have completed.
 func (c *Compute) GatewayTLS(ctx context.Context, hosts ...string) (*tls.Config, error) {
 	auth, err := c.nodes.Authority()
@@ -136,7 +137,9 @@ func (c *Compute) GatewayTLS(ctx context.Context, hosts ...string) (*tls.Config,
 	if err != nil {
 		return nil, err
 	}
-	return auth.ServerTLS(cert), nil
+	cfg := auth.ServerTLS(cert)
+	cfg.GetConfigForClient = c.gateway.AdmitHandshake
+	return cfg, nil
 }
 
 // joinService adapts the nodes module to Connect.

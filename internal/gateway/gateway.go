@@ -9,6 +9,7 @@ package gateway
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -81,8 +82,9 @@ type Gateway struct {
 	log *slog.Logger
 	// revoked is the revocation set handshakes are checked against, in memory.
 	revoked *pki.Revocations
-	// admission bounds the rate of new sessions.
-	admission *rate.Limiter
+	// admission bounds the rate of new sessions, handshakes the rate of the TLS handshakes
+	// before them (see AdmitHandshake).
+	admission, handshakes *rate.Limiter
 
 	mu       sync.Mutex
 	running  bool
@@ -129,7 +131,22 @@ func New(mod *nodes.Module, cfg Config) *Gateway {
 		cfg.AdmitBurst = DefaultAdmitBurst
 	}
 	return &Gateway{cfg: cfg, mod: mod, sessions: map[string]*session{}, touched: map[string]*touch{}, closing: map[string]int64{},
-		revoked: pki.NewRevocations(), admission: rate.NewLimiter(rate.Limit(cfg.AdmitRate), cfg.AdmitBurst)}
+		revoked:   pki.NewRevocations(),
+		admission: rate.NewLimiter(rate.Limit(cfg.AdmitRate), cfg.AdmitBurst), handshakes: rate.NewLimiter(rate.Limit(cfg.AdmitRate), cfg.AdmitBurst)}
+}
+
+// AdmitHandshake is a gateway listener's tls.Config.GetConfigForClient (GatewayTLS sets it): it
+// refuses a TLS handshake beyond the admission rate as soon as its ClientHello is read, before
+// any cryptography, and the agent retries with its backoff. Without it, 10,000 agents dialling
+// at once all began handshakes that then starved each other of CPU past the server's handshake
+// timeout (hundreds of "TLS handshake error … i/o timeout" at 10,000 on two cores), and the
+// admission of sessions came only after the work it was meant to spare. Both admissions use the
+// same rate: a session follows its handshake.
+func (g *Gateway) AdmitHandshake(*tls.ClientHelloInfo) (*tls.Config, error) {
+	if !g.handshakes.Allow() {
+		return nil, ErrBusy
+	}
+	return nil, nil
 }
 
 // ID is the gateway's name in the sessions table.

@@ -1,8 +1,16 @@
 package gateway
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
+	"math/big"
+	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -40,5 +48,63 @@ func TestAdmissionIsRateLimited(t *testing.T) {
 	time.Sleep(60 * time.Millisecond) // a token every 50 ms
 	if err := g.admit(); err != nil {
 		t.Fatalf("a session after a token came back refused: %v", err)
+	}
+}
+
+// TestHandshakesBeyondTheRateAreRefusedBeforeTheirCryptography: a TLS handshake beyond the
+// admission burst fails at once, the server having sent no certificate, and one is accepted
+// again when a token has come back.
+func TestHandshakesBeyondTheRateAreRefusedBeforeTheirCryptography(t *testing.T) {
+	g := New(nil, Config{AdmitRate: 20, AdmitBurst: 3})
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), NotAfter: time.Now().Add(time.Hour), IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{
+		Certificates:       []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}},
+		GetConfigForClient: g.AdmitHandshake,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { _ = c.(*tls.Conn).Handshake(); c.Close() }()
+		}
+	}()
+	dial := func() (*tls.Conn, error) {
+		return tls.Dial("tcp", ln.Addr().String(), &tls.Config{InsecureSkipVerify: true})
+	}
+	for i := range 3 {
+		c, err := dial()
+		if err != nil {
+			t.Fatalf("handshake %d of a burst of 3 refused: %v", i, err)
+		}
+		c.Close()
+	}
+	c, err := dial()
+	if err == nil {
+		c.Close()
+		t.Fatal("a 4th handshake at once was accepted")
+	}
+	// The server's alert, sent right after the ClientHello (the client saw no certificate).
+	if !strings.Contains(err.Error(), "remote error: tls: internal error") {
+		t.Fatalf("the 4th handshake failed with %v, want the server's alert", err)
+	}
+	time.Sleep(60 * time.Millisecond) // a token every 50 ms
+	if c, err := dial(); err != nil {
+		t.Fatalf("a handshake after a token came back refused: %v", err)
+	} else {
+		c.Close()
 	}
 }

@@ -176,45 +176,12 @@ func (g *Gateway) Serve(ctx context.Context, cert *x509.Certificate, st stream) 
 	}()
 	g.touch(nodeID, epoch, func(t *touch) { t.applied, t.ack = hello.GetAppliedGeneration(), true })
 
+	// Two goroutines a session, besides the HTTP/2 server's own: this one writes to the stream
+	// (what is queued on s.out, and the commands and desired state pushed when woken), and a
+	// reader receives and handles the node's messages. Every goroutine costs a stack of about
+	// 8 KiB at 10,000 sessions (docs/benchmarks.md, "Memory per session").
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	wg.Add(2)
-	go func() { // the writer: the one goroutine that sends on the stream
-		defer wg.Done()
-		defer cancel()
-		for {
-			select {
-			case m := <-s.out:
-				if err := st.Send(m); err != nil {
-					return
-				}
-				if m.GetGoodbye() != nil {
-					return
-				}
-			case <-s.done:
-				// Send the goodbye, if one is queued, then stop.
-				select {
-				case m := <-s.out:
-					_ = st.Send(m)
-				default:
-				}
-				return
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-	go func() { // desired state and commands, as they are announced
-		defer wg.Done()
-		s.work(ctx)
-	}()
-	s.send(ctx, &agentv1.ServerMessage{Body: &agentv1.ServerMessage_Welcome{Welcome: &agentv1.Welcome{
-		NodeId: nodeID, Epoch: epoch, HeartbeatInterval: durationpb.New(interval)}}})
-	s.wake(true, true)
-
-	msgs := make(chan *agentv1.NodeMessage)
 	recvErr := make(chan error, 1)
 	go func() { // the reader; it ends when the stream does, right after Serve returns
 		for {
@@ -223,25 +190,41 @@ func (g *Gateway) Serve(ctx context.Context, cert *x509.Certificate, st stream) 
 				recvErr <- err
 				return
 			}
-			select {
-			case msgs <- m:
-			case <-ctx.Done():
-				return
+			if err := s.handle(ctx, m); err != nil && ctx.Err() == nil {
+				g.log.WarnContext(ctx, "gateway: node message", "node", nodeID, "error", err)
 			}
 		}
 	}()
+	if err := st.Send(&agentv1.ServerMessage{Body: &agentv1.ServerMessage_Welcome{Welcome: &agentv1.Welcome{
+		NodeId: nodeID, Epoch: epoch, HeartbeatInterval: durationpb.New(interval)}}}); err != nil {
+		ended = true
+		return nil
+	}
+	s.wake(true, true)
 	for {
 		select {
-		case m := <-msgs:
-			if err := s.handle(ctx, m); err != nil {
-				g.log.WarnContext(ctx, "gateway: node message", "node", nodeID, "error", err)
+		case m := <-s.out:
+			if err := st.Send(m); err != nil {
+				ended = true
+				return nil
+			}
+		case <-s.kick:
+			if err := s.push(ctx, st); err != nil {
+				ended = true
+				return nil
 			}
 		case err := <-recvErr:
 			ended = true
 			return err
 		case <-s.done:
+			// Send the goodbye, if one is queued, then stop.
+			select {
+			case m := <-s.out:
+				_ = st.Send(m)
+			default:
+			}
 			return nil
-		case <-ctx.Done(): // the node went away, or the stream could not be written
+		case <-ctx.Done(): // the node went away
 			ended = true
 			return nil
 		}
@@ -282,42 +265,55 @@ func (g *Gateway) claim(ctx context.Context, nodeID string, hello *agentv1.Hello
 	return epoch, err
 }
 
-// work pushes desired state and commands when woken.
-func (s *session) work(ctx context.Context) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-s.done:
-			return
-		case <-s.kick:
+// push sends what a wake asked for: the node's desired state if it moved, and its pending
+// commands. An error of the database is logged and the wake kept for the next round; only a
+// failed send (the stream is gone) is returned.
+func (s *session) push(ctx context.Context, st stream) error {
+	s.mu.Lock()
+	commands, desired, resend := s.wantCommands, s.wantDesired, s.resend
+	s.wantCommands, s.wantDesired = false, false
+	if commands {
+		s.resend = false
+	}
+	s.mu.Unlock()
+	var msgs []*agentv1.ServerMessage
+	if desired {
+		m, err := s.pushDesired(ctx)
+		if err != nil && ctx.Err() == nil {
+			s.g.log.WarnContext(ctx, "gateway: desired state", "node", s.node, "error", err)
+			s.rewake(false, true)
 		}
-		s.mu.Lock()
-		commands, desired, resend := s.wantCommands, s.wantDesired, s.resend
-		s.wantCommands, s.wantDesired = false, false
-		if commands {
-			s.resend = false
-		}
-		s.mu.Unlock()
-		if desired {
-			if err := s.pushDesired(ctx); err != nil && ctx.Err() == nil {
-				s.g.log.WarnContext(ctx, "gateway: desired state", "node", s.node, "error", err)
-				s.wake(false, true)
-			}
-		}
-		if commands {
-			if err := s.pushCommands(ctx, resend); err != nil && ctx.Err() == nil {
-				s.g.log.WarnContext(ctx, "gateway: commands", "node", s.node, "error", err)
-				s.wake(true, false)
-			}
+		if m != nil {
+			msgs = append(msgs, m)
 		}
 	}
+	if commands {
+		ms, err := s.pushCommands(ctx, resend)
+		if err != nil && ctx.Err() == nil {
+			s.g.log.WarnContext(ctx, "gateway: commands", "node", s.node, "error", err)
+			s.rewake(true, false)
+		}
+		msgs = append(msgs, ms...)
+	}
+	for _, m := range msgs {
+		if err := st.Send(m); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
-func (s *session) pushDesired(ctx context.Context) error {
+// rewake tries a push again after a pause, so that a database in trouble is not asked again
+// in a tight loop.
+func (s *session) rewake(commands, desired bool) {
+	time.AfterFunc(time.Second, func() { s.wake(commands, desired) })
+}
+
+// pushDesired is the node's desired state, if newer than what the session sent.
+func (s *session) pushDesired(ctx context.Context) (*agentv1.ServerMessage, error) {
 	ds, err := nodes.Desired(ctx, s.g.rt.DB.Pool, s.node, s.g.rt.Registry.DesiredKinds())
 	if err != nil {
-		return err
+		return nil, err
 	}
 	s.mu.Lock()
 	stale := ds.Generation <= s.sent
@@ -326,17 +322,19 @@ func (s *session) pushDesired(ctx context.Context) error {
 	}
 	s.mu.Unlock()
 	if stale {
-		return nil
+		return nil, nil
 	}
-	s.send(ctx, &agentv1.ServerMessage{Body: &agentv1.ServerMessage_Desired{Desired: ds}})
-	return nil
+	return &agentv1.ServerMessage{Body: &agentv1.ServerMessage_Desired{Desired: ds}}, nil
 }
 
-func (s *session) pushCommands(ctx context.Context, resend bool) error {
+// pushCommands dispatches the node's pending commands (and, first in a session, resends those
+// dispatched before).
+func (s *session) pushCommands(ctx context.Context, resend bool) ([]*agentv1.ServerMessage, error) {
 	cmds, err := nodes.Dispatch(ctx, s.g.rt.DB.Pool, s.node, resend)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	var msgs []*agentv1.ServerMessage
 	for _, c := range cmds {
 		var args map[string]any
 		_ = json.Unmarshal(c.Args, &args)
@@ -344,10 +342,10 @@ func (s *session) pushCommands(ctx context.Context, resend bool) error {
 		if err != nil {
 			st = &structpb.Struct{}
 		}
-		s.send(ctx, &agentv1.ServerMessage{Body: &agentv1.ServerMessage_Command{Command: &agentv1.Command{
+		msgs = append(msgs, &agentv1.ServerMessage{Body: &agentv1.ServerMessage_Command{Command: &agentv1.Command{
 			Id: c.ID, Kind: c.Kind, Args: st, Deadline: timestamppb.New(c.Deadline)}}})
 	}
-	return nil
+	return msgs, nil
 }
 
 // handle takes one message from the node. None of it calls IAM.

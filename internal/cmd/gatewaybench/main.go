@@ -2,8 +2,9 @@
 // (API, gateway, worker, on an embedded PostgreSQL) in this process and -nodes simulated nodes in
 // a child process, each with a real mutual-TLS session. It prints, as Markdown: command round
 // trips (created → result recorded, by the database's clock) at p50/p99/p99.9; the control
-// plane's CPU and memory while idle and under commands; and the database writes that heartbeats
-// cause.
+// plane's CPU and memory while idle and under commands; the database writes that heartbeats
+// cause; and how long the fleet takes to be seen offline when its process is stopped (silent)
+// or killed (its connections closed), and to be back when it resumes.
 //
 //	go run ./internal/cmd/gatewaybench [-nodes 1000] [-commands 3000] [-clients 16] [-idle 30s] [-memprofile heap.pprof]
 package main
@@ -76,11 +77,9 @@ func main() {
 	childReport := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(stdout)
-		var last string
 		for sc.Scan() {
-			last = sc.Text()
+			childReport <- sc.Text()
 		}
-		childReport <- last
 	}()
 	count := func(q string) int64 {
 		var n int64
@@ -193,8 +192,34 @@ func main() {
 	sort.Float64s(rtts)
 	pct := func(p float64) float64 { return rtts[min(len(rtts)-1, int(p*float64(len(rtts))))] }
 
-	stdin.Close() // the child stops its fleet and reports its own cost
+	fmt.Fprintln(stdin, "report") // the child reports its own cost, and goes on
 	fleetCost := <-childReport
+
+	// Offline detection, the fleet's process stopped (silent: no packet, no close), resumed,
+	// then killed (every connection closed by the kernel at once).
+	online := func() int64 { return count(`SELECT count(*) FROM compute.nodes WHERE status = 'online'`) }
+	waitFor := func(what string, done func(int64) bool, limit time.Duration) string {
+		t0 := time.Now()
+		for {
+			n := online()
+			if done(n) {
+				return time.Since(t0).Round(100 * time.Millisecond).String()
+			}
+			if time.Since(t0) > limit {
+				return fmt.Sprintf("not within %s (%d online)", limit, n)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	fmt.Fprintf(os.Stderr, "gatewaybench: stopping the fleet's process (SIGSTOP)\n")
+	_ = cmd.Process.Signal(syscall.SIGSTOP)
+	silent := waitFor("offline", func(n int64) bool { return n == 0 }, 2*time.Minute)
+	fmt.Fprintf(os.Stderr, "gatewaybench: every node offline after %s; resuming it (SIGCONT)\n", silent)
+	_ = cmd.Process.Signal(syscall.SIGCONT)
+	back := waitFor("online", func(n int64) bool { return n == int64(*nodes) }, 5*time.Minute)
+	fmt.Fprintf(os.Stderr, "gatewaybench: every node online again after %s; killing it (SIGKILL)\n", back)
+	_ = cmd.Process.Kill()
+	closed := waitFor("offline", func(n int64) bool { return n == 0 }, 2*time.Minute)
 	_ = cmd.Wait()
 
 	fmt.Printf("| measure | value |\n| --- | ---: |\n")
@@ -210,10 +235,14 @@ func main() {
 	fmt.Printf("| heartbeat writes, idle: session rows, node rows updated per second | %.0f, %.0f |\n", float64(s1-s0)/secs, float64(n1-n0)/secs)
 	fmt.Printf("| database transactions per second, idle (every source) | %.1f |\n", float64(x1-x0)/secs)
 	fmt.Printf("| the simulated fleet's own process | %s |\n", fleetCost)
+	fmt.Printf("| every node offline, the fleet's process stopped (silent) | %s |\n", silent)
+	fmt.Printf("| every node online again, the process resumed | %s |\n", back)
+	fmt.Printf("| every node offline, the process killed (connections closed) | %s |\n", closed)
 	fmt.Printf("\n%s/%s, GOMAXPROCS %d; the control plane, the fleet and PostgreSQL share the machine.\n", runtime.GOOS, runtime.GOARCH, runtime.GOMAXPROCS(0))
 }
 
-// runFleet is the child: it runs the fleet until its stdin closes, then prints its own cost.
+// runFleet is the child: it runs the fleet until its stdin closes, printing its own cost at
+// each line read.
 func runFleet(url, token, gateway string, n int) {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
@@ -222,9 +251,11 @@ func runFleet(url, token, gateway string, n int) {
 		log.Fatal(err)
 	}
 	t0, c0 := time.Now(), selfstat.CPU()
-	_, _ = io.Copy(io.Discard, os.Stdin)
-	cores := (selfstat.CPU() - c0).Seconds() / time.Since(t0).Seconds()
-	fmt.Printf("%.2f cores, %.0f MiB RSS for %d agents\n", cores, selfstat.RSSMiB(), n)
+	sc := bufio.NewScanner(os.Stdin)
+	for sc.Scan() {
+		cores := (selfstat.CPU() - c0).Seconds() / time.Since(t0).Seconds()
+		fmt.Printf("%.2f cores, %.0f MiB RSS for %d agents\n", cores, selfstat.RSSMiB(), n)
+	}
 	f.Stop()
 }
 
