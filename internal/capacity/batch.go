@@ -2,6 +2,7 @@ package capacity
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"time"
 
@@ -23,9 +24,9 @@ func batchKey(t modules.Target, in api.CreateReservation) string {
 	return t.TenantID + "\x00" + in.Pool + "\x00" + in.Model
 }
 
-// reserveBatch places calls that share a batch key in one transaction: one pool lookup, one
-// quota lock, one lock of the best-fit candidate nodes for all of them, the plans made in Go over
-// those nodes' snapshots, and one pipelined write. A call that does not fit the locked nodes, or
+// reserveBatch places calls that share a batch key in one transaction of four round trips
+// besides its begin and commit: the pool, one lock of the best-fit candidate nodes for all of
+// them, those nodes' snapshots with the quotas, the plans made in Go, and one pipelined write. A call that does not fit the locked nodes, or
 // would preempt, is sent back to be placed alone; an error of its own (quota) is its answer.
 func reserveBatch(ctx context.Context, tx pgx.Tx, rt *modules.Runtime, calls []*modules.BatchCall[api.CreateReservation]) ([]modules.BatchResult[api.Reservation], error) {
 	out := make([]modules.BatchResult[api.Reservation], len(calls))
@@ -48,14 +49,15 @@ func reserveBatch(ctx context.Context, tx pgx.Tx, rt *modules.Runtime, calls []*
 	if err != nil {
 		return nil, err
 	}
-	snaps, err := loadSnapshots(ctx, tx, cands, window{start: now})
-	if err != nil {
-		return nil, err
-	}
-	// Quotas after the nodes (see docs/capacity.md, "Lock order").
-	quotas, err := lockQuotas(ctx, tx, tenant, pool.ID)
-	if err != nil {
-		return nil, err
+	// The nodes' snapshots and the quotas in one round trip. The quotas are read, not locked:
+	// the write's updates lock them last and check the limits again (see docs/capacity.md,
+	// "Lock order"); over a limit there, the batch fails and its calls run alone.
+	b := &pgx.Batch{}
+	snaps := queueSnapshots(b, cands, window{start: now})
+	var quotas quotaRows
+	queueQuotas(b, tenant, pool.ID, &quotas)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return nil, fmt.Errorf("capacity: read the snapshots of %d nodes and the quotas: %w", len(cands), err)
 	}
 
 	pk := newPacker(snaps, now)

@@ -150,6 +150,20 @@ func loadSnapshots(ctx context.Context, tx pgx.Tx, cands []candidate, w window) 
 	if len(cands) == 0 {
 		return nil, nil
 	}
+	b := &pgx.Batch{}
+	snaps := queueSnapshots(b, cands, w)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return nil, fmt.Errorf("capacity: read the snapshots of %d nodes: %w", len(cands), err)
+	}
+	return snaps, nil
+}
+
+// queueSnapshots queues in b the reads of loadSnapshots; the snapshots are filled in once b has
+// run.
+func queueSnapshots(b *pgx.Batch, cands []candidate, w window) []NodeSnapshot {
+	if len(cands) == 0 {
+		return nil
+	}
 	ids := make([]string, len(cands))
 	index := make(map[string]int, len(cands))
 	snaps := make([]NodeSnapshot, len(cands))
@@ -157,7 +171,6 @@ func loadSnapshots(ctx context.Context, tx pgx.Tx, cands []candidate, w window) 
 		ids[i], index[c.id] = c.id, i
 		snaps[i] = NodeSnapshot{NodeID: c.id, Name: c.name}
 	}
-	b := &pgx.Batch{}
 	b.Queue(`SELECT node_id::text, index, uuid, model, nvlink_domain, mode, shares, health <> 'unhealthy' FROM compute.devices
 		WHERE node_id = ANY($1::uuid[]) ORDER BY node_id, index`, ids).Query(func(rows pgx.Rows) error {
 		var node string
@@ -189,8 +202,5 @@ func loadSnapshots(ctx context.Context, tx pgx.Tx, cands []candidate, w window) 
 			})
 			return err
 		})
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return nil, fmt.Errorf("capacity: read the snapshots of %d nodes: %w", len(cands), err)
-	}
-	return snaps, nil
+	return snaps
 }

@@ -77,6 +77,15 @@ func readQuotas(ctx context.Context, q postgres.Querier, tenant, pool string) (q
 	return pgx.CollectRows(rows, pgx.RowToStructByPos[api.Quota])
 }
 
+// queueQuotas queues in b the read of readQuotas, into out.
+func queueQuotas(b *pgx.Batch, tenant, pool string, out *quotaRows) {
+	b.Queue(quotaRowsSQL, tenant, pool).Query(func(rows pgx.Rows) error {
+		var err error
+		*out, err = pgx.CollectRows(rows, pgx.RowToStructByPos[api.Quota])
+		return err
+	})
+}
+
 // lockQuotas locks and reads a tenant's quotas in a pool. A transaction that locks quotas of
 // several tenants takes them all first with lockQuotaSets.
 func lockQuotas(ctx context.Context, tx pgx.Tx, tenant, pool string) (quotaRows, error) {

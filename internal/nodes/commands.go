@@ -268,10 +268,12 @@ func takeOffline(ctx context.Context, tx pgx.Tx, ids []string, data map[string]a
 	if err != nil {
 		return 0, err
 	}
-	for _, node := range gone {
-		if err := events.Emit(ctx, tx, "node.offline", node.TenantID, node.ID, data); err != nil {
-			return 0, err
-		}
+	tenants, subjects := make([]string, len(gone)), make([]string, len(gone))
+	for i, node := range gone {
+		tenants[i], subjects[i] = node.TenantID, node.ID
+	}
+	if err := events.EmitEach(ctx, tx, "node.offline", tenants, subjects, data); err != nil {
+		return 0, err
 	}
 	return len(gone), nil
 }

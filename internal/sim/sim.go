@@ -28,8 +28,11 @@ type Options struct {
 	Model    string // default "NVIDIA H100 80GB HBM3"
 	Prefix   string // node names are <prefix>-<n>; default "sim"
 	Parallel int    // joins at once; default 16
-	Logger   *slog.Logger
-	Version  string
+	// MaxBackoff bounds each agent's wait between reconnects; default 2 s, for tests. A storm
+	// of real agents is simulated with bcd's own, nodeagent's default of 30 s.
+	MaxBackoff time.Duration
+	Logger     *slog.Logger
+	Version    string
 	// Extensions carry out modules' command and desired-state kinds on every node.
 	Extensions []ext.Extension
 }
@@ -72,6 +75,9 @@ func Start(ctx context.Context, o Options) (*Fleet, error) {
 	if o.Parallel == 0 {
 		o.Parallel = 16
 	}
+	if o.MaxBackoff == 0 {
+		o.MaxBackoff = 2 * time.Second
+	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -98,7 +104,7 @@ func Start(ctx context.Context, o Options) (*Fleet, error) {
 			}
 			if err == nil {
 				n.agent, err = nodeagent.New(nodeagent.Config{Store: n.Store, Hardware: n.Hardware, Converger: n.Converger,
-					Logger: o.Logger.With("node", name), Version: o.Version, Facts: facts, Gateway: o.Gateway, MaxBackoff: 2 * time.Second,
+					Logger: o.Logger.With("node", name), Version: o.Version, Facts: facts, Gateway: o.Gateway, MaxBackoff: o.MaxBackoff,
 					Extensions: o.Extensions})
 			}
 			errs[i] = err

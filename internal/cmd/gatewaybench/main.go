@@ -199,9 +199,17 @@ func main() {
 	// then killed (every connection closed by the kernel at once).
 	online := func() int64 { return count(`SELECT count(*) FROM compute.nodes WHERE status = 'online'`) }
 	waitFor := func(what string, done func(int64) bool, limit time.Duration) string {
-		t0 := time.Now()
+		t0, shown := time.Now(), time.Now()
 		for {
 			n := online()
+			if time.Since(shown) >= 5*time.Second {
+				// Online nodes past their grace are the worker's backlog; the rest are waiting
+				// out their grace.
+				due := count(`SELECT count(*) FROM compute.nodes n JOIN compute.node_sessions s ON s.node_id = n.id
+					WHERE n.status = 'online' AND s.offline_after <= compute.compute_now()`)
+				fmt.Fprintf(os.Stderr, "gatewaybench:   %s: %d online, %d of them past their grace\n", time.Since(t0).Round(time.Second), n, due)
+				shown = time.Now()
+			}
 			if done(n) {
 				return time.Since(t0).Round(100 * time.Millisecond).String()
 			}
@@ -246,7 +254,8 @@ func main() {
 func runFleet(url, token, gateway string, n int) {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
-	f, err := sim.Start(ctx, sim.Options{URL: url, Token: token, Gateway: gateway, Nodes: n, Parallel: 32})
+	f, err := sim.Start(ctx, sim.Options{URL: url, Token: token, Gateway: gateway, Nodes: n, Parallel: 32,
+		MaxBackoff: 30 * time.Second}) // bcd's own: started at once, they reconnect as real agents would
 	if err != nil {
 		log.Fatal(err)
 	}
