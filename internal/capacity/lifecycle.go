@@ -68,7 +68,8 @@ const quotaRowsSQL = `SELECT tenant_id, pool_id::text, resource, model, "limit",
 	WHERE tenant_id = $1 AND pool_id = $2 ORDER BY resource, model`
 
 // readQuotas reads a tenant's quotas in a pool without locking them: enough to refuse a request
-// that is over quota before looking for room. The check that counts is made under lockQuotas.
+// that is over quota before looking for room. The check that counts is made by the write's
+// increments, under the rows' locks (quotaRows.queue).
 func readQuotas(ctx context.Context, q postgres.Querier, tenant, pool string) (quotaRows, error) {
 	rows, err := q.Query(ctx, quotaRowsSQL, tenant, pool)
 	if err != nil {
@@ -84,16 +85,6 @@ func queueQuotas(b *pgx.Batch, tenant, pool string, out *quotaRows) {
 		*out, err = pgx.CollectRows(rows, pgx.RowToStructByPos[api.Quota])
 		return err
 	})
-}
-
-// lockQuotas locks and reads a tenant's quotas in a pool. A transaction that locks quotas of
-// several tenants takes them all first with lockQuotaSets.
-func lockQuotas(ctx context.Context, tx pgx.Tx, tenant, pool string) (quotaRows, error) {
-	rows, err := tx.Query(ctx, quotaRowsSQL+" FOR UPDATE", tenant, pool)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, pgx.RowToStructByPos[api.Quota])
 }
 
 // quotaKey names the quotas of one tenant in one pool.

@@ -15,10 +15,15 @@ import (
 // MaxBatch bounds how many calls share one transaction.
 const MaxBatch = 64
 
-// Group commit without a goroutine of its own: the first call to arrive when no batch of its
-// key is running becomes the leader and runs, one transaction at a time, every call that queued
-// meanwhile (its own first); the others wait for their results. With one caller a batch is one
-// call; under load batches grow by themselves.
+// BatchesInFlight is how many batches of one key may run at once.
+var BatchesInFlight = 2
+
+// Group commit without a goroutine of its own: the first call to arrive when fewer than
+// BatchesInFlight batches of its key are running becomes a leader and runs, one transaction at a
+// time, every call that queued meanwhile (its own first); the others wait for their results. With
+// one caller a batch is one call; under load batches grow by themselves, and two of a key run at
+// once, so that one is planned and written while the other waits on the database (they lock
+// different nodes: the candidates are taken with SKIP LOCKED).
 
 type batchers struct {
 	mu sync.Mutex
@@ -28,7 +33,7 @@ type batchers struct {
 type batcher struct {
 	mu      sync.Mutex
 	pending []*pending
-	running bool
+	running int // leaders
 }
 
 type pending struct {
@@ -62,8 +67,10 @@ func (e *Envelope) batched(ctx context.Context, h *modules.Handler, bkey string,
 	c.done = make(chan outcome, 1)
 	b.mu.Lock()
 	b.pending = append(b.pending, c)
-	lead := !b.running
-	b.running = true
+	lead := b.running < BatchesInFlight
+	if lead {
+		b.running++
+	}
 	b.mu.Unlock()
 	if lead {
 		e.lead(h, b, name, c)
@@ -78,19 +85,21 @@ func (e *Envelope) batched(ctx context.Context, h *modules.Handler, bkey string,
 }
 
 // lead runs b's pending calls, batch after batch, until none is left or the batch with the
-// leader's own call (mine) has run: then, with calls still pending, a new goroutine goes on
-// leading, so that the leader's caller is answered now. (A leader that stayed until the queue
+// leader's own call (mine) has run: then a new goroutine takes over the lead (and ends at once
+// if nothing is pending), so that the leader's caller is answered now. (A leader that stayed until the queue
 // was empty was never answered while calls kept coming.)
 func (e *Envelope) lead(h *modules.Handler, b *batcher, name string, mine *pending) {
 	for {
 		b.mu.Lock()
 		if len(b.pending) == 0 {
-			b.running = false
-			e.batch.mu.Lock()
-			if e.batch.m[name] == b {
-				delete(e.batch.m, name)
+			b.running--
+			if b.running == 0 {
+				e.batch.mu.Lock()
+				if e.batch.m[name] == b {
+					delete(e.batch.m, name)
+				}
+				e.batch.mu.Unlock()
 			}
-			e.batch.mu.Unlock()
 			b.mu.Unlock()
 			return
 		}

@@ -503,12 +503,11 @@ func (g *Gateway) backOnline(ctx context.Context, tx pgx.Tx, held []string) erro
 	if err != nil {
 		return err
 	}
-	for _, n := range back {
-		if err := events.Emit(ctx, tx, "node.online", n.TenantID, n.ID, map[string]any{"gateway": g.cfg.ID, "heartbeat": true}); err != nil {
-			return err
-		}
+	tenants, subjects := make([]string, len(back)), make([]string, len(back))
+	for i, n := range back {
+		tenants[i], subjects[i] = n.TenantID, n.ID
 	}
-	return nil
+	return events.EmitEach(ctx, tx, "node.online", tenants, subjects, map[string]any{"gateway": g.cfg.ID, "heartbeat": true})
 }
 
 // pollLoop is the safety net under LISTEN/NOTIFY: a notification lost while the listening

@@ -31,6 +31,7 @@ import (
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/iam"
 	"github.com/better-compute/compute/internal/capacity"
+	"github.com/better-compute/compute/internal/envelope"
 	"github.com/better-compute/compute/internal/fleet"
 	"github.com/better-compute/compute/postgres"
 	"github.com/better-compute/compute/postgres/embedded"
@@ -43,8 +44,10 @@ func main() {
 	live := flag.Int("live", 0, "live one-GPU bookings besides the utilisation's, 8 a node on the first nodes")
 	explain := flag.Bool("explain", false, "print EXPLAIN ANALYZE of the best-fit candidate query before each row")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the measurements (not the set-up) to this file")
+	inflight := flag.Int("inflight", envelope.BatchesInFlight, "batches of one key in flight at once")
 	traceFlag := flag.Bool("trace", false, "print where the time of each statement goes, then exit after the first row")
 	flag.Parse()
+	envelope.BatchesInFlight = *inflight
 	trace = traceFlag
 	ctx := context.Background()
 
