@@ -21,10 +21,11 @@ type API struct {
 	Devices      DevicesGroup
 	JoinTokens   JoinTokensGroup
 	Commands     CommandsGroup
+	Events       EventsGroup
 }
 
 func newAPI(c *Compute) API {
-	return API{Sites: SitesGroup{c}, Pools: PoolsGroup{c}, Nodes: NodesGroup{c}, Reservations: ReservationsGroup{c}, Capacity: CapacityGroup{c}, Quotas: QuotasGroup{c}, Devices: DevicesGroup{c}, JoinTokens: JoinTokensGroup{c}, Commands: CommandsGroup{c}}
+	return API{Sites: SitesGroup{c}, Pools: PoolsGroup{c}, Nodes: NodesGroup{c}, Reservations: ReservationsGroup{c}, Capacity: CapacityGroup{c}, Quotas: QuotasGroup{c}, Devices: DevicesGroup{c}, JoinTokens: JoinTokensGroup{c}, Commands: CommandsGroup{c}, Events: EventsGroup{c}}
 }
 
 // SitesGroup is the sites group.
@@ -352,4 +353,12 @@ func (g CommandsGroup) Cancel(ctx context.Context, cred string, in api.CancelCom
 // CancelTx calls commands.cancel in the host's transaction tx: see InvokeTx.
 func (g CommandsGroup) CancelTx(ctx context.Context, tx pgx.Tx, cred string, in api.CancelCommand) (api.Command, error) {
 	return InvokeTx(ctx, g.c, tx, cred, api.CommandsCancel, in)
+}
+
+// EventsGroup is the events group.
+type EventsGroup struct{ c *Compute }
+
+// List calls events.list: List a tenant's events in log order, after an event id or a cursor; filter by type or subject.
+func (g EventsGroup) List(ctx context.Context, cred string, in api.ListEvents) (api.Page[api.Event], error) {
+	return Invoke(ctx, g.c, cred, api.EventsList, in)
 }

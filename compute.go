@@ -31,6 +31,7 @@ import (
 	"github.com/better-compute/compute/iam"
 	"github.com/better-compute/compute/internal/capacity"
 	"github.com/better-compute/compute/internal/envelope"
+	"github.com/better-compute/compute/internal/events"
 	"github.com/better-compute/compute/internal/fleet"
 	"github.com/better-compute/compute/internal/gateway"
 	"github.com/better-compute/compute/internal/nodes"
@@ -95,6 +96,10 @@ func New(opts Options) (*Compute, error) {
 	c.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !c.ready.Load() {
 			envelope.Unavailable("the API (Initialize has not completed)").ServeHTTP(w, r)
+			return
+		}
+		if isEventStream(r) {
+			c.serveEventStream(w, r)
 			return
 		}
 		c.env.ServeHTTP(w, r)
@@ -167,7 +172,7 @@ func (m gatewayModule) Register(r *modules.Registry) error {
 // registry registers the core, then mods, and checks the whole.
 func registry(mods []Module) (*modules.Registry, error) {
 	reg := modules.NewRegistry()
-	for _, m := range append([]Module{coreModule{}, fleet.Module{}, capacity.Module{}}, mods...) {
+	for _, m := range append([]Module{coreModule{}, fleet.Module{}, events.Module{}, capacity.Module{}}, mods...) {
 		if err := reg.Add(m); err != nil {
 			return nil, fmt.Errorf("compute: %w", err)
 		}

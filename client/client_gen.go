@@ -19,10 +19,11 @@ type groups struct {
 	Devices      DevicesGroup
 	JoinTokens   JoinTokensGroup
 	Commands     CommandsGroup
+	Events       EventsGroup
 }
 
 func newGroups(c *Client) groups {
-	return groups{Sites: SitesGroup{c}, Pools: PoolsGroup{c}, Nodes: NodesGroup{c}, Reservations: ReservationsGroup{c}, Capacity: CapacityGroup{c}, Quotas: QuotasGroup{c}, Devices: DevicesGroup{c}, JoinTokens: JoinTokensGroup{c}, Commands: CommandsGroup{c}}
+	return groups{Sites: SitesGroup{c}, Pools: PoolsGroup{c}, Nodes: NodesGroup{c}, Reservations: ReservationsGroup{c}, Capacity: CapacityGroup{c}, Quotas: QuotasGroup{c}, Devices: DevicesGroup{c}, JoinTokens: JoinTokensGroup{c}, Commands: CommandsGroup{c}, Events: EventsGroup{c}}
 }
 
 // SitesGroup is the sites group.
@@ -240,4 +241,12 @@ func (g CommandsGroup) List(ctx context.Context, in api.ListCommands) (api.Page[
 // Cancel calls commands.cancel: Cancel a command that has not finished.
 func (g CommandsGroup) Cancel(ctx context.Context, in api.CancelCommand) (api.Command, error) {
 	return call(ctx, g.c, api.CommandsCancel, in)
+}
+
+// EventsGroup is the events group.
+type EventsGroup struct{ c *Client }
+
+// List calls events.list: List a tenant's events in log order, after an event id or a cursor; filter by type or subject.
+func (g EventsGroup) List(ctx context.Context, in api.ListEvents) (api.Page[api.Event], error) {
+	return call(ctx, g.c, api.EventsList, in)
 }

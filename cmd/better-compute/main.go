@@ -91,6 +91,9 @@ config file (--config, default ` + defaultConfigPath() + `: {"url": …, "apiKey
 	pf.StringVarP(&p.Output, "output", "o", "table", "table or json")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	for _, g := range apiCommands(p) {
+		if g.Name() == "events" {
+			g.AddCommand(eventsWatchCmd(p))
+		}
 		root.AddCommand(g)
 	}
 	root.AddCommand(devCmd(), serveCmd(), simCmd(p), iamCmd(p), mcpCmd(p), methodsCmd(p), callCmd(p))

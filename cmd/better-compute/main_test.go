@@ -153,6 +153,15 @@ func TestQuickstart(t *testing.T) {
 		t.Fatalf("reservations release = %d\n%s", code, out)
 	}
 
+	// The events of that, from the log, as JSON lines.
+	out, errOut, code = cli(t, bin, env, "events", "watch", "--type", "reservation.", "--count", "2", "-o", "json")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	var created, released api.Event
+	if code != 0 || len(lines) != 2 || json.Unmarshal([]byte(lines[0]), &created) != nil || json.Unmarshal([]byte(lines[1]), &released) != nil ||
+		created.Type != "reservation.created" || released.Type != "reservation.released" || created.Subject != r.ID || released.ID <= created.ID {
+		t.Fatalf("events watch = %d\n%s%s", code, out, errOut)
+	}
+
 	// A server error: its code, a message, a non-zero exit.
 	_, errOut, code = cli(t, bin, env, "pools", "get", "nope")
 	if code != 1 || !strings.Contains(errOut, `not_found: pool "nope" not found`) {

@@ -13,7 +13,6 @@ import (
 
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/iam"
-	"github.com/better-compute/compute/internal/events"
 	"github.com/better-compute/compute/modules"
 	"github.com/better-compute/compute/postgres"
 )
@@ -49,7 +48,7 @@ func (m Module) Register(r *modules.Registry) error {
 	if m.BillingEvery == 0 {
 		m.BillingEvery = BillingEveryDefault
 	}
-	r.Migrations(events.Migrations, Migrations)
+	r.Migrations(Migrations)
 	r.ResourceTypes(
 		iam.ResourceType{Name: api.ResourceReservation, Description: "A claim on capacity: bookings over a window."},
 		iam.ResourceType{Name: api.ResourceQuota, Description: "A limit on what a tenant may hold in a pool."},

@@ -173,3 +173,10 @@ func Unavailable(what string) http.Handler {
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// WriteError writes err as the error envelope, for the API's routes outside the method calls
+// (the event stream); status 0 means the code's status.
+func WriteError(w http.ResponseWriter, status int, err error) { writeError(w, status, err) }
+
+// Bearer is the credential of a request: its Authorization header's bearer token.
+func Bearer(r *http.Request) string { return bearer(r) }
