@@ -28,4 +28,5 @@ var eventTypes = []modules.EventType{
 	{Name: "reservation.expired", Description: "A reservation's window closed."},
 	{Name: "reservation.preempted", Description: "A spot reservation was displaced (data: at, by)."},
 	{Name: "reservation.extended", Description: "A reservation's end moved later (data: from, to)."},
+	{Name: "quota.exceeded", Description: "A call was refused over a quota; its subject is the tenant (data: method, principal, resource, model, limit, used, requested)."},
 }

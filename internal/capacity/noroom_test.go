@@ -7,6 +7,7 @@ import (
 
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/internal/capacity"
+	"github.com/better-compute/compute/internal/events"
 )
 
 // noRoom asserts that err is a no-room conflict for reason, whose message names the cause.
@@ -121,6 +122,12 @@ func TestNoRoomNamesTheCause(t *testing.T) {
 		_, err := f.Compute.API.Reservations.Create(f.ctx, key, api.CreateReservation{Pool: "gpu", Shape: api.Shape{GPUs: 2}})
 		if api.CodeOf(err) != api.CodeQuotaExceeded || err.(*api.Error).Details["reason"] != "quota" {
 			t.Fatalf("over quota = %v", err)
+		}
+		// The refusal is in the log, though the call's transaction was rolled back.
+		evs, err := events.About(f.ctx, f.DB.Pool, tenant)
+		if err != nil || len(evs) != 1 || evs[0].Type != "quota.exceeded" || evs[0].TenantID != tenant ||
+			evs[0].Data["method"] != "reservations.create" || evs[0].Data["limit"] != float64(1) || evs[0].Data["requested"] != float64(2) {
+			t.Fatalf("events about the tenant: %+v, %v; want one quota.exceeded", evs, err)
 		}
 	})
 }

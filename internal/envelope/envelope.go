@@ -22,6 +22,7 @@ import (
 
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/iam"
+	"github.com/better-compute/compute/internal/events"
 	"github.com/better-compute/compute/modules"
 	"github.com/better-compute/compute/postgres"
 )
@@ -173,9 +174,29 @@ func (e *Envelope) invoke(ctx context.Context, p iam.Principal, h *modules.Handl
 		return Result{}, err
 	}
 	if bkey := h.BatchKey(target, in); bkey != "" {
-		return e.batched(ctx, h, bkey, &pending{ctx: ctx, p: p, t: target, key: key, hash: hash, in: in})
+		res, err = e.batched(ctx, h, bkey, &pending{ctx: ctx, p: p, t: target, key: key, hash: hash, in: in})
+	} else {
+		res, err = e.transactAlone(ctx, p, h, target, key, hash, in)
 	}
-	return e.transactAlone(ctx, p, h, target, key, hash, in)
+	if api.CodeOf(err) == api.CodeQuotaExceeded {
+		e.quotaExceeded(ctx, p, h, target, err)
+	}
+	return res, err
+}
+
+// quotaExceeded records a call refused over a quota as a quota.exceeded event. The call's own
+// transaction was rolled back, so the event is written on its own: the refusal happened, and an
+// operator watching the log should see a tenant pressing against its limits.
+func (e *Envelope) quotaExceeded(ctx context.Context, p iam.Principal, h *modules.Handler, t modules.Target, err error) {
+	var ae *api.Error
+	errors.As(err, &ae)
+	data := map[string]any{"method": h.Info.FullName(), "principal": p.ID, "message": ae.Message}
+	for k, v := range ae.Details {
+		data[k] = v
+	}
+	if err := events.Emit(context.WithoutCancel(ctx), e.rt.DB.Pool, "quota.exceeded", t.TenantID, t.TenantID, data); err != nil {
+		e.log.WarnContext(ctx, "compute: record a quota refusal", "method", h.Info.FullName(), "error", err)
+	}
 }
 
 // admit takes a call from its input to an allowed target: validation, the idempotency key, the

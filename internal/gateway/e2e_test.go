@@ -23,6 +23,7 @@ import (
 	"github.com/better-compute/compute/agent/v1/agentv1connect"
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/computetest"
+	"github.com/better-compute/compute/internal/events"
 	"github.com/better-compute/compute/internal/nodeagent"
 	"github.com/better-compute/compute/internal/sim"
 	"github.com/better-compute/compute/postgres/pgtest"
@@ -229,6 +230,11 @@ func TestCommandsRoundTripWithoutIAM(t *testing.T) {
 	var out map[string]any
 	if err := json.Unmarshal(got.Result, &out); err != nil || out["gpus"] != float64(8) {
 		t.Fatalf("result %s, %v", got.Result, err)
+	}
+	// The result is an event too, written with it.
+	evs, err := events.About(p.ctx, p.DB.Pool, cmd.ID)
+	if err != nil || len(evs) != 2 || evs[1].Type != "command.finished" || evs[1].Data["state"] != api.CommandSucceeded || evs[1].Data["kind"] != api.CommandHealthCheck {
+		t.Fatalf("events of the command: %+v, %v; want command.created, then command.finished succeeded", evs, err)
 	}
 	// Heartbeats, the inventory, the dispatch and the result asked IAM nothing: the only
 	// questions were the API calls' own (create, then the reads of the test).

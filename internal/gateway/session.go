@@ -384,7 +384,7 @@ func (s *session) handle(ctx context.Context, m *agentv1.NodeMessage) error {
 		if r.GetOutput() == nil {
 			out = nil
 		}
-		if _, err := nodes.Complete(ctx, g.rt.DB.Pool, s.node, r.GetCommandId(), r.GetOk(), r.GetError(), out); err != nil {
+		if _, err := nodes.Complete(ctx, g.rt.DB, s.node, r.GetCommandId(), r.GetOk(), r.GetError(), out); err != nil {
 			return err
 		}
 		// Acknowledged whether first or repeated, so the node can forget it.

@@ -136,6 +136,9 @@ func registerCommands(r *modules.Registry) {
 		func(ctx context.Context, c *modules.Call, in api.CancelCommand) (api.Command, error) {
 			cmd, err := scanCommand(c.Tx.QueryRow(ctx, `UPDATE compute.commands SET state = 'cancelled', finished_at = compute.compute_now()
 				WHERE id = $1 AND tenant_id = $2 AND state IN ('pending', 'dispatched') RETURNING `+commandColumns, in.Command, c.Target.TenantID))
+			if err == nil {
+				err = emitFinished(ctx, c.Tx, []finished{{ID: cmd.ID, TenantID: cmd.TenantID, Node: cmd.NodeID, Kind: cmd.Kind, State: cmd.State}})
+			}
 			if errors.Is(err, pgx.ErrNoRows) {
 				cur, err := scanCommand(c.Tx.QueryRow(ctx, `SELECT `+commandColumns+` FROM compute.commands WHERE id = $1`, in.Command))
 				if err != nil {
@@ -208,7 +211,7 @@ func sortCommands(cmds []api.Command) {
 
 // Complete records a command's result. It reports false for a result that comes too late (the
 // command was cancelled or failed its deadline) or a second time: it changes nothing then.
-func Complete(ctx context.Context, q postgres.Querier, nodeID, id string, ok bool, errText string, output []byte) (bool, error) {
+func Complete(ctx context.Context, db *postgres.DB, nodeID, id string, ok bool, errText string, output []byte) (bool, error) {
 	state := api.CommandSucceeded
 	if !ok {
 		state = api.CommandFailed
@@ -216,17 +219,59 @@ func Complete(ctx context.Context, q postgres.Querier, nodeID, id string, ok boo
 	if output == nil {
 		output = []byte("{}")
 	}
-	tag, err := q.Exec(ctx, `UPDATE compute.commands SET state = $3, result = $4, error = $5, finished_at = compute.compute_now()
-		WHERE id = $1 AND node_id = $2 AND state IN ('pending', 'dispatched')`, id, nodeID, state, output, errText)
-	return tag.RowsAffected() == 1, err
+	first := false
+	err := db.Tx(ctx, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `UPDATE compute.commands SET state = $3, result = $4, error = $5, finished_at = compute.compute_now()
+			WHERE id = $1 AND node_id = $2 AND state IN ('pending', 'dispatched') RETURNING `+finishedColumns, id, nodeID, state, output, errText)
+		if err != nil {
+			return err
+		}
+		done, err := pgx.CollectRows(rows, pgx.RowToStructByPos[finished])
+		if err != nil {
+			return err
+		}
+		first = len(done) == 1
+		return emitFinished(ctx, tx, done)
+	})
+	return first, err
+}
+
+// finished is a command that reached its end, for its command.finished event.
+type finished struct {
+	ID, TenantID, Node, Kind, State, Error string
+}
+
+const finishedColumns = `id::text, tenant_id, node_id::text, kind, state, coalesce(error, '')`
+
+// emitFinished records each command's end as a command.finished event.
+func emitFinished(ctx context.Context, tx pgx.Tx, done []finished) error {
+	for _, c := range done {
+		if err := events.Emit(ctx, tx, "command.finished", c.TenantID, c.ID, map[string]any{
+			"node": c.Node, "kind": c.Kind, "state": c.State, "error": c.Error}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // FailOverdueCommands fails the commands whose deadline passed before a result came.
-func FailOverdueCommands(ctx context.Context, q postgres.Querier) (int64, error) {
-	tag, err := q.Exec(ctx, `UPDATE compute.commands SET state = 'failed', finished_at = compute.compute_now(),
-		  error = CASE WHEN state = 'pending' THEN 'deadline exceeded: the node was not reached' ELSE 'deadline exceeded: the node did not report a result' END
-		WHERE state IN ('pending', 'dispatched') AND deadline <= compute.compute_now()`)
-	return tag.RowsAffected(), err
+func FailOverdueCommands(ctx context.Context, db *postgres.DB) (int64, error) {
+	var n int64
+	err := db.Tx(ctx, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `UPDATE compute.commands SET state = 'failed', finished_at = compute.compute_now(),
+			  error = CASE WHEN state = 'pending' THEN 'deadline exceeded: the node was not reached' ELSE 'deadline exceeded: the node did not report a result' END
+			WHERE state IN ('pending', 'dispatched') AND deadline <= compute.compute_now() RETURNING `+finishedColumns)
+		if err != nil {
+			return err
+		}
+		done, err := pgx.CollectRows(rows, pgx.RowToStructByPos[finished])
+		if err != nil {
+			return err
+		}
+		n = int64(len(done))
+		return emitFinished(ctx, tx, done)
+	})
+	return n, err
 }
 
 // MarkOffline takes online nodes whose session has been silent past its grace period offline;
