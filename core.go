@@ -16,6 +16,7 @@ func (coreModule) Name() string { return "core" }
 
 func (coreModule) Register(r *modules.Registry) error {
 	r.Migrations(envelope.Migrations)
+	r.EventTypes(modules.EventType{Name: "action.confirmed", Description: "A call an agent's delegation reserves for its person was confirmed by them and made; its subject is the confirmation (data: method, action, resource, principal)."})
 	r.Worker(modules.Worker{Name: "idempotency-prune", Modes: []string{string(ModeWorker)}, Run: pruneIdempotencyKeys})
 	return nil
 }

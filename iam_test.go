@@ -12,6 +12,7 @@ import (
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/computetest"
 	"github.com/better-compute/compute/iam"
+	"github.com/better-compute/compute/internal/events"
 	"github.com/better-compute/compute/postgres/pgtest"
 )
 
@@ -215,6 +216,11 @@ func TestConfirmationOverHTTP(t *testing.T) {
 	}
 	if c := post(t, url, key.Token, "sites/create", `{"name": "fra1"}`); c.status != 200 {
 		t.Fatalf("after approval = %d %s", c.status, c.raw)
+	}
+	// The confirmed call is in the event log, its subject the confirmation.
+	evs, err := events.About(ctx, env.DB.Pool, id)
+	if err != nil || len(evs) != 1 || evs[0].Type != "action.confirmed" || evs[0].Data["method"] != "sites.create" || evs[0].Data["principal"] != bot.ID {
+		t.Fatalf("events about the confirmation: %+v, %v; want one action.confirmed of sites.create by the agent", evs, err)
 	}
 	if c := post(t, url, key.Token, "sites/create", `{"name": "ams1"}`); c.errCode() != string(api.CodeConfirmationRequired) {
 		t.Fatalf("a second use of the approval = %d %s", c.status, c.raw)

@@ -98,18 +98,23 @@ func InputHash(method string, input json.RawMessage) (string, json.RawMessage, e
 }
 
 // consume spends one approved, unexpired confirmation of exactly r (its method and input) by
-// agent, if there is one.
-func (l *Local) consume(ctx context.Context, agent string, r Request) (bool, error) {
+// agent, if there is one, and returns its id ("" if there is none).
+func (l *Local) consume(ctx context.Context, agent string, r Request) (string, error) {
 	hash, _, err := InputHash(r.Method, r.Input)
 	if err != nil {
-		return false, err
+		return "", err
 	}
-	tag, err := l.db.Pool.Exec(ctx, `UPDATE iam.confirmations SET state = 'consumed', consumed_at = compute.compute_now()
+	var id string
+	err = l.db.Pool.QueryRow(ctx, `UPDATE iam.confirmations SET state = 'consumed', consumed_at = compute.compute_now()
 		WHERE id = (SELECT id FROM iam.confirmations WHERE agent_id = $1 AND tenant_id = $2 AND action = $3 AND resource = $4
 		            AND input_hash = $5 AND state = 'approved' AND expires_at > compute.compute_now()
-		            ORDER BY requested_at LIMIT 1 FOR UPDATE SKIP LOCKED)`,
-		agent, r.TenantID, r.Action, r.Resource.String(), hash)
-	return tag.RowsAffected() == 1, err
+		            ORDER BY requested_at LIMIT 1 FOR UPDATE SKIP LOCKED)
+		RETURNING id`,
+		agent, r.TenantID, r.Action, r.Resource.String(), hash).Scan(&id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil
+	}
+	return id, err
 }
 
 // RequestConfirmation implements Confirmer.

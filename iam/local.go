@@ -221,12 +221,12 @@ func (l *Local) confirmed(ctx context.Context, p Principal, r Request, d Decisio
 	if err != nil || !reserved {
 		return d, err
 	}
-	ok, err := l.consume(ctx, p.ID, r)
+	id, err := l.consume(ctx, p.ID, r)
 	if err != nil {
 		return Decision{}, err
 	}
-	if ok {
-		d.Reason = "allowed, with a person's confirmation"
+	if id != "" {
+		d.Reason, d.Confirmed = "allowed, with a person's confirmation", id
 		return d, nil
 	}
 	return Decision{Allowed: false, ConfirmationRequired: true, Matched: d.Matched,

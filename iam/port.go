@@ -131,6 +131,9 @@ type Decision struct {
 	ConfirmationRequired bool   `json:"confirmationRequired,omitempty"`
 	Reason               string `json:"reason,omitempty"`  // why, in words
 	Matched              string `json:"matched,omitempty"` // the statement that decided, as role/sid
+	// Confirmed is the confirmation an allowed decision consumed: the action was reserved for a
+	// person, who approved this very call.
+	Confirmed string `json:"confirmed,omitempty"`
 }
 
 // ResourceType is an entry of the catalog, e.g. compute-pool.

@@ -184,6 +184,16 @@ func (e *Envelope) invoke(ctx context.Context, p iam.Principal, h *modules.Handl
 	return res, err
 }
 
+// confirmed records a call a person confirmed as an action.confirmed event, its subject the
+// confirmation. The confirmation is spent whether the call then succeeds or not, so the event is
+// written on its own, as the IAM port's consumption was.
+func (e *Envelope) confirmed(ctx context.Context, p iam.Principal, req iam.Request, confirmation string) {
+	data := map[string]any{"method": req.Method, "action": req.Action, "resource": req.Resource.String(), "principal": p.ID}
+	if err := events.Emit(context.WithoutCancel(ctx), e.rt.DB.Pool, "action.confirmed", req.TenantID, confirmation, data); err != nil {
+		e.log.WarnContext(ctx, "compute: record a confirmed call", "method", req.Method, "error", err)
+	}
+}
+
 // quotaExceeded records a call refused over a quota as a quota.exceeded event. The call's own
 // transaction was rolled back, so the event is written on its own: the refusal happened, and an
 // operator watching the log should see a tenant pressing against its limits.
@@ -281,6 +291,9 @@ func (e *Envelope) decide(ctx context.Context, p iam.Principal, h *modules.Handl
 		return e.unavailable(ctx, "authorize", err)
 	}
 	if d.Allowed {
+		if d.Confirmed != "" {
+			e.confirmed(ctx, p, req, d.Confirmed)
+		}
 		return nil
 	}
 	if d.ConfirmationRequired {
