@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -206,9 +207,16 @@ func sortCommands(cmds []api.Command) {
 	}
 }
 
+// Completed is what Complete recorded: the command's kind and how long it took from its
+// creation to its result.
+type Completed struct {
+	Kind      string
+	RoundTrip time.Duration
+}
+
 // Complete records a command's result. It reports false for a result that comes too late (the
 // command was cancelled or failed its deadline) or a second time: it changes nothing then.
-func Complete(ctx context.Context, q postgres.Querier, nodeID, id string, ok bool, errText string, output []byte) (bool, error) {
+func Complete(ctx context.Context, q postgres.Querier, nodeID, id string, ok bool, errText string, output []byte) (Completed, bool, error) {
 	state := api.CommandSucceeded
 	if !ok {
 		state = api.CommandFailed
@@ -216,9 +224,19 @@ func Complete(ctx context.Context, q postgres.Querier, nodeID, id string, ok boo
 	if output == nil {
 		output = []byte("{}")
 	}
-	tag, err := q.Exec(ctx, `UPDATE compute.commands SET state = $3, result = $4, error = $5, finished_at = compute.compute_now()
-		WHERE id = $1 AND node_id = $2 AND state IN ('pending', 'dispatched')`, id, nodeID, state, output, errText)
-	return tag.RowsAffected() == 1, err
+	var c Completed
+	var secs float64
+	err := q.QueryRow(ctx, `UPDATE compute.commands SET state = $3, result = $4, error = $5, finished_at = compute.compute_now()
+		WHERE id = $1 AND node_id = $2 AND state IN ('pending', 'dispatched')
+		RETURNING kind, extract(epoch FROM finished_at - created_at)::float8`, id, nodeID, state, output, errText).Scan(&c.Kind, &secs)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Completed{}, false, nil
+	}
+	if err != nil {
+		return Completed{}, false, err
+	}
+	c.RoundTrip = time.Duration(secs * float64(time.Second))
+	return c, true, nil
 }
 
 // FailOverdueCommands fails the commands whose deadline passed before a result came.
