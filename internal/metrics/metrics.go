@@ -75,6 +75,9 @@ func New(reg prometheus.Registerer) *Metrics {
 	}
 	reg.MustRegister(m.apiCalls, m.apiSeconds, m.batchSize, m.iamSeconds, m.refused, m.flushSeconds, m.flushNodes,
 		m.flushFailures, m.lastFlush, m.commandSeconds, m.tickSeconds, m.tickFailures, m.lastTick)
+	for _, stage := range []string{"handshake", "session"} {
+		m.refused.WithLabelValues(stage) // at zero from the start, so that rate() sees the first
+	}
 	// Webhook deliveries and failures will be recorded here once webhooks exist.
 	return m
 }
