@@ -16,6 +16,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -23,6 +24,9 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 
 	agentv1 "github.com/better-compute/compute/agent/v1"
@@ -34,6 +38,7 @@ import (
 	"github.com/better-compute/compute/internal/events"
 	"github.com/better-compute/compute/internal/fleet"
 	"github.com/better-compute/compute/internal/gateway"
+	"github.com/better-compute/compute/internal/metrics"
 	"github.com/better-compute/compute/internal/nodes"
 	"github.com/better-compute/compute/jointokens"
 	"github.com/better-compute/compute/modules"
@@ -53,6 +58,9 @@ type Compute struct {
 	// JoinHandler serves JoinService: nodes trade a join token for a certificate. Mount it at
 	// JoinPath beside the API.
 	JoinHandler http.Handler
+	// MetricsHandler serves this control plane's Prometheus metrics (text format) from a
+	// registry of its own; mount it at /metrics. docs/events.md lists the series.
+	MetricsHandler http.Handler
 
 	opts    Options
 	reg     *modules.Registry
@@ -60,6 +68,7 @@ type Compute struct {
 	env     *envelope.Envelope
 	nodes   *nodes.Module
 	gateway *gateway.Gateway
+	metrics *metrics.Metrics
 
 	ready atomic.Bool
 
@@ -76,8 +85,10 @@ func New(opts Options) (*Compute, error) {
 	if err != nil {
 		return nil, err
 	}
+	promReg := prometheus.NewRegistry()
+	m := metrics.New(promReg)
 	nm := nodes.New(nodes.Config{GatewayAddresses: o.GatewayAddresses, CertLifetime: o.NodeCertLifetime})
-	gw := gateway.New(nm, gateway.Config{HeartbeatInterval: o.HeartbeatInterval})
+	gw := gateway.New(nm, gateway.Config{HeartbeatInterval: o.HeartbeatInterval, Metrics: m})
 	var cache *iam.DecisionCache
 	if o.DecisionCacheTTL > 0 {
 		cache = iam.NewDecisionCache(o.DecisionCacheTTL, DefaultDecisionCacheMax)
@@ -86,11 +97,12 @@ func New(opts Options) (*Compute, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Compute{opts: o, reg: reg, nodes: nm, gateway: gw}
+	c := &Compute{opts: o, reg: reg, nodes: nm, gateway: gw, metrics: m}
 	c.rt = newRuntime(o, reg, nm)
-	if c.env, err = envelope.New(envelope.Config{Registry: reg, Runtime: c.rt, Cache: cache, MaxBodyBytes: o.MaxBodyBytes}); err != nil {
+	if c.env, err = envelope.New(envelope.Config{Registry: reg, Runtime: c.rt, Cache: cache, MaxBodyBytes: o.MaxBodyBytes, Metrics: m}); err != nil {
 		return nil, fmt.Errorf("compute: %w", err)
 	}
+	c.MetricsHandler = c.registerMetrics(promReg)
 	a := newAPI(c)
 	c.API = &a
 	c.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -116,6 +128,20 @@ func New(opts Options) (*Compute, error) {
 		join.ServeHTTP(w, r)
 	})
 	return c, nil
+}
+
+// registerMetrics registers, beside the series the envelope and the gateway record, those read
+// at scrape time, and returns the handler that serves them all.
+func (c *Compute) registerMetrics(reg *prometheus.Registry) http.Handler {
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	c.metrics.Gateway(c.gateway.Sessions, c.gateway.HeartbeatInterval)
+	c.metrics.DBPool(c.opts.Database.Pool)
+	db := c.opts.Database.Pool
+	c.metrics.Fleet(metrics.Fleet{
+		GPUs:         func(ctx context.Context) ([]metrics.PoolGPUs, error) { return capacity.GPUStats(ctx, db) },
+		Reservations: func(ctx context.Context) ([]metrics.Reservations, error) { return capacity.ReservationStats(ctx, db) },
+	}, c.opts.Logger)
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(c.opts.Logger.Handler(), slog.LevelWarn)})
 }
 
 // JoinPath is where JoinHandler expects to be mounted.
@@ -254,7 +280,7 @@ func (c *Compute) Start(ctx context.Context) error {
 func (c *Compute) supervise(ctx context.Context, w modules.Worker) {
 	backoff := time.Second
 	for ctx.Err() == nil {
-		err := w.Run(ctx, c.rt)
+		err := w.Run(modules.ObserveTicks(ctx, w.Name, c.metrics.Tick), c.rt)
 		if ctx.Err() != nil {
 			return
 		}

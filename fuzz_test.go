@@ -102,6 +102,7 @@ func (ff *fuzzFleet) examples() map[string]string {
 		"commands.get":              `{"command":"` + fuzzID + `"}`,
 		"commands.list":             `{"node":"` + node + `","state":"pending"}`,
 		"commands.cancel":           `{"command":"` + fuzzID + `"}`,
+		"events.list":               `{"after":3,"type":"node.","subject":"` + node + `","limit":10}`,
 	}
 }
 

@@ -120,13 +120,14 @@ func (e *Env) Tenant(t testing.TB, name string) (tenantID, key string) {
 	return ten.ID, k.Token
 }
 
-// Server serves the API and JoinService over real HTTP on loopback for the rest of the test, and
-// returns its URL.
+// Server serves the API, JoinService and /metrics over real HTTP on loopback for the rest of the
+// test, and returns its URL.
 func (e *Env) Server(t testing.TB) string {
 	t.Helper()
 	mux := http.NewServeMux()
 	mux.Handle("/api/compute/", e.Compute.Handler)
 	mux.Handle("/"+compute.JoinPath, e.Compute.JoinHandler)
+	mux.Handle("/metrics", e.Compute.MetricsHandler)
 	s := httptest.NewServer(mux)
 	t.Cleanup(s.Close)
 	return s.URL

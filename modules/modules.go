@@ -188,13 +188,20 @@ const EveryMaxBackoff = 30 * time.Second
 // up to EveryMaxBackoff, and starts over after every success: an outage of a few seconds costs a
 // few seconds, however many outages came before. Failures are logged (slog's default logger)
 // rather than returned, so a worker built on Every is not restarted from scratch by its
-// supervisor; Every returns nil when ctx ends.
+// supervisor; Every returns nil when ctx ends. Under a context from ObserveTicks each round is
+// reported, with its duration and error.
 func Every(ctx context.Context, d time.Duration, fn func() error) error {
 	first := min(d, time.Second)
 	backoff := first
+	t, _ := ctx.Value(ticksKey{}).(ticks)
 	for {
 		wait := d
-		if err := fn(); err != nil && ctx.Err() == nil {
+		start := time.Now()
+		err := fn()
+		if t.observe != nil && ctx.Err() == nil {
+			t.observe(t.worker, time.Since(start), err)
+		}
+		if err != nil && ctx.Err() == nil {
 			wait = backoff/2 + time.Duration(rand.Int64N(int64(backoff/2)+1))
 			slog.Default().WarnContext(ctx, "modules: periodic work failed; retrying", "error", err, "in", wait.Round(time.Millisecond))
 			backoff = min(backoff*2, EveryMaxBackoff)
@@ -207,6 +214,31 @@ func Every(ctx context.Context, d time.Duration, fn func() error) error {
 		case <-time.After(wait):
 		}
 	}
+}
+
+// TickObserver is told of every round of Every run under a context from ObserveTicks: the
+// worker's name, how long the round took and its error.
+type TickObserver func(worker string, took time.Duration, err error)
+
+type ticksKey struct{}
+
+type ticks struct {
+	worker  string
+	observe TickObserver
+}
+
+// ObserveTicks returns ctx under which Every tells observe of each of its rounds, as worker's.
+// The control plane runs every Worker under it, for the worker metrics.
+func ObserveTicks(ctx context.Context, worker string, observe TickObserver) context.Context {
+	return context.WithValue(ctx, ticksKey{}, ticks{worker, observe})
+}
+
+// TicksAs returns ctx under which the rounds of Every are observed as those of worker: a worker
+// that runs several loops names each.
+func TicksAs(ctx context.Context, worker string) context.Context {
+	t, _ := ctx.Value(ticksKey{}).(ticks)
+	t.worker = worker
+	return context.WithValue(ctx, ticksKey{}, t)
 }
 
 // DecodeJSON decodes one JSON value into v, refusing unknown fields and anything after it, with

@@ -103,8 +103,9 @@ func serveCmd() *cobra.Command {
   --mode worker    reconcilers: reservation lifecycle, billing, command deadlines, offline nodes
   --mode all       all of it
 
-Processes of different modes on one database work together. Every mode serves /healthz (alive) and
-/readyz (initialized, database answering) on --listen. SIGTERM stops it gracefully.
+Processes of different modes on one database work together. Every mode serves /healthz (alive),
+/readyz (initialized, database answering) and /metrics (Prometheus) on --listen. SIGTERM stops it
+gracefully.
 
 Settings: flags, then $BETTER_COMPUTE_DATABASE_URL, $BETTER_COMPUTE_SECRET, $BETTER_COMPUTE_MODE,
 $BETTER_COMPUTE_ROOT_TENANT, $BETTER_COMPUTE_BASE_URL, then --config (JSON: mode, databaseUrl, secret,
@@ -211,6 +212,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, out io.Writer
 		}
 		_, _ = io.WriteString(w, "ready\n")
 	})
+	mux.Handle("/metrics", c.MetricsHandler) // every mode: each process has its own series
 	if mode == compute.ModeAPI || mode == compute.ModeAll {
 		mux.Handle("/api/compute/", c.Handler)
 		mux.Handle("/"+compute.JoinPath, c.JoinHandler)

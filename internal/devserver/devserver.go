@@ -142,6 +142,7 @@ func Start(ctx context.Context, o Options) (_ *Server, err error) {
 	mux := http.NewServeMux()
 	mux.Handle("/api/compute/", s.Compute.Handler)
 	mux.Handle("/"+compute.JoinPath, s.Compute.JoinHandler)
+	mux.Handle("/metrics", s.Compute.MetricsHandler)
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	// Every route here is a bounded request and answer: a slow body or a slow reader is cut off.
 	s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,

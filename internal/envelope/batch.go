@@ -121,6 +121,7 @@ func (e *Envelope) runBatch(h *modules.Handler, calls []*pending) {
 	// The leader's cancellation must not fail the others' calls.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(calls[0].ctx), 30*time.Second)
 	defer cancel()
+	e.metrics.Batch(h.Info.FullName(), len(calls))
 	out := make([]*outcome, len(calls))
 	var alone []int
 	err := pgx.BeginFunc(ctx, e.rt.DB.Pool, func(tx pgx.Tx) error {

@@ -23,6 +23,7 @@ import (
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/iam"
 	"github.com/better-compute/compute/internal/events"
+	"github.com/better-compute/compute/internal/metrics"
 	"github.com/better-compute/compute/modules"
 	"github.com/better-compute/compute/postgres"
 )
@@ -45,6 +46,7 @@ type Config struct {
 	Runtime      *modules.Runtime
 	Cache        *iam.DecisionCache // nil: no cache
 	MaxBodyBytes int64              // 0: DefaultMaxBodyBytes
+	Metrics      *metrics.Metrics   // nil: none recorded
 }
 
 // Envelope dispatches API calls.
@@ -55,6 +57,7 @@ type Envelope struct {
 	cache   *iam.DecisionCache
 	maxBody int64
 	log     *slog.Logger
+	metrics *metrics.Metrics
 	table   []api.MethodDescription // what GET /methods answers
 }
 
@@ -64,7 +67,7 @@ func New(cfg Config) (*Envelope, error) {
 	if cfg.MaxBodyBytes == 0 {
 		cfg.MaxBodyBytes = DefaultMaxBodyBytes
 	}
-	e := &Envelope{reg: cfg.Registry, rt: cfg.Runtime, cache: cfg.Cache, maxBody: cfg.MaxBodyBytes, log: cfg.Runtime.Logger}
+	e := &Envelope{reg: cfg.Registry, rt: cfg.Runtime, cache: cfg.Cache, maxBody: cfg.MaxBodyBytes, log: cfg.Runtime.Logger, metrics: cfg.Metrics}
 	for _, h := range cfg.Registry.Handlers() {
 		s, err := modules.InputSchema(h.InputType())
 		if err != nil {
@@ -87,7 +90,8 @@ type Result struct {
 }
 
 // Invoke runs one call of h with a decoded input.
-func (e *Envelope) Invoke(ctx context.Context, credential string, h *modules.Handler, in any) (Result, error) {
+func (e *Envelope) Invoke(ctx context.Context, credential string, h *modules.Handler, in any) (res Result, err error) {
+	defer e.observe(h, time.Now(), &err)
 	if !h.Accepts(in) {
 		return Result{}, api.Errorf(api.CodeInternal, "method %s called with input of type %T", h.Info.FullName(), in)
 	}
@@ -109,6 +113,7 @@ func (e *Envelope) Invoke(ctx context.Context, credential string, h *modules.Han
 // The IAM decision is made while tx is open: an IAM port that needs a connection of the same pool
 // then needs a second one. Size the pool for it.
 func (e *Envelope) InvokeTx(ctx context.Context, tx pgx.Tx, credential string, h *modules.Handler, in any) (res Result, err error) {
+	defer e.observe(h, time.Now(), &err)
 	if tx == nil {
 		return Result{}, api.Errorf(api.CodeInvalidArgument, "%s: InvokeTx needs the host's transaction (got nil)", h.Info.FullName())
 	}
@@ -279,7 +284,12 @@ func (e *Envelope) decide(ctx context.Context, p iam.Principal, h *modules.Handl
 		}
 		req.Method, req.Input = h.Info.FullName(), input
 	}
-	authorize := func() (iam.Decision, error) { return e.rt.IAM.Authorize(ctx, p, req) }
+	authorize := func() (iam.Decision, error) {
+		start := time.Now()
+		d, err := e.rt.IAM.Authorize(ctx, p, req)
+		e.metrics.IAMDecision(decisionOutcome(d, err), time.Since(start))
+		return d, err
+	}
 	var d iam.Decision
 	var err error
 	if h.Info.Mutating {
@@ -310,6 +320,31 @@ func (e *Envelope) decide(ctx context.Context, p iam.Principal, h *modules.Handl
 	return &api.Error{Code: api.CodePermissionDenied,
 		Message: fmt.Sprintf("%s on %s in tenant %s is not allowed: %s", req.Action, req.Resource, req.TenantID, d.Reason),
 		Details: map[string]any{"action": req.Action, "resource": req.Resource.String(), "tenantId": req.TenantID, "reason": d.Reason}}
+}
+
+// decisionOutcome names an IAM decision for its metric.
+func decisionOutcome(d iam.Decision, err error) string {
+	switch {
+	case err != nil:
+		return "error"
+	case d.Allowed:
+		return "allowed"
+	case d.ConfirmationRequired:
+		return "confirmation_required"
+	}
+	return "denied"
+}
+
+// observe records a call of h that began at start and ended with *err.
+func (e *Envelope) observe(h *modules.Handler, start time.Time, err *error) {
+	if e.metrics == nil {
+		return
+	}
+	code := "ok"
+	if *err != nil {
+		code = string(asAPIError(*err).Code)
+	}
+	e.metrics.APICall(h.Info.FullName(), code, time.Since(start))
 }
 
 // transactAlone runs one call in one transaction, retried when PostgreSQL reports a deadlock or
@@ -475,12 +510,12 @@ func (e *Envelope) mapError(ctx context.Context, h *modules.Handler, err error) 
 	}
 	if postgres.Unavailable(err) {
 		// The error's text may name the database's host and user: it goes to the log only.
-		e.log.WarnContext(ctx, "compute: database unavailable", "method", h.Info.FullName(), "error", err)
+		e.logger(ctx).WarnContext(ctx, "compute: database unavailable", "method", h.Info.FullName(), "error", err)
 		return &api.Error{Code: api.CodeUnavailable, Message: "the database is unavailable; try again shortly",
 			Details: map[string]any{"reason": "database_unavailable"}}
 	}
 	if postgres.Retryable(err) || errors.Is(err, modules.ErrRetry) {
-		e.log.WarnContext(ctx, "compute: contention", "method", h.Info.FullName(), "error", err)
+		e.logger(ctx).WarnContext(ctx, "compute: contention", "method", h.Info.FullName(), "error", err)
 		return &api.Error{Code: api.CodeUnavailable, Message: fmt.Sprintf("%s met concurrent calls %d times in a row; try again", h.Info.FullName(), maxAttempts),
 			Details: map[string]any{"reason": "contention"}}
 	}
@@ -495,14 +530,14 @@ func (e *Envelope) mapError(ctx context.Context, h *modules.Handler, err error) 
 		return &api.Error{Code: api.CodeInvalidArgument, Message: "a value is outside what is allowed",
 			Details: map[string]any{"constraint": postgres.Constraint(err)}}
 	}
-	e.log.ErrorContext(ctx, "compute: internal error", "method", h.Info.FullName(), "error", err)
+	e.logger(ctx).ErrorContext(ctx, "compute: internal error", "method", h.Info.FullName(), "error", err)
 	return &api.Error{Code: api.CodeInternal, Message: "internal error in " + h.Info.FullName() + "; the server log has the detail"}
 }
 
 // unavailable answers an IAM port's failure. Its text (a URL, a database's host) goes to the
 // log only.
 func (e *Envelope) unavailable(ctx context.Context, step string, err error) error {
-	e.log.WarnContext(ctx, "compute: IAM failed", "step", step, "error", err)
+	e.logger(ctx).WarnContext(ctx, "compute: IAM failed", "step", step, "error", err)
 	return &api.Error{Code: api.CodeUnavailable, Message: "IAM could not " + step + "; try again shortly (the server log has the detail)",
 		Details: map[string]any{"reason": "iam_unavailable"}}
 }

@@ -10,12 +10,15 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/modules"
 )
 
-// RequestIDHeader carries a request's id, echoed when the caller sent one.
+// RequestIDHeader carries a request's id: the caller's when it sent a well-formed one (see
+// ValidRequestID), else a new one; it is answered in the same header and attached to what the
+// envelope logs of the call.
 const RequestIDHeader = "X-Request-Id"
 
 // MethodsPath lists the method table: GET BasePath/methods.
@@ -25,12 +28,13 @@ const MethodsPath = api.BasePath + "/methods"
 // /api/compute/methods). It also works mounted under http.StripPrefix.
 func (e *Envelope) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rid := r.Header.Get(RequestIDHeader)
-	if rid == "" || len(rid) > 128 {
+	if !ValidRequestID(rid) {
 		var b [8]byte
 		_, _ = rand.Read(b[:])
 		rid = hex.EncodeToString(b[:])
 	}
 	w.Header().Set(RequestIDHeader, rid)
+	r = r.WithContext(WithRequestID(r.Context(), rid))
 
 	path := strings.TrimPrefix(r.URL.Path, api.BasePath)
 	group, method, ok := strings.Cut(strings.Trim(path, "/"), "/")
@@ -49,58 +53,64 @@ func (e *Envelope) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			Details: map[string]any{"reason": "unknown_method", "group": group, "method": method}})
 		return
 	}
+	start := time.Now()
+	err := e.serveCall(w, r, h)
+	e.observe(h, start, &err)
+}
+
+// serveCall runs one call of h over HTTP and writes its answer; it returns the error it answered.
+func (e *Envelope) serveCall(w http.ResponseWriter, r *http.Request, h *modules.Handler) error {
+	fail := func(status int, err error) error {
+		writeError(w, status, err)
+		return err
+	}
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
-		writeError(w, http.StatusMethodNotAllowed, &api.Error{Code: api.CodeInvalidArgument,
-			Message: r.Method + " is not allowed: call " + group + "." + method + " with POST",
+		return fail(http.StatusMethodNotAllowed, &api.Error{Code: api.CodeInvalidArgument,
+			Message: r.Method + " is not allowed: call " + h.Info.FullName() + " with POST",
 			Details: map[string]any{"reason": "method_not_allowed"}})
-		return
 	}
 	ctx := r.Context()
 	p, err := e.authenticate(ctx, bearer(r))
 	if err != nil {
-		writeError(w, 0, err)
-		return
+		return fail(0, err)
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, e.maxBody))
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			writeError(w, http.StatusRequestEntityTooLarge, &api.Error{Code: api.CodeInvalidArgument,
+			return fail(http.StatusRequestEntityTooLarge, &api.Error{Code: api.CodeInvalidArgument,
 				Message: "body is larger than the limit of " + itoa(e.maxBody) + " bytes",
 				Details: map[string]any{"reason": "body_too_large", "limit": e.maxBody}})
-			return
 		}
-		writeError(w, 0, &api.Error{Code: api.CodeInvalidArgument, Message: "read body: " + err.Error(),
+		return fail(0, &api.Error{Code: api.CodeInvalidArgument, Message: "read body: " + err.Error(),
 			Details: map[string]any{"reason": "invalid_json"}})
-		return
 	}
 	in, err := h.Decode(body)
 	if err != nil {
-		writeError(w, 0, err)
-		return
+		return fail(0, err)
 	}
 	if k := r.Header.Get(api.IdempotencyKeyHeader); k != "" {
 		ctx = api.WithIdempotencyKey(ctx, k)
 	}
 	res, err := e.invoke(ctx, p, h, in)
 	if err != nil {
-		writeError(w, 0, err)
-		return
+		return fail(0, err)
 	}
 	if res.Replay != nil {
 		w.Header().Set("Idempotent-Replayed", "true")
 		e.writeAnswer(w, r, h, json.RawMessage(res.Replay))
-		return
+		return nil
 	}
 	e.writeAnswer(w, r, h, res.Value)
+	return nil
 }
 
 // writeAnswer writes a call's answer, and logs an answer that could not be encoded: the call
 // itself has already committed.
 func (e *Envelope) writeAnswer(w http.ResponseWriter, r *http.Request, h *modules.Handler, v any) {
 	if err := writeJSON(w, http.StatusOK, v); err != nil {
-		e.log.ErrorContext(r.Context(), "compute: answer could not be encoded", "method", h.Info.FullName(), "error", err)
+		e.logger(r.Context()).ErrorContext(r.Context(), "compute: answer could not be encoded", "method", h.Info.FullName(), "error", err)
 	}
 }
 

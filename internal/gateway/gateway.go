@@ -26,6 +26,7 @@ import (
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/internal/events"
 	"github.com/better-compute/compute/internal/fleet"
+	"github.com/better-compute/compute/internal/metrics"
 	"github.com/better-compute/compute/internal/nodes"
 	"github.com/better-compute/compute/internal/pki"
 	"github.com/better-compute/compute/modules"
@@ -74,6 +75,7 @@ type Config struct {
 	RevocationsReload time.Duration
 	AdmitRate         float64 // new sessions a second
 	AdmitBurst        int
+	Metrics           *metrics.Metrics // nil: none recorded
 }
 
 // Gateway serves sessions. Run must be running for sessions to be accepted.
@@ -146,6 +148,7 @@ func New(mod *nodes.Module, cfg Config) *Gateway {
 // same rate: a session follows its handshake.
 func (g *Gateway) AdmitHandshake(*tls.ClientHelloInfo) (*tls.Config, error) {
 	if !g.handshakes.Allow() {
+		g.cfg.Metrics.Refused("handshake")
 		return nil, ErrBusy
 	}
 	return nil, nil
@@ -383,7 +386,7 @@ func (g *Gateway) touch(node string, epoch int64, f func(*touch)) {
 }
 
 func (g *Gateway) flushLoop(ctx context.Context) error {
-	return modules.Every(ctx, g.cfg.FlushInterval, func() error {
+	return modules.Every(modules.TicksAs(ctx, "gateway.flush"), g.cfg.FlushInterval, func() error {
 		// A failed flush is not the gateway failing: its heartbeats are lost, and the nodes' next
 		// ones, well within their grace, are written by a later flush; its closed sessions' nodes
 		// go offline when their grace runs out.
@@ -408,6 +411,14 @@ func (g *Gateway) flush(ctx context.Context) error {
 	if len(batch) == 0 && len(closing) == 0 {
 		return nil
 	}
+	start := time.Now()
+	err := g.write(ctx, batch, closing)
+	g.cfg.Metrics.Flush(len(batch)+len(closing), time.Since(start), err)
+	return err
+}
+
+// write is flush's transaction: what batch and closing hold, in a few statements.
+func (g *Gateway) write(ctx context.Context, batch map[string]*touch, closing map[string]int64) error {
 	// In node order, as every writer of many node rows takes them.
 	ids := make([]string, 0, len(batch)+len(closing))
 	for id := range batch {
@@ -513,7 +524,7 @@ func (g *Gateway) backOnline(ctx context.Context, tx pgx.Tx, held []string) erro
 // pollLoop is the safety net under LISTEN/NOTIFY: a notification lost while the listening
 // connection was down still reaches its node within a poll.
 func (g *Gateway) pollLoop(ctx context.Context) error {
-	return modules.Every(ctx, g.cfg.PollInterval, func() error {
+	return modules.Every(modules.TicksAs(ctx, "gateway.poll"), g.cfg.PollInterval, func() error {
 		if err := g.poll(ctx); err != nil && ctx.Err() == nil {
 			g.log.WarnContext(ctx, "gateway: poll", "error", err)
 		}

@@ -105,6 +105,7 @@ var ErrBusy = errors.New("gateway: admitting no more new sessions this moment; r
 // admit takes a token for a new session, or refuses it as unavailable, which nodes retry.
 func (g *Gateway) admit() error {
 	if !g.admission.Allow() {
+		g.cfg.Metrics.Refused("session")
 		return connect.NewError(connect.CodeUnavailable, ErrBusy)
 	}
 	return nil
@@ -384,8 +385,12 @@ func (s *session) handle(ctx context.Context, m *agentv1.NodeMessage) error {
 		if r.GetOutput() == nil {
 			out = nil
 		}
-		if _, err := nodes.Complete(ctx, g.rt.DB, s.node, r.GetCommandId(), r.GetOk(), r.GetError(), out); err != nil {
+		c, recorded, err := nodes.Complete(ctx, g.rt.DB, s.node, r.GetCommandId(), r.GetOk(), r.GetError(), out)
+		if err != nil {
 			return err
+		}
+		if recorded {
+			g.cfg.Metrics.Command(c.Kind, r.GetOk(), c.RoundTrip)
 		}
 		// Acknowledged whether first or repeated, so the node can forget it.
 		s.send(ctx, &agentv1.ServerMessage{Body: &agentv1.ServerMessage_ResultAck{ResultAck: &agentv1.ResultAck{CommandId: r.GetCommandId()}}})

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -209,9 +210,16 @@ func sortCommands(cmds []api.Command) {
 	}
 }
 
+// Completed is what Complete recorded: the command's kind and how long it took from its
+// creation to its result.
+type Completed struct {
+	Kind      string
+	RoundTrip time.Duration
+}
+
 // Complete records a command's result. It reports false for a result that comes too late (the
 // command was cancelled or failed its deadline) or a second time: it changes nothing then.
-func Complete(ctx context.Context, db *postgres.DB, nodeID, id string, ok bool, errText string, output []byte) (bool, error) {
+func Complete(ctx context.Context, db *postgres.DB, nodeID, id string, ok bool, errText string, output []byte) (Completed, bool, error) {
 	state := api.CommandSucceeded
 	if !ok {
 		state = api.CommandFailed
@@ -219,29 +227,31 @@ func Complete(ctx context.Context, db *postgres.DB, nodeID, id string, ok bool, 
 	if output == nil {
 		output = []byte("{}")
 	}
-	first := false
+	var done []finished
 	err := db.Tx(ctx, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, `UPDATE compute.commands SET state = $3, result = $4, error = $5, finished_at = compute.compute_now()
 			WHERE id = $1 AND node_id = $2 AND state IN ('pending', 'dispatched') RETURNING `+finishedColumns, id, nodeID, state, output, errText)
 		if err != nil {
 			return err
 		}
-		done, err := pgx.CollectRows(rows, pgx.RowToStructByPos[finished])
-		if err != nil {
+		if done, err = pgx.CollectRows(rows, pgx.RowToStructByPos[finished]); err != nil {
 			return err
 		}
-		first = len(done) == 1
 		return emitFinished(ctx, tx, done)
 	})
-	return first, err
+	if err != nil || len(done) == 0 {
+		return Completed{}, false, err
+	}
+	return Completed{Kind: done[0].Kind, RoundTrip: time.Duration(done[0].Secs * float64(time.Second))}, true, nil
 }
 
 // finished is a command that reached its end, for its command.finished event.
 type finished struct {
 	ID, TenantID, Node, Kind, State, Error string
+	Secs                                   float64 // from its creation to its end
 }
 
-const finishedColumns = `id::text, tenant_id, node_id::text, kind, state, coalesce(error, '')`
+const finishedColumns = `id::text, tenant_id, node_id::text, kind, state, coalesce(error, ''), extract(epoch FROM finished_at - created_at)::float8`
 
 // emitFinished records each command's end as a command.finished event.
 func emitFinished(ctx context.Context, tx pgx.Tx, done []finished) error {
