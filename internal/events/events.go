@@ -63,15 +63,27 @@ func QueueEmitMany(b *pgx.Batch, typ, tenant string, subjects []string, data []m
 // subjects[i] belongs to tenants[i], and every event carries data. Nodes taken offline together
 // are recorded so: one statement for 10,000, not 10,000.
 func EmitEach(ctx context.Context, q postgres.Querier, typ string, tenants, subjects []string, data map[string]any) error {
+	rows := make([]map[string]any, len(subjects))
+	for i := range rows {
+		rows[i] = data
+	}
+	return EmitRows(ctx, q, typ, tenants, subjects, rows)
+}
+
+// EmitRows is EmitEach with data of each event's own: data[i] is subjects[i]'s (nil reads as {}).
+func EmitRows(ctx context.Context, q postgres.Querier, typ string, tenants, subjects []string, data []map[string]any) error {
 	if len(subjects) == 0 {
 		return nil
 	}
-	if data == nil {
-		data = map[string]any{}
+	rows := make([]map[string]any, len(data))
+	for i, d := range data {
+		if rows[i] = d; d == nil {
+			rows[i] = map[string]any{}
+		}
 	}
 	_, err := q.Exec(ctx, `INSERT INTO compute.events (type, tenant_id, subject, data)
-		SELECT $1, u.tenant, u.subject, $4 FROM unnest($2::text[], $3::text[]) WITH ORDINALITY AS u(tenant, subject, i) ORDER BY u.i`,
-		typ, tenants, subjects, data)
+		SELECT $1, u.tenant, u.subject, u.data FROM unnest($2::text[], $3::text[], $4::jsonb[]) WITH ORDINALITY AS u(tenant, subject, data, i) ORDER BY u.i`,
+		typ, tenants, subjects, rows)
 	return err
 }
 

@@ -253,15 +253,15 @@ type finished struct {
 
 const finishedColumns = `id::text, tenant_id, node_id::text, kind, state, coalesce(error, ''), extract(epoch FROM finished_at - created_at)::float8`
 
-// emitFinished records each command's end as a command.finished event.
+// emitFinished records each command's end as a command.finished event, in one statement however
+// many there are (a fleet gone silent fails its commands' deadlines together).
 func emitFinished(ctx context.Context, tx pgx.Tx, done []finished) error {
-	for _, c := range done {
-		if err := events.Emit(ctx, tx, "command.finished", c.TenantID, c.ID, map[string]any{
-			"node": c.Node, "kind": c.Kind, "state": c.State, "error": c.Error}); err != nil {
-			return err
-		}
+	tenants, subjects, data := make([]string, len(done)), make([]string, len(done)), make([]map[string]any, len(done))
+	for i, c := range done {
+		tenants[i], subjects[i] = c.TenantID, c.ID
+		data[i] = map[string]any{"node": c.Node, "kind": c.Kind, "state": c.State, "error": c.Error}
 	}
-	return nil
+	return events.EmitRows(ctx, tx, "command.finished", tenants, subjects, data)
 }
 
 // FailOverdueCommands fails the commands whose deadline passed before a result came.
