@@ -5,6 +5,7 @@ package events
 import (
 	"context"
 	"embed"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -85,6 +86,20 @@ func EmitRows(ctx context.Context, q postgres.Querier, typ string, tenants, subj
 		SELECT $1, u.tenant, u.subject, u.data FROM unnest($2::text[], $3::text[], $4::jsonb[]) WITH ORDINALITY AS u(tenant, subject, data, i) ORDER BY u.i`,
 		typ, tenants, subjects, rows)
 	return err
+}
+
+// EmitChanged runs change, a data-modifying statement whose RETURNING list is (tenant_id,
+// subject, data), and writes an event of typ for each row it returns, in the same statement: a
+// change and its events in one round trip, without a transaction around them. It returns the
+// events' data. args are change's; typ is passed after them.
+func EmitChanged(ctx context.Context, q postgres.Querier, typ, change string, args ...any) ([]map[string]any, error) {
+	rows, err := q.Query(ctx, `WITH changed AS (`+change+`)
+		INSERT INTO compute.events (type, tenant_id, subject, data)
+		SELECT $`+strconv.Itoa(len(args)+1)+`, tenant_id, subject, data FROM changed RETURNING data`, append(args, typ)...)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[map[string]any])
 }
 
 // About returns the events about subject, oldest first.

@@ -385,7 +385,7 @@ func (s *session) handle(ctx context.Context, m *agentv1.NodeMessage) error {
 		if r.GetOutput() == nil {
 			out = nil
 		}
-		c, recorded, err := nodes.Complete(ctx, g.rt.DB, s.node, r.GetCommandId(), r.GetOk(), r.GetError(), out)
+		c, recorded, err := nodes.Complete(ctx, g.rt.DB.Pool, s.node, r.GetCommandId(), r.GetOk(), r.GetError(), out)
 		if err != nil {
 			return err
 		}

@@ -138,7 +138,8 @@ func registerCommands(r *modules.Registry) {
 			cmd, err := scanCommand(c.Tx.QueryRow(ctx, `UPDATE compute.commands SET state = 'cancelled', finished_at = compute.compute_now()
 				WHERE id = $1 AND tenant_id = $2 AND state IN ('pending', 'dispatched') RETURNING `+commandColumns, in.Command, c.Target.TenantID))
 			if err == nil {
-				err = emitFinished(ctx, c.Tx, []finished{{ID: cmd.ID, TenantID: cmd.TenantID, Node: cmd.NodeID, Kind: cmd.Kind, State: cmd.State}})
+				err = events.Emit(ctx, c.Tx, "command.finished", cmd.TenantID, cmd.ID, map[string]any{
+					"node": cmd.NodeID, "kind": cmd.Kind, "state": cmd.State, "error": ""})
 			}
 			if errors.Is(err, pgx.ErrNoRows) {
 				cur, err := scanCommand(c.Tx.QueryRow(ctx, `SELECT `+commandColumns+` FROM compute.commands WHERE id = $1`, in.Command))
@@ -219,7 +220,7 @@ type Completed struct {
 
 // Complete records a command's result. It reports false for a result that comes too late (the
 // command was cancelled or failed its deadline) or a second time: it changes nothing then.
-func Complete(ctx context.Context, db *postgres.DB, nodeID, id string, ok bool, errText string, output []byte) (Completed, bool, error) {
+func Complete(ctx context.Context, q postgres.Querier, nodeID, id string, ok bool, errText string, output []byte) (Completed, bool, error) {
 	state := api.CommandSucceeded
 	if !ok {
 		state = api.CommandFailed
@@ -227,61 +228,27 @@ func Complete(ctx context.Context, db *postgres.DB, nodeID, id string, ok bool, 
 	if output == nil {
 		output = []byte("{}")
 	}
-	var done []finished
-	err := db.Tx(ctx, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `UPDATE compute.commands SET state = $3, result = $4, error = $5, finished_at = compute.compute_now()
-			WHERE id = $1 AND node_id = $2 AND state IN ('pending', 'dispatched') RETURNING `+finishedColumns, id, nodeID, state, output, errText)
-		if err != nil {
-			return err
-		}
-		if done, err = pgx.CollectRows(rows, pgx.RowToStructByPos[finished]); err != nil {
-			return err
-		}
-		return emitFinished(ctx, tx, done)
-	})
+	done, err := events.EmitChanged(ctx, q, "command.finished", `UPDATE compute.commands SET state = $3, result = $4, error = $5, finished_at = compute.compute_now()
+		WHERE id = $1 AND node_id = $2 AND state IN ('pending', 'dispatched') RETURNING `+finishedEvent, id, nodeID, state, output, errText)
 	if err != nil || len(done) == 0 {
 		return Completed{}, false, err
 	}
-	return Completed{Kind: done[0].Kind, RoundTrip: time.Duration(done[0].Secs * float64(time.Second))}, true, nil
+	kind, _ := done[0]["kind"].(string)
+	secs, _ := done[0]["seconds"].(float64)
+	return Completed{Kind: kind, RoundTrip: time.Duration(secs * float64(time.Second))}, true, nil
 }
 
-// finished is a command that reached its end, for its command.finished event.
-type finished struct {
-	ID, TenantID, Node, Kind, State, Error string
-	Secs                                   float64 // from its creation to its end
-}
-
-const finishedColumns = `id::text, tenant_id, node_id::text, kind, state, coalesce(error, ''), extract(epoch FROM finished_at - created_at)::float8`
-
-// emitFinished records each command's end as a command.finished event, in one statement however
-// many there are (a fleet gone silent fails its commands' deadlines together).
-func emitFinished(ctx context.Context, tx pgx.Tx, done []finished) error {
-	tenants, subjects, data := make([]string, len(done)), make([]string, len(done)), make([]map[string]any, len(done))
-	for i, c := range done {
-		tenants[i], subjects[i] = c.TenantID, c.ID
-		data[i] = map[string]any{"node": c.Node, "kind": c.Kind, "state": c.State, "error": c.Error}
-	}
-	return events.EmitRows(ctx, tx, "command.finished", tenants, subjects, data)
-}
+// finishedEvent is the RETURNING list of a statement that ends commands, for their
+// command.finished events (events.EmitChanged).
+const finishedEvent = `tenant_id, id::text AS subject, jsonb_build_object('node', node_id, 'kind', kind, 'state', state, 'error', error,
+	'seconds', extract(epoch FROM finished_at - created_at)) AS data`
 
 // FailOverdueCommands fails the commands whose deadline passed before a result came.
-func FailOverdueCommands(ctx context.Context, db *postgres.DB) (int64, error) {
-	var n int64
-	err := db.Tx(ctx, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `UPDATE compute.commands SET state = 'failed', finished_at = compute.compute_now(),
-			  error = CASE WHEN state = 'pending' THEN 'deadline exceeded: the node was not reached' ELSE 'deadline exceeded: the node did not report a result' END
-			WHERE state IN ('pending', 'dispatched') AND deadline <= compute.compute_now() RETURNING `+finishedColumns)
-		if err != nil {
-			return err
-		}
-		done, err := pgx.CollectRows(rows, pgx.RowToStructByPos[finished])
-		if err != nil {
-			return err
-		}
-		n = int64(len(done))
-		return emitFinished(ctx, tx, done)
-	})
-	return n, err
+func FailOverdueCommands(ctx context.Context, q postgres.Querier) (int64, error) {
+	done, err := events.EmitChanged(ctx, q, "command.finished", `UPDATE compute.commands SET state = 'failed', finished_at = compute.compute_now(),
+		  error = CASE WHEN state = 'pending' THEN 'deadline exceeded: the node was not reached' ELSE 'deadline exceeded: the node did not report a result' END
+		WHERE state IN ('pending', 'dispatched') AND deadline <= compute.compute_now() RETURNING `+finishedEvent)
+	return int64(len(done)), err
 }
 
 // MarkOffline takes online nodes whose session has been silent past its grace period offline;

@@ -74,7 +74,7 @@ func (m *Module) Register(r *modules.Registry) error {
 		modules.EventType{Name: "node.draining", Description: "A node's bookings are being ended (data: from)."},
 		modules.EventType{Name: "node.retired", Description: "A node left the fleet for good (data: from)."},
 		modules.EventType{Name: "command.created", Description: "A command was queued for a node (data: node, kind)."},
-		modules.EventType{Name: "command.finished", Description: "A command succeeded, failed (its result, or its deadline) or was cancelled (data: node, kind, state, error)."},
+		modules.EventType{Name: "command.finished", Description: "A command succeeded, failed (its result, or its deadline) or was cancelled (data: node, kind, state, error, and seconds from its creation for a result or a deadline)."},
 	)
 	r.OnInitialize(func(ctx context.Context, rt *modules.Runtime) error {
 		a, err := pki.Load(ctx, rt.DB, rt.Secret)
@@ -118,7 +118,7 @@ func (m *Module) CertLifetime() time.Duration { return m.cfg.CertLifetime }
 
 func (m *Module) runWorker(ctx context.Context, rt *modules.Runtime) error {
 	return modules.Every(ctx, m.cfg.Tick, func() error {
-		if _, err := FailOverdueCommands(ctx, rt.DB); err != nil {
+		if _, err := FailOverdueCommands(ctx, rt.DB.Pool); err != nil {
 			return err
 		}
 		_, err := MarkOffline(ctx, rt.DB)

@@ -28,7 +28,7 @@ func TestOverdueCommandsFailWithAnEventEach(t *testing.T) {
 			t.Fatalf("%s: %v", q, err)
 		}
 	}
-	n, err := nodes.FailOverdueCommands(ctx, env.DB)
+	n, err := nodes.FailOverdueCommands(ctx, env.DB.Pool)
 	if err != nil || n != 2 {
 		t.Fatalf("failed %d overdue commands, %v; want 2", n, err)
 	}

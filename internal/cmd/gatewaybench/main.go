@@ -197,7 +197,7 @@ func main() {
 	// Offline detection, the fleet's process stopped (silent: no packet, no close), resumed,
 	// then killed (every connection closed by the kernel at once).
 	online := func() int64 { return count(`SELECT count(*) FROM compute.nodes WHERE status = 'online'`) }
-	waitFor := func(what string, done func(int64) bool, limit time.Duration) string {
+	waitFor := func(done func(int64) bool, limit time.Duration) string {
 		t0, shown := time.Now(), time.Now()
 		for {
 			n := online()
@@ -220,13 +220,13 @@ func main() {
 	}
 	fmt.Fprintf(os.Stderr, "gatewaybench: stopping the fleet's process (SIGSTOP)\n")
 	_ = cmd.Process.Signal(syscall.SIGSTOP)
-	silent := waitFor("offline", func(n int64) bool { return n == 0 }, 2*time.Minute)
+	silent := waitFor(func(n int64) bool { return n == 0 }, 2*time.Minute)
 	fmt.Fprintf(os.Stderr, "gatewaybench: every node offline after %s; resuming it (SIGCONT)\n", silent)
 	_ = cmd.Process.Signal(syscall.SIGCONT)
-	back := waitFor("online", func(n int64) bool { return n == int64(*nodes) }, 5*time.Minute)
+	back := waitFor(func(n int64) bool { return n == int64(*nodes) }, 5*time.Minute)
 	fmt.Fprintf(os.Stderr, "gatewaybench: every node online again after %s; killing it (SIGKILL)\n", back)
 	_ = cmd.Process.Kill()
-	closed := waitFor("offline", func(n int64) bool { return n == 0 }, 2*time.Minute)
+	closed := waitFor(func(n int64) bool { return n == 0 }, 2*time.Minute)
 	_ = cmd.Wait()
 
 	fmt.Printf("| measure | value |\n| --- | ---: |\n")
