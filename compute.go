@@ -93,12 +93,17 @@ func New(opts Options) (*Compute, error) {
 	if o.DecisionCacheTTL > 0 {
 		cache = iam.NewDecisionCache(o.DecisionCacheTTL, DefaultDecisionCacheMax)
 	}
-	reg, err := registry(append([]Module{nm, jointokens.Module{}, gatewayModule{gw}, iamEvents{cache}}, o.Modules...))
+	jm := &jobsModule{}
+	reg, err := registry(append([]Module{nm, jointokens.Module{}, gatewayModule{gw}, iamEvents{cache}, jm}, o.Modules...))
 	if err != nil {
 		return nil, err
 	}
 	c := &Compute{opts: o, reg: reg, nodes: nm, gateway: gw, metrics: m}
 	c.rt = newRuntime(o, reg, nm)
+	if jm.client, err = newJobs(o, reg, c.rt); err != nil {
+		return nil, err
+	}
+	c.rt.Jobs = jm.client
 	if c.env, err = envelope.New(envelope.Config{Registry: reg, Runtime: c.rt, Cache: cache, MaxBodyBytes: o.MaxBodyBytes, Metrics: m}); err != nil {
 		return nil, fmt.Errorf("compute: %w", err)
 	}

@@ -3,19 +3,28 @@ package compute
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"time"
 
+	"github.com/riverqueue/river"
+
 	"github.com/better-compute/compute/internal/envelope"
+	"github.com/better-compute/compute/internal/jobs"
 	"github.com/better-compute/compute/modules"
 )
 
-// coreModule registers what the envelope itself owns: the idempotency keys and their pruning.
+// coreModule registers what the envelope itself owns (the idempotency keys and their pruning)
+// and the job queue's schema.
 type coreModule struct{}
 
 func (coreModule) Name() string { return "core" }
 
 func (coreModule) Register(r *modules.Registry) error {
-	r.Migrations(envelope.Migrations)
+	river, err := jobs.Migrations()
+	if err != nil {
+		return err
+	}
+	r.Migrations(envelope.Migrations, river)
 	r.EventTypes(modules.EventType{Name: "action.confirmed", Description: "A call an agent's delegation reserves for its person was confirmed by them and made; its subject is the confirmation (data: method, action, resource, principal)."})
 	r.Worker(modules.Worker{Name: "idempotency-prune", Modes: []string{string(ModeWorker)}, Run: pruneIdempotencyKeys})
 	return nil
@@ -34,3 +43,37 @@ func pruneIdempotencyKeys(ctx context.Context, rt *modules.Runtime) error {
 }
 
 func decodeReplay(b []byte, out any) error { return json.Unmarshal(b, out) }
+
+// jobsModule works the registered job queues in the worker process mode. Its client is made in
+// New, once the Runtime its workers use exists.
+type jobsModule struct{ client *jobs.Client }
+
+func (*jobsModule) Name() string { return "jobs" }
+
+func (m *jobsModule) Register(r *modules.Registry) error {
+	r.Worker(modules.Worker{Name: "jobs", Modes: []string{string(ModeWorker)}, Run: func(ctx context.Context, _ *modules.Runtime) error {
+		return m.client.Run(ctx)
+	}})
+	return nil
+}
+
+// newJobs makes the job client of the queues reg holds, their workers bound to rt.
+func newJobs(o Options, reg *modules.Registry, rt *modules.Runtime) (*jobs.Client, error) {
+	workers := river.NewWorkers()
+	var queues []jobs.Queue
+	for _, q := range reg.JobQueues() {
+		if err := q.AddWorkers(workers, rt); err != nil {
+			return nil, fmt.Errorf("compute: job queue %s: %w", q.Name, err)
+		}
+		n := q.MaxWorkers
+		if n <= 0 {
+			n = 10
+		}
+		queues = append(queues, jobs.Queue{Name: q.Name, MaxWorkers: n})
+	}
+	c, err := jobs.New(jobs.Config{Pool: o.Database.Pool, Logger: o.Logger, Workers: workers, Queues: queues})
+	if err != nil {
+		return nil, fmt.Errorf("compute: %w", err)
+	}
+	return c, nil
+}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
 
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/iam"
@@ -44,6 +45,7 @@ type Runtime struct {
 	Events   Events
 	Clock    Clock
 	Secrets  SecretBox
+	Jobs     Jobs
 	// Registry is what every module registered, checked; read it, never add to it.
 	Registry *Registry
 }
@@ -175,6 +177,17 @@ type Worker struct {
 	Name  string
 	Modes []string // the process modes it runs in: "api", "gateway", "worker"; "all" runs every worker
 	Run   func(ctx context.Context, rt *Runtime) error
+}
+
+// JobQueue is a queue of durable jobs (River, github.com/riverqueue/river): work that must
+// survive a crash and be retried, such as a webhook delivery. Modules enqueue with
+// Runtime.Jobs in their caller's transaction; the worker process mode works the queue.
+type JobQueue struct {
+	Name       string // the River queue; jobs are enqueued to it with river.InsertOpts{Queue: Name}
+	MaxWorkers int    // jobs of the queue one process works at once; default 10
+	// AddWorkers adds the queue's River workers (river.AddWorker). It runs once, in
+	// compute.New, with the Runtime the workers will use.
+	AddWorkers func(w *river.Workers, rt *Runtime) error
 }
 
 // RunsIn reports whether w runs in process mode mode.

@@ -23,6 +23,7 @@ type Registry struct {
 	actions    map[string]iam.Action
 	migrations []postgres.MigrationSet
 	workers    []Worker
+	jobQueues  []JobQueue
 	starts     []namedStart
 	errs       []error
 
@@ -133,6 +134,24 @@ func (r *Registry) Worker(w Worker) {
 	}
 	r.workers = append(r.workers, w)
 }
+
+// JobQueue adds a queue of durable jobs (River) and its workers.
+func (r *Registry) JobQueue(q JobQueue) {
+	if q.Name == "" || q.AddWorkers == nil {
+		r.fail(errors.New("a job queue needs a name and an AddWorkers function"))
+		return
+	}
+	for _, o := range r.jobQueues {
+		if o.Name == q.Name {
+			r.fail(fmt.Errorf("job queue %q registered twice", q.Name))
+			return
+		}
+	}
+	r.jobQueues = append(r.jobQueues, q)
+}
+
+// JobQueues returns the registered job queues.
+func (r *Registry) JobQueues() []JobQueue { return r.jobQueues }
 
 // OnInitialize adds a hook run by compute.Initialize after migrations and the catalog.
 func (r *Registry) OnInitialize(fn func(context.Context, *Runtime) error) {

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
 
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/postgres"
@@ -59,6 +60,13 @@ type Event struct {
 	TenantID string
 	Subject  string // the id of what it is about
 	Data     map[string]any
+}
+
+// Jobs enqueues durable jobs (River) of the registered job queues in a transaction: a job
+// exists exactly when its transaction commits.
+type Jobs interface {
+	InsertTx(ctx context.Context, tx pgx.Tx, args river.JobArgs, opts *river.InsertOpts) error
+	InsertManyTx(ctx context.Context, tx pgx.Tx, params []river.InsertManyParams) error
 }
 
 // Clock is the database's clock, compute_now(): the real time, or a test's.
