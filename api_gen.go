@@ -22,10 +22,11 @@ type API struct {
 	JoinTokens   JoinTokensGroup
 	Commands     CommandsGroup
 	Events       EventsGroup
+	Webhooks     WebhooksGroup
 }
 
 func newAPI(c *Compute) API {
-	return API{Sites: SitesGroup{c}, Pools: PoolsGroup{c}, Nodes: NodesGroup{c}, Reservations: ReservationsGroup{c}, Capacity: CapacityGroup{c}, Quotas: QuotasGroup{c}, Devices: DevicesGroup{c}, JoinTokens: JoinTokensGroup{c}, Commands: CommandsGroup{c}, Events: EventsGroup{c}}
+	return API{Sites: SitesGroup{c}, Pools: PoolsGroup{c}, Nodes: NodesGroup{c}, Reservations: ReservationsGroup{c}, Capacity: CapacityGroup{c}, Quotas: QuotasGroup{c}, Devices: DevicesGroup{c}, JoinTokens: JoinTokensGroup{c}, Commands: CommandsGroup{c}, Events: EventsGroup{c}, Webhooks: WebhooksGroup{c}}
 }
 
 // SitesGroup is the sites group.
@@ -361,4 +362,67 @@ type EventsGroup struct{ c *Compute }
 // List calls events.list: List a tenant's events in log order, after an event id or a cursor; filter by type or subject.
 func (g EventsGroup) List(ctx context.Context, cred string, in api.ListEvents) (api.Page[api.Event], error) {
 	return Invoke(ctx, g.c, cred, api.EventsList, in)
+}
+
+// WebhooksGroup is the webhooks group.
+type WebhooksGroup struct{ c *Compute }
+
+// Create calls webhooks.create: Send a tenant's events to an HTTPS endpoint, signed; the signing secret is shown once.
+func (g WebhooksGroup) Create(ctx context.Context, cred string, in api.CreateWebhook) (api.Webhook, error) {
+	return Invoke(ctx, g.c, cred, api.WebhooksCreate, in)
+}
+
+// CreateTx calls webhooks.create in the host's transaction tx: see InvokeTx.
+func (g WebhooksGroup) CreateTx(ctx context.Context, tx pgx.Tx, cred string, in api.CreateWebhook) (api.Webhook, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.WebhooksCreate, in)
+}
+
+// List calls webhooks.list: List a tenant's webhook endpoints.
+func (g WebhooksGroup) List(ctx context.Context, cred string, in api.ListWebhooks) (api.Page[api.Webhook], error) {
+	return Invoke(ctx, g.c, cred, api.WebhooksList, in)
+}
+
+// Delete calls webhooks.delete: Delete a webhook endpoint and its pending deliveries.
+func (g WebhooksGroup) Delete(ctx context.Context, cred string, in api.WebhookRef) (api.Webhook, error) {
+	return Invoke(ctx, g.c, cred, api.WebhooksDelete, in)
+}
+
+// DeleteTx calls webhooks.delete in the host's transaction tx: see InvokeTx.
+func (g WebhooksGroup) DeleteTx(ctx context.Context, tx pgx.Tx, cred string, in api.WebhookRef) (api.Webhook, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.WebhooksDelete, in)
+}
+
+// Test calls webhooks.test: Send a webhook.test event to one endpoint, through the same path as every event.
+func (g WebhooksGroup) Test(ctx context.Context, cred string, in api.WebhookRef) (api.WebhookTest, error) {
+	return Invoke(ctx, g.c, cred, api.WebhooksTest, in)
+}
+
+// TestTx calls webhooks.test in the host's transaction tx: see InvokeTx.
+func (g WebhooksGroup) TestTx(ctx context.Context, tx pgx.Tx, cred string, in api.WebhookRef) (api.WebhookTest, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.WebhooksTest, in)
+}
+
+// RotateSecret calls webhooks.rotateSecret: Give an endpoint a new signing secret (shown once); the old one keeps signing for a while.
+func (g WebhooksGroup) RotateSecret(ctx context.Context, cred string, in api.RotateWebhookSecret) (api.Webhook, error) {
+	return Invoke(ctx, g.c, cred, api.WebhooksRotateSecret, in)
+}
+
+// RotateSecretTx calls webhooks.rotateSecret in the host's transaction tx: see InvokeTx.
+func (g WebhooksGroup) RotateSecretTx(ctx context.Context, tx pgx.Tx, cred string, in api.RotateWebhookSecret) (api.Webhook, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.WebhooksRotateSecret, in)
+}
+
+// Deliveries calls webhooks.deliveries: List an endpoint's deliveries, newest first, with their attempts.
+func (g WebhooksGroup) Deliveries(ctx context.Context, cred string, in api.ListWebhookDeliveries) (api.Page[api.WebhookDelivery], error) {
+	return Invoke(ctx, g.c, cred, api.WebhooksDeliveries, in)
+}
+
+// Redeliver calls webhooks.redeliver: Send a delivery again now, whatever its state.
+func (g WebhooksGroup) Redeliver(ctx context.Context, cred string, in api.RedeliverWebhook) (api.WebhookDelivery, error) {
+	return Invoke(ctx, g.c, cred, api.WebhooksRedeliver, in)
+}
+
+// RedeliverTx calls webhooks.redeliver in the host's transaction tx: see InvokeTx.
+func (g WebhooksGroup) RedeliverTx(ctx context.Context, tx pgx.Tx, cred string, in api.RedeliverWebhook) (api.WebhookDelivery, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.WebhooksRedeliver, in)
 }

@@ -40,6 +40,7 @@ import (
 	"github.com/better-compute/compute/internal/gateway"
 	"github.com/better-compute/compute/internal/metrics"
 	"github.com/better-compute/compute/internal/nodes"
+	"github.com/better-compute/compute/internal/webhooks"
 	"github.com/better-compute/compute/jointokens"
 	"github.com/better-compute/compute/modules"
 	"github.com/better-compute/compute/postgres"
@@ -93,8 +94,14 @@ func New(opts Options) (*Compute, error) {
 	if o.DecisionCacheTTL > 0 {
 		cache = iam.NewDecisionCache(o.DecisionCacheTTL, DefaultDecisionCacheMax)
 	}
+	wh, err := webhooks.New(webhooks.Config{AllowPrivateTargets: o.Webhooks.AllowPrivateTargets, Timeout: o.Webhooks.Timeout,
+		MaxResponseBytes: o.Webhooks.MaxResponseBytes, RetryBase: o.Webhooks.RetryBase, RetryMax: o.Webhooks.RetryMax,
+		DeadAfter: o.Webhooks.DeadAfter, Metrics: m})
+	if err != nil {
+		return nil, &OptionError{Field: "Webhooks", Problem: err.Error()}
+	}
 	jm := &jobsModule{}
-	reg, err := registry(append([]Module{nm, jointokens.Module{}, gatewayModule{gw}, iamEvents{cache}, jm}, o.Modules...))
+	reg, err := registry(append([]Module{nm, jointokens.Module{}, wh, gatewayModule{gw}, iamEvents{cache}, jm}, o.Modules...))
 	if err != nil {
 		return nil, err
 	}
@@ -217,7 +224,11 @@ func registry(mods []Module) (*modules.Registry, error) {
 // MigrationSets returns every migration set the core and mods own, in the order Initialize
 // applies them. Test helpers use it to build template databases.
 func MigrationSets(mods ...Module) ([]postgres.MigrationSet, error) {
-	reg, err := registry(append([]Module{nodes.New(nodes.Config{}), jointokens.Module{}}, mods...))
+	wh, err := webhooks.New(webhooks.Config{})
+	if err != nil {
+		return nil, err
+	}
+	reg, err := registry(append([]Module{nodes.New(nodes.Config{}), jointokens.Module{}, wh}, mods...))
 	if err != nil {
 		return nil, err
 	}

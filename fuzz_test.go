@@ -103,6 +103,13 @@ func (ff *fuzzFleet) examples() map[string]string {
 		"commands.list":             `{"node":"` + node + `","state":"pending"}`,
 		"commands.cancel":           `{"command":"` + fuzzID + `"}`,
 		"events.list":               `{"after":3,"type":"node.","subject":"` + node + `","limit":10}`,
+		"webhooks.create":           `{"url":"https://hooks.example.com/compute","eventTypes":["node.","reservation.created"],"description":"ops"}`,
+		"webhooks.list":             `{"limit":3}`,
+		"webhooks.delete":           `{"webhook":"` + fuzzID + `"}`,
+		"webhooks.test":             `{"webhook":"` + fuzzID + `"}`,
+		"webhooks.rotateSecret":     `{"webhook":"` + fuzzID + `","keepPrevious":"1h"}`,
+		"webhooks.deliveries":       `{"webhook":"` + fuzzID + `","state":"dead","eventType":"node.offline","eventId":4,"limit":5}`,
+		"webhooks.redeliver":        `{"delivery":7}`,
 	}
 }
 

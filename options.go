@@ -70,6 +70,25 @@ type Options struct {
 	// HeartbeatInterval fixes the interval gateways ask of nodes. Default: spread a budget of 100
 	// heartbeats a second per gateway over its sessions, between 5s and 9s.
 	HeartbeatInterval time.Duration
+
+	// Webhooks tunes the delivery of events to webhook endpoints.
+	Webhooks WebhookOptions
+}
+
+// WebhookOptions tune webhook delivery (docs/events.md). Zero values mean the defaults.
+type WebhookOptions struct {
+	// AllowPrivateTargets lets endpoints be loopback, private or link-local addresses: tests,
+	// or a host whose receivers are on its own network. Refused by default.
+	AllowPrivateTargets bool
+	// Timeout bounds one attempt. Default 10s.
+	Timeout time.Duration
+	// MaxResponseBytes bounds what is read of an answer's body (it is discarded). Default 64 KiB.
+	MaxResponseBytes int64
+	// RetryBase is the delay before the first retry; each next one doubles, ±20%, up to
+	// RetryMax. Defaults 5s and 1h.
+	RetryBase, RetryMax time.Duration
+	// DeadAfter is how long a delivery is retried before it is dead. Default 72h.
+	DeadAfter time.Duration
 }
 
 // OptionError is the error of New for an invalid Options field.

@@ -20,10 +20,11 @@ type groups struct {
 	JoinTokens   JoinTokensGroup
 	Commands     CommandsGroup
 	Events       EventsGroup
+	Webhooks     WebhooksGroup
 }
 
 func newGroups(c *Client) groups {
-	return groups{Sites: SitesGroup{c}, Pools: PoolsGroup{c}, Nodes: NodesGroup{c}, Reservations: ReservationsGroup{c}, Capacity: CapacityGroup{c}, Quotas: QuotasGroup{c}, Devices: DevicesGroup{c}, JoinTokens: JoinTokensGroup{c}, Commands: CommandsGroup{c}, Events: EventsGroup{c}}
+	return groups{Sites: SitesGroup{c}, Pools: PoolsGroup{c}, Nodes: NodesGroup{c}, Reservations: ReservationsGroup{c}, Capacity: CapacityGroup{c}, Quotas: QuotasGroup{c}, Devices: DevicesGroup{c}, JoinTokens: JoinTokensGroup{c}, Commands: CommandsGroup{c}, Events: EventsGroup{c}, Webhooks: WebhooksGroup{c}}
 }
 
 // SitesGroup is the sites group.
@@ -249,4 +250,42 @@ type EventsGroup struct{ c *Client }
 // List calls events.list: List a tenant's events in log order, after an event id or a cursor; filter by type or subject.
 func (g EventsGroup) List(ctx context.Context, in api.ListEvents) (api.Page[api.Event], error) {
 	return call(ctx, g.c, api.EventsList, in)
+}
+
+// WebhooksGroup is the webhooks group.
+type WebhooksGroup struct{ c *Client }
+
+// Create calls webhooks.create: Send a tenant's events to an HTTPS endpoint, signed; the signing secret is shown once.
+func (g WebhooksGroup) Create(ctx context.Context, in api.CreateWebhook) (api.Webhook, error) {
+	return call(ctx, g.c, api.WebhooksCreate, in)
+}
+
+// List calls webhooks.list: List a tenant's webhook endpoints.
+func (g WebhooksGroup) List(ctx context.Context, in api.ListWebhooks) (api.Page[api.Webhook], error) {
+	return call(ctx, g.c, api.WebhooksList, in)
+}
+
+// Delete calls webhooks.delete: Delete a webhook endpoint and its pending deliveries.
+func (g WebhooksGroup) Delete(ctx context.Context, in api.WebhookRef) (api.Webhook, error) {
+	return call(ctx, g.c, api.WebhooksDelete, in)
+}
+
+// Test calls webhooks.test: Send a webhook.test event to one endpoint, through the same path as every event.
+func (g WebhooksGroup) Test(ctx context.Context, in api.WebhookRef) (api.WebhookTest, error) {
+	return call(ctx, g.c, api.WebhooksTest, in)
+}
+
+// RotateSecret calls webhooks.rotateSecret: Give an endpoint a new signing secret (shown once); the old one keeps signing for a while.
+func (g WebhooksGroup) RotateSecret(ctx context.Context, in api.RotateWebhookSecret) (api.Webhook, error) {
+	return call(ctx, g.c, api.WebhooksRotateSecret, in)
+}
+
+// Deliveries calls webhooks.deliveries: List an endpoint's deliveries, newest first, with their attempts.
+func (g WebhooksGroup) Deliveries(ctx context.Context, in api.ListWebhookDeliveries) (api.Page[api.WebhookDelivery], error) {
+	return call(ctx, g.c, api.WebhooksDeliveries, in)
+}
+
+// Redeliver calls webhooks.redeliver: Send a delivery again now, whatever its state.
+func (g WebhooksGroup) Redeliver(ctx context.Context, in api.RedeliverWebhook) (api.WebhookDelivery, error) {
+	return call(ctx, g.c, api.WebhooksRedeliver, in)
 }

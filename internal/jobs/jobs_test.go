@@ -40,7 +40,9 @@ func (w *flaky) Work(ctx context.Context, j *river.Job[countArgs]) error {
 	return nil
 }
 
-func (w *flaky) NextRetry(*river.Job[countArgs]) time.Time { return time.Now().Add(10 * time.Millisecond) }
+func (w *flaky) NextRetry(*river.Job[countArgs]) time.Time {
+	return time.Now().Add(10 * time.Millisecond)
+}
 
 func migrations(t *testing.T) []postgres.MigrationSet {
 	t.Helper()

@@ -32,6 +32,8 @@ type Metrics struct {
 	tickSeconds    *prometheus.HistogramVec
 	tickFailures   *prometheus.CounterVec
 	lastTick       *prometheus.GaugeVec
+	webhooks       *prometheus.CounterVec
+	webhookSeconds prometheus.Histogram
 }
 
 // New registers the series on reg and returns them.
@@ -72,13 +74,20 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help: "Rounds of a periodic worker that failed, by worker."}, []string{"worker"}),
 		lastTick: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name("worker_last_success_timestamp_seconds"),
 			Help: "When a periodic worker last finished a round without error (Unix time), by worker."}, []string{"worker"}),
+		webhooks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: name("webhook_attempts_total"),
+			Help: "Webhook delivery attempts by outcome: delivered (a 2xx answer), failed (retried later) or dead (given up)."}, []string{"outcome"}),
+		webhookSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: name("webhook_attempt_seconds"),
+			Help:    "Duration of webhook delivery attempts, request to answer.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}}),
 	}
 	reg.MustRegister(m.apiCalls, m.apiSeconds, m.batchSize, m.iamSeconds, m.refused, m.flushSeconds, m.flushNodes,
-		m.flushFailures, m.lastFlush, m.commandSeconds, m.tickSeconds, m.tickFailures, m.lastTick)
+		m.flushFailures, m.lastFlush, m.commandSeconds, m.tickSeconds, m.tickFailures, m.lastTick, m.webhooks, m.webhookSeconds)
 	for _, stage := range []string{"handshake", "session"} {
 		m.refused.WithLabelValues(stage) // at zero from the start, so that rate() sees the first
 	}
-	// Webhook deliveries and failures will be recorded here once webhooks exist.
+	for _, outcome := range []string{"delivered", "failed", "dead"} {
+		m.webhooks.WithLabelValues(outcome)
+	}
 	return m
 }
 
@@ -128,6 +137,18 @@ func (m *Metrics) Flush(n int, took time.Duration, err error) {
 	m.flushSeconds.Observe(took.Seconds())
 	m.flushNodes.Observe(float64(n))
 	m.lastFlush.SetToCurrentTime()
+}
+
+// WebhookAttempt records a webhook delivery attempt: outcome is delivered, failed or dead;
+// took is zero for a delivery given up without an attempt.
+func (m *Metrics) WebhookAttempt(outcome string, took time.Duration) {
+	if m == nil {
+		return
+	}
+	m.webhooks.WithLabelValues(outcome).Inc()
+	if took > 0 {
+		m.webhookSeconds.Observe(took.Seconds())
+	}
 }
 
 // Command records a command's round trip, created to result recorded.

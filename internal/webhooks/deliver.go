@@ -1,0 +1,388 @@
+package webhooks
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+	"github.com/tidwall/gjson"
+
+	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/modules"
+)
+
+// deliverer works delivery jobs: one attempt each.
+type deliverer struct {
+	river.WorkerDefaults[deliverArgs]
+	m  *Module
+	rt *modules.Runtime
+}
+
+// Timeout bounds an attempt with its bookkeeping.
+func (w *deliverer) Timeout(*river.Job[deliverArgs]) time.Duration {
+	return w.m.cfg.Timeout + 10*time.Second
+}
+
+// NextRetry is the backoff of the attempt that failed, the same one Work recorded.
+func (w *deliverer) NextRetry(j *river.Job[deliverArgs]) time.Time {
+	return time.Now().Add(w.m.backoff(j.ID, j.Attempt))
+}
+
+// backoff is the delay after a job's attempt-th failed attempt: RetryBase doubled per attempt
+// up to RetryMax, times a jitter in [0.8, 1.2) that is the job's own (a hash, not a draw), so
+// that Work and NextRetry agree and a burst of failures does not retry in step.
+func (m *Module) backoff(jobID int64, attempt int) time.Duration {
+	d := m.cfg.RetryMax
+	if attempt <= 30 {
+		d = min(m.cfg.RetryBase<<max(attempt-1, 0), m.cfg.RetryMax)
+	}
+	h := fnv.New64a()
+	_ = binary.Write(h, binary.LittleEndian, [2]int64{jobID, int64(attempt)})
+	jitter := 0.8 + 0.4*float64(h.Sum64()%1000)/1000
+	return time.Duration(float64(d) * jitter)
+}
+
+// delivery is what an attempt reads.
+type delivery struct {
+	state      string
+	generation int
+	attempts   int
+	subject    string
+	dueAt, now time.Time
+	endpoint   string
+	url        string
+	secret     []byte
+	previous   []byte // nil unless still signing
+	event      api.Event
+}
+
+func (w *deliverer) Work(ctx context.Context, j *river.Job[deliverArgs]) error {
+	db := w.rt.DB.Pool
+	var d delivery
+	err := db.QueryRow(ctx, `SELECT d.state, d.generation, d.attempts, d.subject, d.due_at, compute.compute_now(),
+			w.id::text, w.url, w.secret, CASE WHEN w.previous_until > compute.compute_now() THEN w.previous_secret END,
+			e.seq, e.type, e.tenant_id, e.subject, e.data, e.created_at
+		FROM compute.webhook_deliveries d JOIN compute.webhook_endpoints w ON w.id = d.endpoint_id JOIN compute.events e ON e.seq = d.event_seq
+		WHERE d.id = $1`, j.Args.Delivery).Scan(&d.state, &d.generation, &d.attempts, &d.subject, &d.dueAt, &d.now,
+		&d.endpoint, &d.url, &d.secret, &d.previous,
+		&d.event.ID, &d.event.Type, &d.event.TenantID, &d.event.Subject, &d.event.Data, &d.event.CreatedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil // its endpoint was deleted
+	}
+	if err != nil {
+		return err
+	}
+	if d.state != api.DeliveryPending || d.generation != j.Args.Generation {
+		return nil // delivered, dead, or redelivered by a newer job
+	}
+	// Order per subject: the endpoint hears of a subject's events in log order, so this one waits
+	// for those before it.
+	var blocker *time.Time
+	err = db.QueryRow(ctx, `SELECT next_attempt_at FROM compute.webhook_deliveries
+		WHERE endpoint_id = $1 AND subject = $2 AND state = 'pending' AND event_seq < $3 ORDER BY event_seq LIMIT 1`,
+		d.endpoint, d.subject, d.event.ID).Scan(&blocker)
+	switch {
+	case err == nil:
+		return river.JobSnooze(waitFor(blocker, d.now, gjson.GetBytes(j.Metadata, "snoozes").Int()))
+	case !errors.Is(err, pgx.ErrNoRows):
+		return err
+	}
+	if d.now.Sub(d.dueAt) > w.m.cfg.DeadAfter || j.Attempt >= j.MaxAttempts {
+		return w.dead(ctx, j, d)
+	}
+	// One attempt at a time: a delivery may have two jobs (a successor woken by the one before
+	// it, beside its own), and only the one that claims it sends.
+	tag, err := db.Exec(ctx, `UPDATE compute.webhook_deliveries SET claimed_until = compute.compute_now() + make_interval(secs => $3)
+		WHERE id = $1 AND generation = $2 AND state = 'pending' AND (claimed_until IS NULL OR claimed_until <= compute.compute_now())`,
+		j.Args.Delivery, j.Args.Generation, w.Timeout(j).Seconds())
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() == 0 {
+		return river.JobSnooze(time.Second) // another job's attempt is in flight
+	}
+	keys, err := w.keys(d)
+	if err != nil {
+		return err
+	}
+	at := time.Now()
+	status, why := w.m.attempt(ctx, d, keys)
+	took := time.Since(at)
+	ok := why == ""
+	next := d.now.Add(w.m.backoff(j.ID, j.Attempt))
+	err = w.rt.DB.Tx(ctx, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `UPDATE compute.webhook_deliveries SET attempts = attempts + 1, claimed_until = NULL,
+			state = CASE WHEN $3 THEN 'delivered' ELSE state END,
+			delivered_at = CASE WHEN $3 THEN compute.compute_now() END,
+			next_attempt_at = CASE WHEN $3 THEN NULL ELSE $4::timestamptz END
+			WHERE id = $1 AND generation = $2 AND state = 'pending'`, j.Args.Delivery, j.Args.Generation, ok, next)
+		if err != nil || tag.RowsAffected() == 0 {
+			return err // redelivered meanwhile: the newer job records its own
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO compute.webhook_attempts (delivery_id, n, at, status, error, seconds)
+			VALUES ($1, $2, $3, $4, $5, $6)`, j.Args.Delivery, d.attempts+1, at, status, why, took.Seconds()); err != nil {
+			return err
+		}
+		if ok {
+			return w.wakeNext(ctx, tx, d)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("webhooks: record delivery %d: %w", j.Args.Delivery, err)
+	}
+	if ok {
+		w.m.cfg.Metrics.WebhookAttempt("delivered", took)
+		return nil
+	}
+	w.m.cfg.Metrics.WebhookAttempt("failed", took)
+	return fmt.Errorf("webhooks: delivery %d to %s: %s", j.Args.Delivery, d.url, why)
+}
+
+// wakeNext enqueues a job for the next pending delivery of d's subject, in tx: it waited for
+// d, and its own job may be snoozed for a while yet.
+func (w *deliverer) wakeNext(ctx context.Context, tx pgx.Tx, d delivery) error {
+	var next deliverArgs
+	err := tx.QueryRow(ctx, `SELECT id, generation FROM compute.webhook_deliveries
+		WHERE endpoint_id = $1 AND subject = $2 AND state = 'pending' AND event_seq > $3 ORDER BY event_seq LIMIT 1`,
+		d.endpoint, d.subject, d.event.ID).Scan(&next.Delivery, &next.Generation)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return w.rt.Jobs.InsertTx(ctx, tx, next, nil)
+}
+
+// waitFor is how long a delivery waits behind an earlier pending one of its subject: until
+// that one's next attempt when it is ahead, else a little longer each time it found it
+// still pending, up to 30 s: the one before it wakes it when it is delivered or dead, so
+// waiting longer costs nothing, and a long queue behind a failing endpoint does not poll.
+func waitFor(blockerNext *time.Time, now time.Time, snoozes int64) time.Duration {
+	if blockerNext != nil && blockerNext.After(now) {
+		return min(blockerNext.Sub(now)+100*time.Millisecond, time.Minute)
+	}
+	return min(50*time.Millisecond<<min(snoozes, 10), 30*time.Second)
+}
+
+// dead gives a delivery up, with an event about its endpoint.
+func (w *deliverer) dead(ctx context.Context, j *river.Job[deliverArgs], d delivery) error {
+	err := w.rt.DB.Tx(ctx, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `UPDATE compute.webhook_deliveries SET state = 'dead', next_attempt_at = NULL
+			WHERE id = $1 AND generation = $2 AND state = 'pending'`, j.Args.Delivery, j.Args.Generation)
+		if err != nil || tag.RowsAffected() == 0 {
+			return err
+		}
+		if err := w.rt.Events.Emit(ctx, tx, modules.Event{Type: EventDead, TenantID: d.event.TenantID, Subject: d.endpoint,
+			Data: map[string]any{"delivery": j.Args.Delivery, "eventId": d.event.ID, "attempts": d.attempts}}); err != nil {
+			return err
+		}
+		return w.wakeNext(ctx, tx, d)
+	})
+	if err == nil {
+		w.m.cfg.Metrics.WebhookAttempt("dead", 0)
+	}
+	return err
+}
+
+// keys are the signing keys of a delivery's endpoint: its secret's, and the previous one's while
+// it still signs.
+func (w *deliverer) keys(d delivery) ([][]byte, error) {
+	sealed := [][]byte{d.secret}
+	if d.previous != nil {
+		sealed = append(sealed, d.previous)
+	}
+	keys := make([][]byte, 0, len(sealed))
+	for _, s := range sealed {
+		secret, err := w.rt.Secrets.Open(purpose(d.endpoint), s)
+		if err != nil {
+			return nil, fmt.Errorf("open the endpoint's secret: %w", err)
+		}
+		k, err := keyOf(string(secret))
+		if err != nil {
+			return nil, err
+		}
+		keys = append(keys, k)
+	}
+	return keys, nil
+}
+
+// attempt sends the event once, signed with keys. It returns the answer's status (0 without
+// one) and why the attempt failed ("" when the endpoint answered 2xx).
+func (m *Module) attempt(ctx context.Context, d delivery, keys [][]byte) (int, string) {
+	body, err := json.Marshal(d.event)
+	if err != nil {
+		return 0, err.Error()
+	}
+	id := "evt_" + strconv.FormatInt(d.event.ID, 10)
+	ts := time.Now().Unix()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.url, bytes.NewReader(body))
+	if err != nil {
+		return 0, err.Error()
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("User-Agent", "better-compute-webhooks/1")
+	req.Header.Set("webhook-id", id)
+	req.Header.Set("webhook-timestamp", strconv.FormatInt(ts, 10))
+	req.Header.Set("webhook-signature", Sign(keys, id, ts, body))
+	resp, err := m.client.Do(req)
+	if err != nil {
+		return 0, brief(err.Error())
+	}
+	defer resp.Body.Close()
+	// The answer's body is read (so the connection may be reused) and dropped, up to a bound.
+	snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 256))
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, m.cfg.MaxResponseBytes))
+	if resp.StatusCode/100 == 2 {
+		return resp.StatusCode, ""
+	}
+	why := "HTTP " + strconv.Itoa(resp.StatusCode)
+	if s := strings.TrimSpace(strings.ToValidUTF8(string(snippet), "")); s != "" {
+		why += ": " + s
+	}
+	return resp.StatusCode, brief(why)
+}
+
+// Sign is the webhook-signature header of a message: "v1,<base64 HMAC-SHA256 of
+// id.timestamp.body>" under each key (the base64-decoded part of a whsec_ secret), separated by
+// spaces.
+func Sign(keys [][]byte, id string, ts int64, body []byte) string {
+	sigs := make([]string, len(keys))
+	for i, k := range keys {
+		mac := hmac.New(sha256.New, k)
+		fmt.Fprintf(mac, "%s.%d.", id, ts)
+		mac.Write(body)
+		sigs[i] = "v1," + base64.StdEncoding.EncodeToString(mac.Sum(nil))
+	}
+	return strings.Join(sigs, " ")
+}
+
+// keyOf is the signing key of a whsec_ secret.
+func keyOf(secret string) ([]byte, error) {
+	k, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(secret, api.WebhookSecretPrefix))
+	if err != nil || !strings.HasPrefix(secret, api.WebhookSecretPrefix) {
+		return nil, errors.New("webhooks: a stored secret is not a whsec_ secret")
+	}
+	return k, nil
+}
+
+// brief bounds an attempt's error as recorded.
+func brief(s string) string {
+	if len(s) <= 500 {
+		return s
+	}
+	s = s[:500]
+	for !utf8.ValidString(s) {
+		s = s[:len(s)-1]
+	}
+	return s + "…"
+}
+
+// newClient is the HTTP client of deliveries: no proxy (it would connect for us, unchecked),
+// no redirects (a 3xx is a failed attempt), every connection's address checked, bounded in time.
+func newClient(cfg Config) *http.Client {
+	dialer := &net.Dialer{Timeout: cfg.Timeout}
+	if !cfg.AllowPrivateTargets {
+		// Control sees the address a name resolved to, after resolution: a name that resolves to
+		// a private address is refused here, whatever it resolved to at creation.
+		dialer.Control = func(_, address string, _ syscall.RawConn) error {
+			host, _, err := net.SplitHostPort(address)
+			if err != nil {
+				return err
+			}
+			ip, err := netip.ParseAddr(host)
+			if err != nil {
+				return err
+			}
+			if why := refusedAddr(ip); why != "" {
+				return fmt.Errorf("refused to connect to %s: %s", host, why)
+			}
+			return nil
+		}
+	}
+	return &http.Client{
+		Timeout: cfg.Timeout,
+		Transport: &http.Transport{
+			Proxy:                 nil,
+			DialContext:           dialer.DialContext,
+			TLSHandshakeTimeout:   cfg.Timeout,
+			ResponseHeaderTimeout: cfg.Timeout,
+			MaxIdleConnsPerHost:   4,
+			IdleConnTimeout:       90 * time.Second,
+		},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+}
+
+// nonPublic are ranges that netip's predicates do not cover and no public endpoint uses.
+var nonPublic = []netip.Prefix{
+	netip.MustParsePrefix("0.0.0.0/8"),     // "this network"
+	netip.MustParsePrefix("100.64.0.0/10"), // carrier-grade NAT
+	netip.MustParsePrefix("192.0.0.0/24"),  // IETF protocol assignments
+	netip.MustParsePrefix("198.18.0.0/15"), // benchmarking
+	netip.MustParsePrefix("240.0.0.0/4"),   // reserved, and the broadcast address
+	netip.MustParsePrefix("64:ff9b:1::/48"),
+	netip.MustParsePrefix("2001:db8::/32"), // documentation
+}
+
+// refusedAddr says why ip is not a public endpoint's address, or "".
+func refusedAddr(ip netip.Addr) string {
+	ip = ip.Unmap()
+	switch {
+	case ip.IsLoopback():
+		return "is a loopback address"
+	case ip.IsPrivate():
+		return "is a private address"
+	case ip.IsLinkLocalUnicast(), ip.IsLinkLocalMulticast():
+		return "is a link-local address (cloud metadata services live there)"
+	case ip.IsUnspecified():
+		return "is the unspecified address"
+	case ip.IsMulticast(), ip.IsInterfaceLocalMulticast():
+		return "is a multicast address"
+	}
+	for _, p := range nonPublic {
+		if p.Contains(ip) {
+			return "is not a public address (" + p.String() + ")"
+		}
+	}
+	return ""
+}
+
+// refusedHost says why the host of URL u is not a public endpoint, when it says so by itself
+// (an address, or localhost); names are checked again at every connection.
+func refusedHost(u string) string {
+	p, err := url.Parse(u)
+	if err != nil {
+		return "is not a URL"
+	}
+	host := strings.TrimSuffix(strings.ToLower(p.Hostname()), ".")
+	if host == "localhost" || strings.HasSuffix(host, ".localhost") {
+		return "names the local machine"
+	}
+	if ip, err := netip.ParseAddr(host); err == nil {
+		if why := refusedAddr(ip); why != "" {
+			return "is at " + host + ", which " + why
+		}
+	}
+	return ""
+}
