@@ -17,6 +17,10 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
 	"github.com/better-compute/compute"
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/client"
@@ -179,20 +183,22 @@ type env struct {
 	*computetest.Env
 	tenant string
 	cl     *client.Client
+	url    string
 }
 
 func start(t *testing.T, configure func(*compute.Options)) env {
 	t.Helper()
 	e := computetest.New(t, computetest.Options{Configure: configure})
 	tenant, key := e.Tenant(t, "acme")
-	cl, err := client.New(e.Server(t), client.WithAPIKey(key))
+	url := e.Server(t)
+	cl, err := client.New(url, client.WithAPIKey(key))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := e.Compute.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	return env{e, tenant, cl}
+	return env{e, tenant, cl, url}
 }
 
 // emit writes events of the tenant as a module would, in one transaction each.
@@ -310,6 +316,27 @@ func TestEveryEventArrivesSignedAndInOrderAcrossAnOutage(t *testing.T) {
 	if len(page.Items) != 36 || retried == 0 || refused == 0 || unavailable == 0 {
 		t.Errorf("%d deliveries, %d retried, attempts: %d refused, %d answered 503; want 36 and some of each",
 			len(page.Items), retried, refused, unavailable)
+	}
+
+	resp, err := http.Get(e.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var fam map[string]*dto.MetricFamily
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	if fam, err = parser.TextToMetricFamilies(resp.Body); err != nil {
+		t.Fatal(err)
+	}
+	outcomes := map[string]float64{}
+	for _, m := range fam["better_compute_webhook_attempts_total"].GetMetric() {
+		outcomes[m.GetLabel()[0].GetValue()] = m.GetCounter().GetValue()
+	}
+	if outcomes["delivered"] < 36 || outcomes["failed"] < float64(refused+unavailable) {
+		t.Errorf("webhook attempt counters %v, want ≥ 36 delivered and ≥ %d failed", outcomes, refused+unavailable)
+	}
+	if n := fam["better_compute_webhook_attempt_seconds"].GetMetric()[0].GetHistogram().GetSampleCount(); n < 36 {
+		t.Errorf("attempt durations observed %d times, want ≥ 36", n)
 	}
 }
 
