@@ -22,10 +22,11 @@ type API struct {
 	JoinTokens   JoinTokensGroup
 	Commands     CommandsGroup
 	Events       EventsGroup
+	Audit        AuditGroup
 }
 
 func newAPI(c *Compute) API {
-	return API{Sites: SitesGroup{c}, Pools: PoolsGroup{c}, Nodes: NodesGroup{c}, Reservations: ReservationsGroup{c}, Capacity: CapacityGroup{c}, Quotas: QuotasGroup{c}, Devices: DevicesGroup{c}, JoinTokens: JoinTokensGroup{c}, Commands: CommandsGroup{c}, Events: EventsGroup{c}}
+	return API{Sites: SitesGroup{c}, Pools: PoolsGroup{c}, Nodes: NodesGroup{c}, Reservations: ReservationsGroup{c}, Capacity: CapacityGroup{c}, Quotas: QuotasGroup{c}, Devices: DevicesGroup{c}, JoinTokens: JoinTokensGroup{c}, Commands: CommandsGroup{c}, Events: EventsGroup{c}, Audit: AuditGroup{c}}
 }
 
 // SitesGroup is the sites group.
@@ -361,4 +362,22 @@ type EventsGroup struct{ c *Compute }
 // List calls events.list: List a tenant's events in log order, after an event id or a cursor; filter by type or subject.
 func (g EventsGroup) List(ctx context.Context, cred string, in api.ListEvents) (api.Page[api.Event], error) {
 	return Invoke(ctx, g.c, cred, api.EventsList, in)
+}
+
+// AuditGroup is the audit group.
+type AuditGroup struct{ c *Compute }
+
+// Checkpoint calls audit.checkpoint: The latest signed checkpoint of the event log's Merkle tree: its size, root hash and time, and the key that signed it.
+func (g AuditGroup) Checkpoint(ctx context.Context, cred string, in api.GetCheckpoint) (api.Checkpoint, error) {
+	return Invoke(ctx, g.c, cred, api.AuditCheckpoint, in)
+}
+
+// ProveInclusion calls audit.proveInclusion: Prove, from the live log, that an event is a leaf of the tree of a size.
+func (g AuditGroup) ProveInclusion(ctx context.Context, cred string, in api.ProveInclusion) (api.InclusionProof, error) {
+	return Invoke(ctx, g.c, cred, api.AuditProveInclusion, in)
+}
+
+// ProveConsistency calls audit.proveConsistency: Prove, from the live log, that the tree of one size is a prefix of the tree of a larger size.
+func (g AuditGroup) ProveConsistency(ctx context.Context, cred string, in api.ProveConsistency) (api.ConsistencyProof, error) {
+	return Invoke(ctx, g.c, cred, api.AuditProveConsistency, in)
 }
