@@ -103,6 +103,9 @@ func (ff *fuzzFleet) examples() map[string]string {
 		"commands.list":             `{"node":"` + node + `","state":"pending"}`,
 		"commands.cancel":           `{"command":"` + fuzzID + `"}`,
 		"events.list":               `{"after":3,"type":"node.","subject":"` + node + `","limit":10}`,
+		"audit.checkpoint":          `{}`,
+		"audit.proveInclusion":      `{"seq":1,"size":2}`,
+		"audit.proveConsistency":    `{"from":1,"to":2}`,
 	}
 }
 

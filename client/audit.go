@@ -121,7 +121,7 @@ func CheckConsistency(saved, latest SignedCheckpoint, p api.ConsistencyProof) er
 	}
 	if err := proof.VerifyConsistency(rfc6962.DefaultHasher, saved.Size, latest.Size, p.Hashes, saved.Root, latest.Root); err != nil {
 		return failed("the live event log is not consistent with the saved checkpoint of events 1..%d (%v): "+
-			"an event with an id up to %d was edited, deleted or reordered after it was signed", saved.Size, err, latest.Size)
+			"an event with an id up to %d was edited, deleted or reordered after it was signed", saved.Size, proofError(err), latest.Size)
 	}
 	return nil
 }
@@ -143,7 +143,16 @@ func checkInclusion(cp SignedCheckpoint, p api.InclusionProof) error {
 	if !bytes.Equal(hash, p.LeafHash) {
 		return errors.New("the proof's leafHash is not the hash of its leaf")
 	}
-	return proof.VerifyInclusion(rfc6962.DefaultHasher, uint64(p.LeafIndex), cp.Size, hash, p.Hashes, cp.Root)
+	return proofError(proof.VerifyInclusion(rfc6962.DefaultHasher, uint64(p.LeafIndex), cp.Size, hash, p.Hashes, cp.Root))
+}
+
+// proofError words the merkle library's root mismatch on one line, in hex.
+func proofError(err error) error {
+	var rm proof.RootMismatchError
+	if errors.As(err, &rm) {
+		return fmt.Errorf("the proof gives root %x, the checkpoint says %x", rm.CalculatedRoot, rm.ExpectedRoot)
+	}
+	return err
 }
 
 // VerifyCheckpoint checks a saved checkpoint against the live event log, with verifierKey
