@@ -69,7 +69,8 @@ func TestAuditVerifyThroughTheCLI(t *testing.T) {
 }
 
 // TestAuditVerifyUpdate: after the log grew and was checkpointed again, verify --update replaces
-// the saved checkpoint with the latest; a missing --checkpoint is a usage error.
+// the saved checkpoint with the latest; prove-inclusion takes its event id as a flag; a missing
+// --checkpoint is a usage error.
 func TestAuditVerifyUpdate(t *testing.T) {
 	env, file := auditedCLI(t, 3)
 	emitAndPublish(t, env, 4)
@@ -84,6 +85,11 @@ func TestAuditVerifyUpdate(t *testing.T) {
 	var cp api.Checkpoint
 	if err := json.Unmarshal(b, &cp); err != nil || cp.Size != 7 {
 		t.Fatalf("the saved checkpoint after --update: %s (%v)", b, err)
+	}
+	var incl api.InclusionProof
+	runJSON(t, &incl, "audit", "prove-inclusion", "--seq", "2")
+	if incl.LeafIndex != 1 || incl.Size != 7 || len(incl.Hashes) != 3 {
+		t.Fatalf("audit prove-inclusion --seq 2: %+v", incl)
 	}
 	stdout.Reset()
 	stderr.Reset()
