@@ -243,7 +243,7 @@ func logAnswer(err error, what string) error {
 // DecodeLeaf reads a leaf of the audit tree (its encoding is in docs/events.md, "Audit") back
 // into the event it encodes. Data is the jsonb text PostgreSQL printed, decoded.
 func DecodeLeaf(leaf []byte) (api.Event, error) {
-	if len(leaf) < 1+8 || leaf[0] != 1 {
+	if len(leaf) < 1+8 || leaf[0] != 1 { // the encoding's version
 		return api.Event{}, errors.New("not a version 1 leaf")
 	}
 	e := api.Event{ID: int64(binary.BigEndian.Uint64(leaf[1:9]))}
@@ -252,9 +252,9 @@ func DecodeLeaf(leaf []byte) (api.Event, error) {
 		if len(rest) < 4 || uint64(len(rest)-4) < uint64(binary.BigEndian.Uint32(rest)) {
 			return "", errors.New("truncated")
 		}
-		n := binary.BigEndian.Uint32(rest)
-		s := string(rest[4 : 4+n])
-		rest = rest[4+n:]
+		end := 4 + int(binary.BigEndian.Uint32(rest))
+		s := string(rest[4:end])
+		rest = rest[end:]
 		return s, nil
 	}
 	var err error

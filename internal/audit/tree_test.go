@@ -14,6 +14,7 @@ import (
 	"github.com/transparency-dev/merkle/testonly"
 	"pgregory.net/rapid"
 
+	"github.com/better-compute/compute/client"
 	"github.com/better-compute/compute/computetest"
 	"github.com/better-compute/compute/internal/audit"
 	"github.com/better-compute/compute/internal/events"
@@ -90,6 +91,16 @@ func TestLeafEncoding(t *testing.T) {
 		"00000008" + hex.EncodeToString([]byte(`{"a": 1}`))
 	if hex.EncodeToString(got) != want {
 		t.Fatalf("leaf = %x\nwant   %s", got, want)
+	}
+	e, err := client.DecodeLeaf(got)
+	if err != nil || e.ID != 7 || e.Type != "node.online" || e.TenantID != "root" || e.Subject != "n1" ||
+		!e.CreatedAt.Equal(at) || e.Data["a"] != float64(1) {
+		t.Fatalf("DecodeLeaf = %+v, %v", e, err)
+	}
+	for _, bad := range [][]byte{got[:len(got)-1], append(append([]byte{}, got...), 0), append([]byte{2}, got[1:]...), got[:5]} {
+		if _, err := client.DecodeLeaf(bad); err == nil {
+			t.Errorf("DecodeLeaf(%x) decoded", bad)
+		}
 	}
 }
 
