@@ -23,10 +23,11 @@ type API struct {
 	Commands     CommandsGroup
 	Events       EventsGroup
 	Webhooks     WebhooksGroup
+	Audit        AuditGroup
 }
 
 func newAPI(c *Compute) API {
-	return API{Sites: SitesGroup{c}, Pools: PoolsGroup{c}, Nodes: NodesGroup{c}, Reservations: ReservationsGroup{c}, Capacity: CapacityGroup{c}, Quotas: QuotasGroup{c}, Devices: DevicesGroup{c}, JoinTokens: JoinTokensGroup{c}, Commands: CommandsGroup{c}, Events: EventsGroup{c}, Webhooks: WebhooksGroup{c}}
+	return API{Sites: SitesGroup{c}, Pools: PoolsGroup{c}, Nodes: NodesGroup{c}, Reservations: ReservationsGroup{c}, Capacity: CapacityGroup{c}, Quotas: QuotasGroup{c}, Devices: DevicesGroup{c}, JoinTokens: JoinTokensGroup{c}, Commands: CommandsGroup{c}, Events: EventsGroup{c}, Webhooks: WebhooksGroup{c}, Audit: AuditGroup{c}}
 }
 
 // SitesGroup is the sites group.
@@ -425,4 +426,22 @@ func (g WebhooksGroup) Redeliver(ctx context.Context, cred string, in api.Redeli
 // RedeliverTx calls webhooks.redeliver in the host's transaction tx: see InvokeTx.
 func (g WebhooksGroup) RedeliverTx(ctx context.Context, tx pgx.Tx, cred string, in api.RedeliverWebhook) (api.WebhookDelivery, error) {
 	return InvokeTx(ctx, g.c, tx, cred, api.WebhooksRedeliver, in)
+}
+
+// AuditGroup is the audit group.
+type AuditGroup struct{ c *Compute }
+
+// Checkpoint calls audit.checkpoint: The latest signed checkpoint of the event log's Merkle tree: its size, root hash and time, and the key that signed it.
+func (g AuditGroup) Checkpoint(ctx context.Context, cred string, in api.GetCheckpoint) (api.Checkpoint, error) {
+	return Invoke(ctx, g.c, cred, api.AuditCheckpoint, in)
+}
+
+// ProveInclusion calls audit.proveInclusion: Prove, from the live log, that an event is a leaf of the tree of a size.
+func (g AuditGroup) ProveInclusion(ctx context.Context, cred string, in api.ProveInclusion) (api.InclusionProof, error) {
+	return Invoke(ctx, g.c, cred, api.AuditProveInclusion, in)
+}
+
+// ProveConsistency calls audit.proveConsistency: Prove, from the live log, that the tree of one size is a prefix of the tree of a larger size.
+func (g AuditGroup) ProveConsistency(ctx context.Context, cred string, in api.ProveConsistency) (api.ConsistencyProof, error) {
+	return Invoke(ctx, g.c, cred, api.AuditProveConsistency, in)
 }

@@ -33,6 +33,7 @@ import (
 	"github.com/better-compute/compute/agent/v1/agentv1connect"
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/iam"
+	"github.com/better-compute/compute/internal/audit"
 	"github.com/better-compute/compute/internal/capacity"
 	"github.com/better-compute/compute/internal/envelope"
 	"github.com/better-compute/compute/internal/events"
@@ -210,7 +211,7 @@ func (m gatewayModule) Register(r *modules.Registry) error {
 // registry registers the core, then mods, and checks the whole.
 func registry(mods []Module) (*modules.Registry, error) {
 	reg := modules.NewRegistry()
-	for _, m := range append([]Module{coreModule{}, fleet.Module{}, events.Module{}, capacity.Module{}}, mods...) {
+	for _, m := range append([]Module{coreModule{}, fleet.Module{}, events.Module{}, audit.Module{}, capacity.Module{}}, mods...) {
 		if err := reg.Add(m); err != nil {
 			return nil, fmt.Errorf("compute: %w", err)
 		}

@@ -110,6 +110,9 @@ func (ff *fuzzFleet) examples() map[string]string {
 		"webhooks.rotateSecret":     `{"webhook":"` + fuzzID + `","keepPrevious":"1h"}`,
 		"webhooks.deliveries":       `{"webhook":"` + fuzzID + `","state":"dead","eventType":"node.offline","eventId":4,"limit":5}`,
 		"webhooks.redeliver":        `{"delivery":7}`,
+		"audit.checkpoint":          `{}`,
+		"audit.proveInclusion":      `{"seq":1,"size":2}`,
+		"audit.proveConsistency":    `{"from":1,"to":2}`,
 	}
 }
 

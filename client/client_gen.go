@@ -21,10 +21,11 @@ type groups struct {
 	Commands     CommandsGroup
 	Events       EventsGroup
 	Webhooks     WebhooksGroup
+	Audit        AuditGroup
 }
 
 func newGroups(c *Client) groups {
-	return groups{Sites: SitesGroup{c}, Pools: PoolsGroup{c}, Nodes: NodesGroup{c}, Reservations: ReservationsGroup{c}, Capacity: CapacityGroup{c}, Quotas: QuotasGroup{c}, Devices: DevicesGroup{c}, JoinTokens: JoinTokensGroup{c}, Commands: CommandsGroup{c}, Events: EventsGroup{c}, Webhooks: WebhooksGroup{c}}
+	return groups{Sites: SitesGroup{c}, Pools: PoolsGroup{c}, Nodes: NodesGroup{c}, Reservations: ReservationsGroup{c}, Capacity: CapacityGroup{c}, Quotas: QuotasGroup{c}, Devices: DevicesGroup{c}, JoinTokens: JoinTokensGroup{c}, Commands: CommandsGroup{c}, Events: EventsGroup{c}, Webhooks: WebhooksGroup{c}, Audit: AuditGroup{c}}
 }
 
 // SitesGroup is the sites group.
@@ -288,4 +289,22 @@ func (g WebhooksGroup) Deliveries(ctx context.Context, in api.ListWebhookDeliver
 // Redeliver calls webhooks.redeliver: Send a delivery again now, whatever its state.
 func (g WebhooksGroup) Redeliver(ctx context.Context, in api.RedeliverWebhook) (api.WebhookDelivery, error) {
 	return call(ctx, g.c, api.WebhooksRedeliver, in)
+}
+
+// AuditGroup is the audit group.
+type AuditGroup struct{ c *Client }
+
+// Checkpoint calls audit.checkpoint: The latest signed checkpoint of the event log's Merkle tree: its size, root hash and time, and the key that signed it.
+func (g AuditGroup) Checkpoint(ctx context.Context, in api.GetCheckpoint) (api.Checkpoint, error) {
+	return call(ctx, g.c, api.AuditCheckpoint, in)
+}
+
+// ProveInclusion calls audit.proveInclusion: Prove, from the live log, that an event is a leaf of the tree of a size.
+func (g AuditGroup) ProveInclusion(ctx context.Context, in api.ProveInclusion) (api.InclusionProof, error) {
+	return call(ctx, g.c, api.AuditProveInclusion, in)
+}
+
+// ProveConsistency calls audit.proveConsistency: Prove, from the live log, that the tree of one size is a prefix of the tree of a larger size.
+func (g AuditGroup) ProveConsistency(ctx context.Context, in api.ProveConsistency) (api.ConsistencyProof, error) {
+	return call(ctx, g.c, api.AuditProveConsistency, in)
 }

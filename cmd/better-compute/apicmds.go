@@ -171,8 +171,9 @@ func bindFields(fs *pflag.FlagSet, t reflect.Type, prefix []int) []binding {
 }
 
 var (
-	timeType = reflect.TypeFor[time.Time]()
-	rawType  = reflect.TypeFor[json.RawMessage]()
+	timeType  = reflect.TypeFor[time.Time]()
+	rawType   = reflect.TypeFor[json.RawMessage]()
+	int64Type = reflect.TypeFor[int64]()
 )
 
 func flagFor(fs *pflag.FlagSet, flag string, t reflect.Type, usage string) (binding, bool) {
@@ -224,6 +225,13 @@ func flagFor(fs *pflag.FlagSet, flag string, t reflect.Type, usage string) (bind
 		fs.Int(flag, 0, usage)
 		b.set = func(v reflect.Value, fs *pflag.FlagSet) error {
 			n, _ := fs.GetInt(flag)
+			set(v, reflect.ValueOf(n))
+			return nil
+		}
+	case base == int64Type: // ids and sizes of the event log (bigint)
+		fs.Int64(flag, 0, usage)
+		b.set = func(v reflect.Value, fs *pflag.FlagSet) error {
+			n, _ := fs.GetInt64(flag)
 			set(v, reflect.ValueOf(n))
 			return nil
 		}

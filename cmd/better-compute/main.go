@@ -94,6 +94,9 @@ config file (--config, default ` + defaultConfigPath() + `: {"url": …, "apiKey
 		if g.Name() == "events" {
 			g.AddCommand(eventsWatchCmd(p))
 		}
+		if g.Name() == "audit" {
+			g.AddCommand(auditVerifyCmd(p))
+		}
 		root.AddCommand(g)
 	}
 	root.AddCommand(devCmd(), serveCmd(), simCmd(p), iamCmd(p), mcpCmd(p), methodsCmd(p), callCmd(p))
