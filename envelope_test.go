@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -17,6 +18,8 @@ import (
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/computetest"
 	"github.com/better-compute/compute/iam"
+	"github.com/better-compute/compute/internal/events"
+	"github.com/better-compute/compute/internal/webhooks"
 )
 
 func newEnv(t *testing.T) *computetest.Env {
@@ -188,6 +191,27 @@ func TestMethodTableRoute(t *testing.T) {
 	}
 }
 
+// aDelivery gives webhook a delivery, as the workers would: an event of its tenant, sequenced
+// and fanned out.
+func aDelivery(t *testing.T, env *computetest.Env, webhook string) int64 {
+	t.Helper()
+	ctx := context.Background()
+	if err := events.Emit(ctx, env.DB.Pool, "test.delivered", computetest.RootTenantID, "x", nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := events.Sequence(ctx, env.DB); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := webhooks.Fanout(ctx, env.DB, env.Compute.Runtime().Jobs); err != nil {
+		t.Fatal(err)
+	}
+	var id int64
+	if err := env.DB.Pool.QueryRow(ctx, `SELECT max(id) FROM compute.webhook_deliveries WHERE endpoint_id = $1`, webhook).Scan(&id); err != nil {
+		t.Fatalf("no delivery for webhook %s: %v", webhook, err)
+	}
+	return id
+}
+
 // TestOneDecisionPerMutation checks that every mutating method of the core table asks IAM
 // exactly once, with its own action and in the caller's tenant, and that repeated reads are served
 // from the decision cache. A mutating method added to the table without a step here fails it.
@@ -227,6 +251,13 @@ func TestOneDecisionPerMutation(t *testing.T) {
 			return `{"node": "` + ff.nodeID + `", "kind": "gpu.reset", "args": {"gpu": 0}, "deadline": "1m"}`
 		}, true},
 		{"commands/cancel", func() string { return `{"command": "` + ids["commands/create"] + `"}` }, false},
+		{"webhooks/create", fixed(`{"url": "https://hooks.example.com/compute"}`), true},
+		{"webhooks/rotateSecret", func() string { return `{"webhook": "` + ids["webhooks/create"] + `"}` }, false},
+		{"webhooks/test", func() string { return `{"webhook": "` + ids["webhooks/create"] + `"}` }, false},
+		{"webhooks/redeliver", func() string {
+			return fmt.Sprintf(`{"delivery": %d}`, aDelivery(t, env, ids["webhooks/create"]))
+		}, false},
+		{"webhooks/delete", func() string { return `{"webhook": "` + ids["webhooks/create"] + `"}` }, false},
 		{"nodes/drain", fixed(`{"node": "n1", "pool": "p1"}`), false},
 		{"nodes/retire", func() string { return `{"node": "` + ff.nodeID + `"}` }, false},
 	}

@@ -138,6 +138,8 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
+	// Every line logged with a call's context names its request id, a module's as the core's.
+	o.Logger = slog.New(envelope.LogHandler(o.Logger.Handler()))
 	switch {
 	case o.MaxBodyBytes == 0:
 		o.MaxBodyBytes = DefaultMaxBodyBytes

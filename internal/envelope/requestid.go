@@ -45,3 +45,38 @@ func (e *Envelope) logger(ctx context.Context) *slog.Logger {
 	}
 	return e.log
 }
+
+// LogHandler wraps h so that every record logged with a context carrying a request id (the
+// …Context methods of slog) names it as request_id: a module's lines of a call are found by the
+// call's id, as the envelope's are. A logger that already names request_id (With) is left so.
+func LogHandler(h slog.Handler) slog.Handler {
+	if _, ok := h.(requestIDHandler); ok {
+		return h
+	}
+	return requestIDHandler{Handler: h}
+}
+
+type requestIDHandler struct {
+	slog.Handler
+	named bool // a request_id attribute is already attached
+}
+
+func (h requestIDHandler) Handle(ctx context.Context, r slog.Record) error {
+	if id := RequestID(ctx); id != "" && !h.named {
+		r = r.Clone()
+		r.AddAttrs(slog.String("request_id", id))
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h requestIDHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	named := h.named
+	for _, a := range as {
+		named = named || a.Key == "request_id"
+	}
+	return requestIDHandler{Handler: h.Handler.WithAttrs(as), named: named}
+}
+
+func (h requestIDHandler) WithGroup(name string) slog.Handler {
+	return requestIDHandler{Handler: h.Handler.WithGroup(name), named: h.named}
+}
