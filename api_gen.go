@@ -24,10 +24,11 @@ type API struct {
 	Events       EventsGroup
 	Webhooks     WebhooksGroup
 	Audit        AuditGroup
+	Workflows    WorkflowsGroup
 }
 
 func newAPI(c *Compute) API {
-	return API{Sites: SitesGroup{c}, Pools: PoolsGroup{c}, Nodes: NodesGroup{c}, Reservations: ReservationsGroup{c}, Capacity: CapacityGroup{c}, Quotas: QuotasGroup{c}, Devices: DevicesGroup{c}, JoinTokens: JoinTokensGroup{c}, Commands: CommandsGroup{c}, Events: EventsGroup{c}, Webhooks: WebhooksGroup{c}, Audit: AuditGroup{c}}
+	return API{Sites: SitesGroup{c}, Pools: PoolsGroup{c}, Nodes: NodesGroup{c}, Reservations: ReservationsGroup{c}, Capacity: CapacityGroup{c}, Quotas: QuotasGroup{c}, Devices: DevicesGroup{c}, JoinTokens: JoinTokensGroup{c}, Commands: CommandsGroup{c}, Events: EventsGroup{c}, Webhooks: WebhooksGroup{c}, Audit: AuditGroup{c}, Workflows: WorkflowsGroup{c}}
 }
 
 // SitesGroup is the sites group.
@@ -444,4 +445,27 @@ func (g AuditGroup) ProveInclusion(ctx context.Context, cred string, in api.Prov
 // ProveConsistency calls audit.proveConsistency: Prove, from the live log, that the tree of one size is a prefix of the tree of a larger size.
 func (g AuditGroup) ProveConsistency(ctx context.Context, cred string, in api.ProveConsistency) (api.ConsistencyProof, error) {
 	return Invoke(ctx, g.c, cred, api.AuditProveConsistency, in)
+}
+
+// WorkflowsGroup is the workflows group.
+type WorkflowsGroup struct{ c *Compute }
+
+// Get calls workflows.get: Get a workflow run with the progress of each step.
+func (g WorkflowsGroup) Get(ctx context.Context, cred string, in api.GetWorkflow) (api.WorkflowRun, error) {
+	return Invoke(ctx, g.c, cred, api.WorkflowsGet, in)
+}
+
+// List calls workflows.list: List workflow runs, newest first, by workflow, subject or state.
+func (g WorkflowsGroup) List(ctx context.Context, cred string, in api.ListWorkflows) (api.Page[api.WorkflowRun], error) {
+	return Invoke(ctx, g.c, cred, api.WorkflowsList, in)
+}
+
+// Cancel calls workflows.cancel: Cancel a workflow run that has not finished; a step in flight is stopped.
+func (g WorkflowsGroup) Cancel(ctx context.Context, cred string, in api.GetWorkflow) (api.WorkflowRun, error) {
+	return Invoke(ctx, g.c, cred, api.WorkflowsCancel, in)
+}
+
+// CancelTx calls workflows.cancel in the host's transaction tx: see InvokeTx.
+func (g WorkflowsGroup) CancelTx(ctx context.Context, tx pgx.Tx, cred string, in api.GetWorkflow) (api.WorkflowRun, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.WorkflowsCancel, in)
 }

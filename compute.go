@@ -42,6 +42,7 @@ import (
 	"github.com/better-compute/compute/internal/metrics"
 	"github.com/better-compute/compute/internal/nodes"
 	"github.com/better-compute/compute/internal/webhooks"
+	"github.com/better-compute/compute/internal/workflow"
 	"github.com/better-compute/compute/jointokens"
 	"github.com/better-compute/compute/modules"
 	"github.com/better-compute/compute/postgres"
@@ -211,7 +212,7 @@ func (m gatewayModule) Register(r *modules.Registry) error {
 // registry registers the core, then mods, and checks the whole.
 func registry(mods []Module) (*modules.Registry, error) {
 	reg := modules.NewRegistry()
-	for _, m := range append([]Module{coreModule{}, fleet.Module{}, events.Module{}, audit.Module{}, capacity.Module{}}, mods...) {
+	for _, m := range append([]Module{coreModule{}, fleet.Module{}, events.Module{}, audit.Module{}, capacity.Module{}, workflow.Module{}}, mods...) {
 		if err := reg.Add(m); err != nil {
 			return nil, fmt.Errorf("compute: %w", err)
 		}

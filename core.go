@@ -59,6 +59,14 @@ func (m *jobsModule) Register(r *modules.Registry) error {
 
 // newJobs makes the job client of the queues reg holds, their workers bound to rt.
 func newJobs(o Options, reg *modules.Registry, rt *modules.Runtime) (*jobs.Client, error) {
+	for _, name := range reg.WorkflowNames() {
+		w, _ := reg.LookupWorkflow(name)
+		for _, st := range w.Steps {
+			if st.Timeout+30*time.Second >= o.JobRescueAfter {
+				return nil, &OptionError{Field: "JobRescueAfter", Problem: fmt.Sprintf("(%s) must exceed the timeout of workflow %s's step %s (%s) by more than 30s, or a slow attempt would be run twice at once", o.JobRescueAfter, w.Name, st.Name, st.Timeout)}
+			}
+		}
+	}
 	workers := river.NewWorkers()
 	var queues []jobs.Queue
 	for _, q := range reg.JobQueues() {
@@ -71,7 +79,7 @@ func newJobs(o Options, reg *modules.Registry, rt *modules.Runtime) (*jobs.Clien
 		}
 		queues = append(queues, jobs.Queue{Name: q.Name, MaxWorkers: n})
 	}
-	c, err := jobs.New(jobs.Config{Pool: o.Database.Pool, Logger: o.Logger, Workers: workers, Queues: queues})
+	c, err := jobs.New(jobs.Config{Pool: o.Database.Pool, Logger: o.Logger, Workers: workers, Queues: queues, RescueAfter: o.JobRescueAfter})
 	if err != nil {
 		return nil, fmt.Errorf("compute: %w", err)
 	}

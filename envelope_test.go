@@ -212,6 +212,17 @@ func aDelivery(t *testing.T, env *computetest.Env, webhook string) int64 {
 	return id
 }
 
+// aRun is a running workflow run of the root tenant, written as the engine writes one.
+func aRun(t *testing.T, env *computetest.Env) string {
+	t.Helper()
+	id := "0190a0b0-0000-7000-8000-0000000000aa"
+	if _, err := env.DB.Pool.Exec(context.Background(), `WITH r AS (INSERT INTO compute.workflow_runs (id, workflow, tenant_id) VALUES ($1, 'test.flow', $2) RETURNING id)
+		INSERT INTO compute.workflow_steps (run_id, n, name) SELECT id, 0, 'only' FROM r`, id, computetest.RootTenantID); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
 // TestOneDecisionPerMutation checks that every mutating method of the core table asks IAM
 // exactly once, with its own action and in the caller's tenant, and that repeated reads are served
 // from the decision cache. A mutating method added to the table without a step here fails it.
@@ -258,6 +269,7 @@ func TestOneDecisionPerMutation(t *testing.T) {
 			return fmt.Sprintf(`{"delivery": %d}`, aDelivery(t, env, ids["webhooks/create"]))
 		}, false},
 		{"webhooks/delete", func() string { return `{"webhook": "` + ids["webhooks/create"] + `"}` }, false},
+		{"workflows/cancel", func() string { return `{"run": "` + aRun(t, env) + `"}` }, false},
 		{"nodes/drain", fixed(`{"node": "n1", "pool": "p1"}`), false},
 		{"nodes/retire", func() string { return `{"node": "` + ff.nodeID + `"}` }, false},
 	}

@@ -73,7 +73,14 @@ type Options struct {
 
 	// Webhooks tunes the delivery of events to webhook endpoints.
 	Webhooks WebhookOptions
+	// JobRescueAfter is how long a durable job (a webhook attempt, a workflow step) may have been
+	// running before it is taken for lost with its process and worked again elsewhere. It must
+	// exceed every workflow step's Timeout (plus 30 s of bookkeeping). Default 1h.
+	JobRescueAfter time.Duration
 }
+
+// DefaultJobRescueAfter is Options.JobRescueAfter's default.
+const DefaultJobRescueAfter = time.Hour
 
 // WebhookOptions tune webhook delivery (docs/events.md). Zero values mean the defaults.
 type WebhookOptions struct {
@@ -137,6 +144,12 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
+	}
+	switch {
+	case o.JobRescueAfter == 0:
+		o.JobRescueAfter = DefaultJobRescueAfter
+	case o.JobRescueAfter < 0:
+		return bad("JobRescueAfter", "must not be negative, got %s", o.JobRescueAfter)
 	}
 	// Every line logged with a call's context names its request id, a module's as the core's.
 	o.Logger = slog.New(envelope.LogHandler(o.Logger.Handler()))

@@ -16,6 +16,7 @@ import (
 	"github.com/better-compute/compute/internal/fleet"
 	"github.com/better-compute/compute/internal/nodes"
 	"github.com/better-compute/compute/internal/pki"
+	"github.com/better-compute/compute/internal/workflow"
 	"github.com/better-compute/compute/modules"
 	"github.com/better-compute/compute/postgres"
 )
@@ -23,7 +24,7 @@ import (
 // newRuntime is what modules get of the core (modules.Runtime): the database, IAM and the
 // core's services, each a thin adapter over the package that owns what it writes.
 func newRuntime(o Options, reg *modules.Registry, nm *nodes.Module) *modules.Runtime {
-	return &modules.Runtime{
+	rt := &modules.Runtime{
 		DB: o.Database, IAM: o.IAM, Logger: o.Logger, Secret: o.Secret,
 		Capacity: capacity.Service{},
 		Nodes:    nodeService{reg},
@@ -33,6 +34,8 @@ func newRuntime(o Options, reg *modules.Registry, nm *nodes.Module) *modules.Run
 		Secrets:  secretBox{o.Secret},
 		Registry: reg,
 	}
+	rt.Workflows = workflow.Service{RT: rt}
+	return rt
 }
 
 type nodeService struct{ reg *modules.Registry }

@@ -22,10 +22,11 @@ type groups struct {
 	Events       EventsGroup
 	Webhooks     WebhooksGroup
 	Audit        AuditGroup
+	Workflows    WorkflowsGroup
 }
 
 func newGroups(c *Client) groups {
-	return groups{Sites: SitesGroup{c}, Pools: PoolsGroup{c}, Nodes: NodesGroup{c}, Reservations: ReservationsGroup{c}, Capacity: CapacityGroup{c}, Quotas: QuotasGroup{c}, Devices: DevicesGroup{c}, JoinTokens: JoinTokensGroup{c}, Commands: CommandsGroup{c}, Events: EventsGroup{c}, Webhooks: WebhooksGroup{c}, Audit: AuditGroup{c}}
+	return groups{Sites: SitesGroup{c}, Pools: PoolsGroup{c}, Nodes: NodesGroup{c}, Reservations: ReservationsGroup{c}, Capacity: CapacityGroup{c}, Quotas: QuotasGroup{c}, Devices: DevicesGroup{c}, JoinTokens: JoinTokensGroup{c}, Commands: CommandsGroup{c}, Events: EventsGroup{c}, Webhooks: WebhooksGroup{c}, Audit: AuditGroup{c}, Workflows: WorkflowsGroup{c}}
 }
 
 // SitesGroup is the sites group.
@@ -307,4 +308,22 @@ func (g AuditGroup) ProveInclusion(ctx context.Context, in api.ProveInclusion) (
 // ProveConsistency calls audit.proveConsistency: Prove, from the live log, that the tree of one size is a prefix of the tree of a larger size.
 func (g AuditGroup) ProveConsistency(ctx context.Context, in api.ProveConsistency) (api.ConsistencyProof, error) {
 	return call(ctx, g.c, api.AuditProveConsistency, in)
+}
+
+// WorkflowsGroup is the workflows group.
+type WorkflowsGroup struct{ c *Client }
+
+// Get calls workflows.get: Get a workflow run with the progress of each step.
+func (g WorkflowsGroup) Get(ctx context.Context, in api.GetWorkflow) (api.WorkflowRun, error) {
+	return call(ctx, g.c, api.WorkflowsGet, in)
+}
+
+// List calls workflows.list: List workflow runs, newest first, by workflow, subject or state.
+func (g WorkflowsGroup) List(ctx context.Context, in api.ListWorkflows) (api.Page[api.WorkflowRun], error) {
+	return call(ctx, g.c, api.WorkflowsList, in)
+}
+
+// Cancel calls workflows.cancel: Cancel a workflow run that has not finished; a step in flight is stopped.
+func (g WorkflowsGroup) Cancel(ctx context.Context, in api.GetWorkflow) (api.WorkflowRun, error) {
+	return call(ctx, g.c, api.WorkflowsCancel, in)
 }

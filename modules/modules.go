@@ -39,13 +39,14 @@ type Runtime struct {
 	Logger *slog.Logger
 	Secret string // compute.Options.Secret, for keys derived from it
 
-	Capacity Capacity
-	Nodes    Nodes
-	Fleet    Fleet
-	Events   Events
-	Clock    Clock
-	Secrets  SecretBox
-	Jobs     Jobs
+	Capacity  Capacity
+	Nodes     Nodes
+	Fleet     Fleet
+	Events    Events
+	Clock     Clock
+	Secrets   SecretBox
+	Jobs      Jobs
+	Workflows Workflows
 	// Registry is what every module registered, checked; read it, never add to it.
 	Registry *Registry
 }

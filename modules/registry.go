@@ -24,6 +24,7 @@ type Registry struct {
 	migrations []postgres.MigrationSet
 	workers    []Worker
 	jobQueues  []JobQueue
+	workflows  map[string]Workflow
 	starts     []namedStart
 	errs       []error
 
@@ -54,6 +55,7 @@ func NewRegistry() *Registry {
 		events:     map[string]string{},
 		drivers:    map[string]*Driver{},
 		profiles:   map[string]*Profile{},
+		workflows:  map[string]Workflow{},
 	}
 }
 

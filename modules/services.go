@@ -65,8 +65,12 @@ type Event struct {
 // Jobs enqueues durable jobs (River) of the registered job queues in a transaction: a job
 // exists exactly when its transaction commits.
 type Jobs interface {
-	InsertTx(ctx context.Context, tx pgx.Tx, args river.JobArgs, opts *river.InsertOpts) error
+	// InsertTx enqueues one job and returns its River id.
+	InsertTx(ctx context.Context, tx pgx.Tx, args river.JobArgs, opts *river.InsertOpts) (int64, error)
 	InsertManyTx(ctx context.Context, tx pgx.Tx, params []river.InsertManyParams) error
+	// CancelTx cancels a job once tx commits: a queued one is never worked, a running one has its
+	// context cancelled.
+	CancelTx(ctx context.Context, tx pgx.Tx, jobID int64) error
 }
 
 // Clock is the database's clock, compute_now(): the real time, or a test's.

@@ -5,9 +5,12 @@
 package jobs
 
 import (
+	"cmp"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"strings"
 	"testing/fstest"
@@ -71,6 +74,9 @@ type Config struct {
 	Queues  []Queue
 	// JobTimeout bounds one attempt of a job whose worker sets no timeout of its own. Default 1 min.
 	JobTimeout time.Duration
+	// RescueAfter is when a running job whose process died is worked again: it must exceed every
+	// worker's timeout, or a slow attempt would be run twice at once. Default JobTimeout + 1 min.
+	RescueAfter time.Duration
 }
 
 // Client enqueues jobs and, once Run, works them.
@@ -101,7 +107,7 @@ func New(cfg Config) (*Client, error) {
 		JobTimeout: cfg.JobTimeout,
 		// A job whose process died mid-attempt is rescued once no live attempt could still be
 		// running it.
-		RescueStuckJobsAfter: cfg.JobTimeout + time.Minute,
+		RescueStuckJobsAfter: cmp.Or(cfg.RescueAfter, cfg.JobTimeout+time.Minute),
 	}
 	if len(cfg.Queues) > 0 {
 		rc.Queues = map[string]river.QueueConfig{}
@@ -122,12 +128,36 @@ func New(cfg Config) (*Client, error) {
 	return &Client{river: c, works: len(cfg.Queues) > 0}, nil
 }
 
-// InsertTx enqueues a job in tx: it exists exactly when tx commits.
-func (c *Client) InsertTx(ctx context.Context, tx pgx.Tx, args river.JobArgs, opts *river.InsertOpts) error {
-	if _, err := c.river.InsertTx(ctx, tx, args, opts); err != nil {
-		return fmt.Errorf("jobs: enqueue %s: %w", args.Kind(), err)
+// InsertTx enqueues a job in tx (it exists exactly when tx commits) and returns its id.
+func (c *Client) InsertTx(ctx context.Context, tx pgx.Tx, args river.JobArgs, opts *river.InsertOpts) (int64, error) {
+	res, err := c.river.InsertTx(ctx, tx, args, opts)
+	if err != nil {
+		return 0, fmt.Errorf("jobs: enqueue %s: %w", args.Kind(), err)
+	}
+	return res.Job.ID, nil
+}
+
+// CancelTx cancels job id in tx: a queued job is never worked; a running one has its context
+// cancelled (through River's notifications, on whichever process runs it) once tx commits.
+func (c *Client) CancelTx(ctx context.Context, tx pgx.Tx, id int64) error {
+	if _, err := c.river.JobCancelTx(ctx, tx, id); err != nil && !errors.Is(err, river.ErrNotFound) {
+		return fmt.Errorf("jobs: cancel job %d: %w", id, err)
 	}
 	return nil
+}
+
+// Backoff is the delay after a job's attempt-th failed attempt: base doubled per attempt up to
+// ceiling, times a jitter in [0.8, 1.2) that is the job's own (a hash of its id and the attempt, not
+// a draw), so that a worker that records the next attempt and River's NextRetry agree, and a
+// burst of failures does not retry in step.
+func Backoff(base, ceiling time.Duration, jobID int64, attempt int) time.Duration {
+	d := ceiling
+	if attempt <= 30 {
+		d = min(base<<max(attempt-1, 0), ceiling)
+	}
+	h := fnv.New64a()
+	_ = binary.Write(h, binary.LittleEndian, [2]int64{jobID, int64(attempt)})
+	return time.Duration(float64(d) * (0.8 + 0.4*float64(h.Sum64()%1000)/1000))
 }
 
 // InsertManyTx enqueues jobs in tx, in one statement.

@@ -83,7 +83,7 @@ func TestCommittedJobsAreWorkedAndRetriedRolledBackOnesNever(t *testing.T) {
 	}
 	enqueue(1, true)
 	enqueue(100, false)
-	if err := db.Tx(ctx, func(tx pgx.Tx) error { return c.InsertTx(ctx, tx, countArgs{N: 10}, nil) }); err != nil {
+	if err := db.Tx(ctx, func(tx pgx.Tx) error { _, err := c.InsertTx(ctx, tx, countArgs{N: 10}, nil); return err }); err != nil {
 		t.Fatal(err)
 	}
 

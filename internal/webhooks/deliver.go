@@ -6,11 +6,9 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"io"
 	"net"
 	"net/http"
@@ -27,6 +25,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/internal/jobs"
 	"github.com/better-compute/compute/modules"
 )
 
@@ -48,17 +47,9 @@ func (w *deliverer) NextRetry(j *river.Job[deliverArgs]) time.Time {
 }
 
 // backoff is the delay after a job's attempt-th failed attempt: RetryBase doubled per attempt
-// up to RetryMax, times a jitter in [0.8, 1.2) that is the job's own (a hash, not a draw), so
-// that Work and NextRetry agree and a burst of failures does not retry in step.
+// up to RetryMax, with the job's own jitter (jobs.Backoff), so that Work and NextRetry agree.
 func (m *Module) backoff(jobID int64, attempt int) time.Duration {
-	d := m.cfg.RetryMax
-	if attempt <= 30 {
-		d = min(m.cfg.RetryBase<<max(attempt-1, 0), m.cfg.RetryMax)
-	}
-	h := fnv.New64a()
-	_ = binary.Write(h, binary.LittleEndian, [2]int64{jobID, int64(attempt)})
-	jitter := 0.8 + 0.4*float64(h.Sum64()%1000)/1000
-	return time.Duration(float64(d) * jitter)
+	return jobs.Backoff(m.cfg.RetryBase, m.cfg.RetryMax, jobID, attempt)
 }
 
 // delivery is what an attempt reads.
@@ -171,7 +162,8 @@ func (w *deliverer) wakeNext(ctx context.Context, tx pgx.Tx, d delivery) error {
 	if err != nil {
 		return err
 	}
-	return w.rt.Jobs.InsertTx(ctx, tx, next, nil)
+	_, err = w.rt.Jobs.InsertTx(ctx, tx, next, nil)
+	return err
 }
 
 // waitFor is how long a delivery waits behind an earlier pending one of its subject: until

@@ -157,7 +157,7 @@ func redeliver(ctx context.Context, c *modules.Call, in api.RedeliverWebhook) (a
 	if err != nil {
 		return api.WebhookDelivery{}, err
 	}
-	if err := c.Runtime.Jobs.InsertTx(ctx, c.Tx, deliverArgs{Delivery: in.Delivery, Generation: gen}, nil); err != nil {
+	if _, err := c.Runtime.Jobs.InsertTx(ctx, c.Tx, deliverArgs{Delivery: in.Delivery, Generation: gen}, nil); err != nil {
 		return api.WebhookDelivery{}, err
 	}
 	return scanDelivery(c.Tx.QueryRow(ctx, `SELECT `+deliveryColumns+` FROM compute.webhook_deliveries d JOIN compute.events e ON e.seq = d.event_seq WHERE d.id = $1`, in.Delivery))
