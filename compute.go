@@ -12,6 +12,7 @@ package compute
 //go:generate go run ./internal/cmd/apigen
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -101,6 +102,9 @@ func New(opts Options) (*Compute, error) {
 		DeadAfter: o.Webhooks.DeadAfter, Metrics: m})
 	if err != nil {
 		return nil, &OptionError{Field: "Webhooks", Problem: err.Error()}
+	}
+	if t := cmp.Or(o.Webhooks.Timeout, webhooks.DefaultTimeout) + webhooks.Bookkeeping; t >= o.JobRescueAfter {
+		return nil, &OptionError{Field: "JobRescueAfter", Problem: fmt.Sprintf("(%s) must exceed a webhook attempt's timeout and its bookkeeping (%s)", o.JobRescueAfter, t)}
 	}
 	jm := &jobsModule{}
 	reg, err := registry(append([]Module{nm, jointokens.Module{}, wh, gatewayModule{gw}, iamEvents{cache}, jm}, o.Modules...))

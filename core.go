@@ -10,6 +10,7 @@ import (
 
 	"github.com/better-compute/compute/internal/envelope"
 	"github.com/better-compute/compute/internal/jobs"
+	"github.com/better-compute/compute/internal/workflow"
 	"github.com/better-compute/compute/modules"
 )
 
@@ -62,8 +63,8 @@ func newJobs(o Options, reg *modules.Registry, rt *modules.Runtime) (*jobs.Clien
 	for _, name := range reg.WorkflowNames() {
 		w, _ := reg.LookupWorkflow(name)
 		for _, st := range w.Steps {
-			if st.Timeout+30*time.Second >= o.JobRescueAfter {
-				return nil, &OptionError{Field: "JobRescueAfter", Problem: fmt.Sprintf("(%s) must exceed the timeout of workflow %s's step %s (%s) by more than 30s, or a slow attempt would be run twice at once", o.JobRescueAfter, w.Name, st.Name, st.Timeout)}
+			if st.Timeout+workflow.Bookkeeping >= o.JobRescueAfter {
+				return nil, &OptionError{Field: "JobRescueAfter", Problem: fmt.Sprintf("(%s) must exceed the timeout of workflow %s's step %s (%s) by more than %s, or a slow attempt would be run twice at once", o.JobRescueAfter, w.Name, st.Name, st.Timeout, workflow.Bookkeeping)}
 			}
 		}
 	}

@@ -75,7 +75,7 @@ type Options struct {
 	Webhooks WebhookOptions
 	// JobRescueAfter is how long a durable job (a webhook attempt, a workflow step) may have been
 	// running before it is taken for lost with its process and worked again elsewhere. It must
-	// exceed every workflow step's Timeout (plus 30 s of bookkeeping). Default 1h.
+	// exceed every workflow step's Timeout (plus 5 s of bookkeeping). Default 1h.
 	JobRescueAfter time.Duration
 }
 

@@ -26,6 +26,8 @@ func (m moduleFunc) Register(r *modules.Registry) error {
 
 func state(context.Context, postgres.Querier, string) (any, error) { return nil, nil }
 
+func run(context.Context, *modules.StepRun) (any, error) { return nil, nil }
+
 func spend(context.Context, pgx.Tx, string) (modules.Admission, error) {
 	return modules.Admission{}, nil
 }
@@ -58,6 +60,26 @@ func TestRegistryRefusesWhatCannotWork(t *testing.T) {
 		{"resolver of an unknown type", func(r *modules.Registry) {
 			r.Resolver("nothing", func(context.Context, postgres.Querier, string) (map[string]any, error) { return nil, nil })
 		}, `resource type "nothing"`},
+		{"workflow without a dot", func(r *modules.Registry) {
+			r.Workflow(modules.Workflow{Name: "deploy", Steps: []modules.Step{{Name: "a", Run: run}}})
+		}, `workflow "deploy"`},
+		{"workflow twice", func(r *modules.Registry) {
+			r.Workflow(modules.Workflow{Name: "a.b", Steps: []modules.Step{{Name: "a", Run: run}}})
+			r.Workflow(modules.Workflow{Name: "a.b", Steps: []modules.Step{{Name: "a", Run: run}}})
+		}, `workflow "a.b" registered twice`},
+		{"workflow without steps", func(r *modules.Registry) { r.Workflow(modules.Workflow{Name: "a.b"}) }, "has no steps"},
+		{"two steps of a name", func(r *modules.Registry) {
+			r.Workflow(modules.Workflow{Name: "a.b", Steps: []modules.Step{{Name: "s", Run: run}, {Name: "s", Run: run}}})
+		}, `two steps are named "s"`},
+		{"a step without Run", func(r *modules.Registry) {
+			r.Workflow(modules.Workflow{Name: "a.b", Steps: []modules.Step{{Name: "s"}}})
+		}, "has no Run"},
+		{"a step named in capitals", func(r *modules.Registry) {
+			r.Workflow(modules.Workflow{Name: "a.b", Steps: []modules.Step{{Name: "Power", Run: run}}})
+		}, `step "Power"`},
+		{"a negative timeout", func(r *modules.Registry) {
+			r.Workflow(modules.Workflow{Name: "a.b", Steps: []modules.Step{{Name: "s", Run: run, Timeout: -1}}})
+		}, "must not be negative"},
 		{"overlapping join prefixes", func(r *modules.Registry) {
 			r.JoinCredentials(modules.JoinCredential{Prefix: "bcjoin_", Spend: spend}, modules.JoinCredential{Prefix: "bcjoin_x", Spend: spend})
 		}, "overlaps"},

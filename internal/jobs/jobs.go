@@ -95,6 +95,9 @@ func New(cfg Config) (*Client, error) {
 	}
 	if cfg.JobTimeout == 0 {
 		cfg.JobTimeout = time.Minute
+		if cfg.RescueAfter > 0 {
+			cfg.JobTimeout = min(cfg.JobTimeout, cfg.RescueAfter/2)
+		}
 	}
 	logger := cfg.Logger
 	if logger == nil {

@@ -36,9 +36,12 @@ type deliverer struct {
 	rt *modules.Runtime
 }
 
+// Bookkeeping is the time an attempt's job is given beyond the attempt's Timeout, to record it.
+const Bookkeeping = 5 * time.Second
+
 // Timeout bounds an attempt with its bookkeeping.
 func (w *deliverer) Timeout(*river.Job[deliverArgs]) time.Duration {
-	return w.m.cfg.Timeout + 10*time.Second
+	return w.m.cfg.Timeout + Bookkeeping
 }
 
 // NextRetry is the backoff of the attempt that failed, the same one Work recorded.

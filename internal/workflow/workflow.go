@@ -34,6 +34,9 @@ var Migrations = postgres.EmbeddedMigrations("workflow", "compute", migrationsFS
 // Queue is the River queue of step attempts.
 const Queue = "workflows"
 
+// Bookkeeping is the time an attempt's job is given beyond its step's Timeout, to record it.
+const Bookkeeping = 5 * time.Second
+
 // Retry bounds of a failed step: 1 s doubled per attempt, at most 5 min.
 const (
 	RetryBase = time.Second
@@ -203,7 +206,7 @@ func (w *stepper) Timeout(j *river.Job[stepArgs]) time.Duration {
 	if !ok {
 		return time.Minute
 	}
-	return st.Timeout + 30*time.Second
+	return st.Timeout + Bookkeeping
 }
 
 // NextRetry is the backoff after a failed attempt.
