@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/better-compute/compute/internal/capacity"
 	"github.com/better-compute/compute/internal/events"
 	"github.com/better-compute/compute/internal/fleet"
+	"github.com/better-compute/compute/internal/nodes"
 )
 
 // inventory turns a node's report into devices, node resources and atoms.
@@ -64,6 +66,16 @@ func (g *Gateway) health(ctx context.Context, node string, h *agentv1.HealthRepo
 				"gpu": e.GetIndex(), "uuid": e.GetUuid(), "kind": e.GetKind(), "xid": e.GetXid(), "detail": e.GetDetail(), "health": health,
 			}); err != nil {
 				return err
+			}
+			if health == api.HealthUnhealthy {
+				// A GPU that needs a reset gets one, through the remediation workflow.
+				reason := e.GetKind()
+				if e.GetKind() == "xid" {
+					reason = fmt.Sprintf("xid %d", e.GetXid())
+				}
+				if _, err := nodes.StartRemediation(ctx, tx, g.rt, tenant, node, int(e.GetIndex()), reason); err != nil {
+					return err
+				}
 			}
 		}
 		if p := h.GetHost(); p != nil {

@@ -86,6 +86,7 @@ func (m *Module) Register(r *modules.Registry) error {
 		return nil
 	})
 	r.Worker(modules.Worker{Name: "nodes", Modes: []string{"worker"}, Run: m.runWorker})
+	registerRemediation(r)
 	m.reg = r
 	registerLifecycle(r)
 	registerCommands(r)

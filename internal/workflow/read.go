@@ -78,3 +78,15 @@ func list(ctx context.Context, c *modules.Call, in api.ListWorkflows) (api.Page[
 	}
 	return page, nil
 }
+
+// Running reports whether a run of workflow about subject is running whose input contains
+// input (a JSON containment: {"gpu": 3} matches a run of GPU 3).
+func Running(ctx context.Context, q postgres.Querier, workflow, subject string, input map[string]any) (bool, error) {
+	if input == nil {
+		input = map[string]any{}
+	}
+	var ok bool
+	err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM compute.workflow_runs WHERE subject = $2 AND workflow = $1 AND state = 'running' AND input @> $3)`,
+		workflow, subject, input).Scan(&ok)
+	return ok, err
+}

@@ -142,7 +142,7 @@ func rescueFast(o *compute.Options) {
 
 // rescueAfter exceeds every test step's timeout (stepTimeout) and the bookkeeping.
 const (
-	rescueAfter = 10 * time.Second
+	rescueAfter = 15 * time.Second
 	stepTimeout = 4 * time.Second
 )
 
