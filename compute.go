@@ -97,7 +97,8 @@ func New(opts Options) (*Compute, error) {
 	if o.DecisionCacheTTL > 0 {
 		cache = iam.NewDecisionCache(o.DecisionCacheTTL, DefaultDecisionCacheMax)
 	}
-	wh, err := webhooks.New(webhooks.Config{AllowPrivateTargets: o.Webhooks.AllowPrivateTargets, Timeout: o.Webhooks.Timeout,
+	ev := &events.Module{}
+	wh, err := webhooks.New(webhooks.Config{Wake: ev.Sequenced, AllowPrivateTargets: o.Webhooks.AllowPrivateTargets, Timeout: o.Webhooks.Timeout,
 		MaxResponseBytes: o.Webhooks.MaxResponseBytes, RetryBase: o.Webhooks.RetryBase, RetryMax: o.Webhooks.RetryMax,
 		DeadAfter: o.Webhooks.DeadAfter, Metrics: m})
 	if err != nil {
@@ -107,7 +108,7 @@ func New(opts Options) (*Compute, error) {
 		return nil, &OptionError{Field: "JobRescueAfter", Problem: fmt.Sprintf("(%s) must exceed a webhook attempt's timeout and its bookkeeping (%s)", o.JobRescueAfter, t)}
 	}
 	jm := &jobsModule{}
-	reg, err := registry(append([]Module{nm, jointokens.Module{}, wh, gatewayModule{gw}, iamEvents{cache}, jm}, o.Modules...))
+	reg, err := registry(ev, append([]Module{nm, jointokens.Module{}, wh, gatewayModule{gw}, iamEvents{cache}, jm}, o.Modules...))
 	if err != nil {
 		return nil, err
 	}
@@ -213,10 +214,10 @@ func (m gatewayModule) Register(r *modules.Registry) error {
 	return nil
 }
 
-// registry registers the core, then mods, and checks the whole.
-func registry(mods []Module) (*modules.Registry, error) {
+// registry registers the core (with ev, the event log), then mods, and checks the whole.
+func registry(ev *events.Module, mods []Module) (*modules.Registry, error) {
 	reg := modules.NewRegistry()
-	for _, m := range append([]Module{coreModule{}, fleet.Module{}, events.Module{}, audit.Module{}, capacity.Module{}, workflow.Module{}}, mods...) {
+	for _, m := range append([]Module{coreModule{}, fleet.Module{}, ev, audit.Module{}, capacity.Module{}, workflow.Module{}}, mods...) {
 		if err := reg.Add(m); err != nil {
 			return nil, fmt.Errorf("compute: %w", err)
 		}
@@ -234,7 +235,7 @@ func MigrationSets(mods ...Module) ([]postgres.MigrationSet, error) {
 	if err != nil {
 		return nil, err
 	}
-	reg, err := registry(append([]Module{nodes.New(nodes.Config{}), jointokens.Module{}, wh}, mods...))
+	reg, err := registry(&events.Module{}, append([]Module{nodes.New(nodes.Config{}), jointokens.Module{}, wh}, mods...))
 	if err != nil {
 		return nil, err
 	}

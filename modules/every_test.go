@@ -3,6 +3,7 @@ package modules_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -51,5 +52,46 @@ func TestEveryResetsItsBackoffAfterASuccess(t *testing.T) {
 	}
 	if afterReset >= grown/2 {
 		t.Fatalf("after a success the retry waited %v, as long as before it (%v): the backoff was not reset", afterReset, grown)
+	}
+}
+
+// TestEveryOrWokenRunsWhenWoken: with an hour between rounds, a round runs as soon as its wake
+// channel closes, including one closed while the round before was running.
+func TestEveryOrWokenRunsWhenWoken(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	wake := make(chan struct{})
+	var mu sync.Mutex
+	current := wake
+	next := func() <-chan struct{} { mu.Lock(); defer mu.Unlock(); return current }
+	fire := func() { mu.Lock(); close(current); current = make(chan struct{}); mu.Unlock() }
+	rounds := make(chan int, 10)
+	n := 0
+	go func() {
+		_ = modules.EveryOrWoken(ctx, time.Hour, next, func() error {
+			n++
+			if n == 2 {
+				fire() // woken during a round: the next one runs at once too
+			}
+			rounds <- n
+			return nil
+		})
+	}()
+	<-rounds // the first round, at once
+	fire()
+	for want := 2; want <= 3; want++ {
+		select {
+		case got := <-rounds:
+			if got != want {
+				t.Fatalf("round %d, want %d", got, want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("round %d did not run within 5s of its wake (the period is an hour)", want)
+		}
+	}
+	select {
+	case got := <-rounds:
+		t.Fatalf("round %d ran without a wake", got)
+	case <-time.After(100 * time.Millisecond):
 	}
 }

@@ -205,11 +205,22 @@ const EveryMaxBackoff = 30 * time.Second
 // supervisor; Every returns nil when ctx ends. Under a context from ObserveTicks each round is
 // reported, with its duration and error.
 func Every(ctx context.Context, d time.Duration, fn func() error) error {
+	return EveryOrWoken(ctx, d, nil, fn)
+}
+
+// EveryOrWoken is Every, whose round also runs as soon as the channel wake returned before the
+// last round is closed: a worker woken by what it waits for (new events sequenced in this
+// process) runs at once, and polls only every d for what it is not told of. wake may be nil.
+func EveryOrWoken(ctx context.Context, d time.Duration, wake func() <-chan struct{}, fn func() error) error {
 	first := min(d, time.Second)
 	backoff := first
 	t, _ := ctx.Value(ticksKey{}).(ticks)
 	for {
 		wait := d
+		var woken <-chan struct{}
+		if wake != nil {
+			woken = wake() // before the round: what happens during it wakes the next
+		}
 		start := time.Now()
 		err := fn()
 		if t.observe != nil && ctx.Err() == nil {
@@ -219,12 +230,14 @@ func Every(ctx context.Context, d time.Duration, fn func() error) error {
 			wait = backoff/2 + time.Duration(rand.Int64N(int64(backoff/2)+1))
 			slog.Default().WarnContext(ctx, "modules: periodic work failed; retrying", "error", err, "in", wait.Round(time.Millisecond))
 			backoff = min(backoff*2, EveryMaxBackoff)
+			woken = nil // a failure waits its backoff
 		} else {
 			backoff = first
 		}
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-woken:
 		case <-time.After(wait):
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -68,20 +69,47 @@ func List(ctx context.Context, q postgres.Querier, tenant string, after int64, t
 	return out, nil
 }
 
-// Module owns the event log: its schema, its sequencer and events.list.
-type Module struct{}
+// Module owns the event log: its schema, its sequencer and events.list. Its zero value is ready.
+type Module struct {
+	mu     sync.Mutex
+	placed chan struct{} // closed (and replaced) when this process's sequencer places events
+}
+
+// Sequenced returns a channel that is closed the next time this process's sequencer gives
+// events their place in the log: readers of the log in this process (the webhook fan-out) wait
+// on it instead of polling. Sequencers of other processes do not close it.
+func (m *Module) Sequenced() <-chan struct{} {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.placed == nil {
+		m.placed = make(chan struct{})
+	}
+	return m.placed
+}
+
+func (m *Module) notePlaced() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.placed != nil {
+		close(m.placed)
+		m.placed = nil
+	}
+}
 
 // Name implements modules.Module.
-func (Module) Name() string { return "events" }
+func (*Module) Name() string { return "events" }
 
 // Register implements modules.Module.
-func (Module) Register(r *modules.Registry) error {
+func (m *Module) Register(r *modules.Registry) error {
 	r.Migrations(Migrations)
 	r.ResourceTypes(iam.ResourceType{Name: api.ResourceEvent, Description: "The event log: what changed, in order."})
 	r.Actions(modules.ActionsFor(api.EventMethods()...)...)
 	r.Worker(modules.Worker{Name: "events-sequencer", Modes: []string{"worker"}, Run: func(ctx context.Context, rt *modules.Runtime) error {
 		return modules.Every(ctx, SequenceEvery, func() error {
-			_, err := Sequence(ctx, rt.DB)
+			n, err := Sequence(ctx, rt.DB)
+			if n > 0 {
+				m.notePlaced()
+			}
 			return err
 		})
 	}})

@@ -44,6 +44,9 @@ const (
 	DefaultRetryMax         = time.Hour
 	DefaultDeadAfter        = 72 * time.Hour
 	DefaultFanoutEvery      = 250 * time.Millisecond
+	// DefaultFanoutEveryWoken is FanoutEvery's default when Wake is set: the fan-out's
+	// fallback for events sequenced by other processes.
+	DefaultFanoutEveryWoken = 2 * time.Second
 	DefaultWorkers          = 20
 )
 
@@ -58,9 +61,12 @@ type Config struct {
 	RetryBase           time.Duration // the first retry's delay; each next one doubles it, ±20%
 	RetryMax            time.Duration // the longest delay between attempts
 	DeadAfter           time.Duration // a delivery still failing this long after it was due is dead
-	FanoutEvery         time.Duration // how often new events are given their deliveries
-	Workers             int           // attempts one process makes at once
-	Metrics             *metrics.Metrics
+	FanoutEvery         time.Duration // how often new events are given their deliveries, at the least
+	// Wake, when set, returns a channel closed when events were sequenced in this process: the
+	// fan-out then runs at once, and otherwise only every FanoutEvery.
+	Wake    func() <-chan struct{}
+	Workers int // attempts one process makes at once
+	Metrics *metrics.Metrics
 }
 
 // Module is the webhooks part of the core.
@@ -88,6 +94,9 @@ func New(cfg Config) (*Module, error) {
 	def(&cfg.RetryBase, DefaultRetryBase)
 	def(&cfg.RetryMax, DefaultRetryMax)
 	def(&cfg.DeadAfter, DefaultDeadAfter)
+	if cfg.Wake != nil {
+		def(&cfg.FanoutEvery, DefaultFanoutEveryWoken)
+	}
 	def(&cfg.FanoutEvery, DefaultFanoutEvery)
 	if cfg.MaxResponseBytes == 0 {
 		cfg.MaxResponseBytes = DefaultMaxResponseBytes
@@ -124,12 +133,7 @@ func (m *Module) Register(r *modules.Registry) error {
 	r.JobQueue(modules.JobQueue{Name: Queue, MaxWorkers: m.cfg.Workers, AddWorkers: func(w *river.Workers, rt *modules.Runtime) error {
 		return river.AddWorkerSafely(w, &deliverer{m: m, rt: rt})
 	}})
-	r.Worker(modules.Worker{Name: "webhooks-fanout", Modes: []string{"worker"}, Run: func(ctx context.Context, rt *modules.Runtime) error {
-		return modules.Every(ctx, m.cfg.FanoutEvery, func() error {
-			_, err := Fanout(ctx, rt.DB, rt.Jobs)
-			return err
-		})
-	}})
+	r.Worker(modules.Worker{Name: "webhooks-fanout", Modes: []string{"worker"}, Run: m.fanout})
 	modules.Handle(r, api.WebhooksCreate, nil, m.create)
 	modules.Handle(r, api.WebhooksList, nil, list)
 	modules.Handle(r, api.WebhooksDelete, endpointTarget, remove)
@@ -142,6 +146,14 @@ func (m *Module) Register(r *modules.Registry) error {
 	}, deliveries)
 	modules.Handle(r, api.WebhooksRedeliver, deliveryTarget, redeliver)
 	return nil
+}
+
+// fanout is the fan-out worker: a round when the sequencer woke it, or every FanoutEvery.
+func (m *Module) fanout(ctx context.Context, rt *modules.Runtime) error {
+	return modules.EveryOrWoken(ctx, m.cfg.FanoutEvery, m.cfg.Wake, func() error {
+		_, err := Fanout(ctx, rt.DB, rt.Jobs)
+		return err
+	})
 }
 
 const endpointColumns = `id::text, tenant_id, url, description, event_types, after_seq, created_by, created_at,
