@@ -19,6 +19,7 @@ require (
 	github.com/riverqueue/river/riverdriver/riverpgxv5 v0.51.2
 	github.com/spf13/cobra v1.10.2
 	github.com/spf13/pflag v1.0.10
+	github.com/stmcginnis/gofish v0.20.0
 	github.com/tidwall/gjson v1.20.0
 	github.com/transparency-dev/merkle v0.0.2
 	go.etcd.io/bbolt v1.5.0

@@ -1,6 +1,7 @@
 // Package metal is the bare-metal module: what the control plane does with machines that are
 // not (yet) nodes, through drivers registered by kind (power, boot, image). This first part is
-// the power drivers it registers (IPMI through metal/ipmi; the contract is metal/power); sites,
+// the power drivers it registers (IPMI through metal/ipmi, Redfish through metal/redfish; the
+// contract is metal/power); sites,
 // join requests, images, profiles and deploys are not built yet (docs/metal.md says what is).
 package metal
 
@@ -9,6 +10,7 @@ import (
 
 	"github.com/better-compute/compute/metal/ipmi"
 	"github.com/better-compute/compute/metal/power"
+	"github.com/better-compute/compute/metal/redfish"
 	"github.com/better-compute/compute/modules"
 )
 
@@ -25,10 +27,11 @@ type Options struct {
 // Module is the metal module: metal.New(metal.Options{}) in compute.Options.Modules.
 type Module struct{ power map[string]power.Driver }
 
-// New returns the module, with the IPMI power driver registered as "ipmi" unless opts names
-// one so itself.
+// New returns the module, with the power drivers "ipmi" (metal/ipmi) and "redfish"
+// (metal/redfish, checking BMCs' certificates) registered unless opts names them itself, e.g.
+// "redfish": redfish.Driver{Insecure: true} for BMCs with self-signed certificates.
 func New(opts Options) (*Module, error) {
-	drivers := map[string]power.Driver{"ipmi": ipmi.Driver{}}
+	drivers := map[string]power.Driver{"ipmi": ipmi.Driver{}, "redfish": redfish.Driver{}}
 	for n, p := range opts.Power {
 		if n == "" || p == nil {
 			return nil, fmt.Errorf("metal: a power driver needs a name and an implementation (%q)", n)

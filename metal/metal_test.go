@@ -7,6 +7,7 @@ import (
 	"github.com/better-compute/compute/metal"
 	"github.com/better-compute/compute/metal/ipmi"
 	"github.com/better-compute/compute/metal/power"
+	"github.com/better-compute/compute/metal/redfish"
 	"github.com/better-compute/compute/modules"
 )
 
@@ -30,7 +31,10 @@ func TestPowerDriversAreRegisteredByName(t *testing.T) {
 	if _, err := metal.PowerDriver(reg, "acme"); err != nil {
 		t.Errorf("acme: %v", err)
 	}
-	if _, err := metal.PowerDriver(reg, "redfish"); err == nil {
+	if p, err := metal.PowerDriver(reg, "redfish"); err != nil || p != (redfish.Driver{}) {
+		t.Errorf("redfish = %v, %v", p, err)
+	}
+	if _, err := metal.PowerDriver(reg, "smash"); err == nil {
 		t.Error("a driver nobody registered was found")
 	}
 	if _, err := metal.New(metal.Options{Power: map[string]power.Driver{"": vendor{}}}); err == nil {
