@@ -34,7 +34,7 @@ func eventTable() []Describer { return []Describer{EventsList} }
 // stream's Last-Event-ID); a cursor, when given, is used instead.
 type ListEvents struct {
 	TenantID string `json:"tenantId,omitempty"`
-	After    int64  `json:"after,omitempty"`
+	After    int64  `json:"after,omitempty" input:"int8"`
 	Type     string `json:"type,omitempty"`    // an event type, or a prefix ending in "." (e.g. "node.")
 	Subject  string `json:"subject,omitempty"` // the id of what the events are about
 	PageRequest

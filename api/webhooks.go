@@ -210,9 +210,9 @@ type WebhookAttempt struct {
 type ListWebhookDeliveries struct {
 	TenantID  string `json:"tenantId,omitempty"`
 	Webhook   string `json:"webhook"`
-	State     string `json:"state,omitempty"`     // pending, delivered or dead
-	EventID   int64  `json:"eventId,omitempty"`   // the deliveries of one event
-	EventType string `json:"eventType,omitempty"` // the deliveries of events of one type
+	State     string `json:"state,omitempty"`                // pending, delivered or dead
+	EventID   int64  `json:"eventId,omitempty" input:"int8"` // the deliveries of one event
+	EventType string `json:"eventType,omitempty"`            // the deliveries of events of one type
 	PageRequest
 }
 
@@ -234,7 +234,7 @@ func (in ListWebhookDeliveries) Validate() error {
 // RedeliverWebhook is the input of webhooks.redeliver.
 type RedeliverWebhook struct {
 	TenantID string `json:"tenantId,omitempty"`
-	Delivery int64  `json:"delivery"`
+	Delivery int64  `json:"delivery" input:"int8"`
 }
 
 // Validate implements the input check.

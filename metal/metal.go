@@ -45,11 +45,12 @@ func New(opts Options) (*Module, error) {
 func (*Module) Name() string { return "metal" }
 
 // Register implements modules.Module: the power drivers, by name, for the profiles that compose
-// them.
+// them; machines and images, and the power workflow.
 func (m *Module) Register(r *modules.Registry) error {
 	for name, p := range m.power {
 		r.Driver(modules.Driver{Kind: DriverKindPower, Name: name, Value: p})
 	}
+	m.registerMachines(r)
 	return nil
 }
 

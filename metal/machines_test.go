@@ -1,0 +1,192 @@
+package metal_test
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/better-compute/compute"
+	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/client"
+	"github.com/better-compute/compute/computetest"
+	"github.com/better-compute/compute/metal"
+	"github.com/better-compute/compute/metal/internal/ipmisim"
+	"github.com/better-compute/compute/postgres/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// TestMachinesArePoweredThroughTheirBMCAsWorkflows registers a machine whose BMC is OpenIPMI's
+// simulator, over real HTTP, and powers it on and off through the API: each is a workflow run
+// whose steps reach the BMC with the sealed password, and the machine's recorded power and the
+// chassis agree. The password is never answered, nor stored in the clear.
+func TestMachinesArePoweredThroughTheirBMCAsWorkflows(t *testing.T) {
+	ctx := context.Background()
+	b, dir := ipmisim.Start(t)
+	m, err := metal.New(metal.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := computetest.New(t, computetest.Options{Modules: []compute.Module{m}})
+	url := env.Server(t)
+	if err := env.Compute.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cl, err := client.New(url, client.WithAPIKey(env.RootKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bmc := metal.BMCInput{Driver: "ipmi", Address: b.Address, Username: ipmisim.Username, Password: ipmisim.Password}
+	mach, err := client.Call(ctx, cl, metal.MachinesCreate, metal.CreateMachine{Name: "rack1-u07", BMC: bmc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !mach.BMC.PasswordSet || mach.Power != "unknown" {
+		t.Errorf("created %+v", mach)
+	}
+
+	for _, step := range []struct{ action, want string }{{"on", "on"}, {"off", "off"}} {
+		pr, err := client.Call(ctx, cl, metal.MachinesPower, metal.PowerMachine{Machine: "rack1-u07", Action: step.action})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var run api.WorkflowRun
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			if run, err = cl.Workflows.Get(ctx, api.GetWorkflow{Run: pr.Run}); err != nil {
+				t.Fatal(err)
+			}
+			if run.State != api.WorkflowRunning || time.Now().After(deadline) {
+				break
+			}
+		}
+		if run.State != api.WorkflowSucceeded || run.Subject != mach.ID {
+			t.Fatalf("power %s: run %+v", step.action, run)
+		}
+		got, err := client.Call(ctx, cl, metal.MachinesGet, metal.MachineRef{Machine: mach.ID})
+		if err != nil || got.Power != step.want || got.PowerCheckedAt == nil {
+			t.Fatalf("after power %s the machine is %+v, %v", step.action, got, err)
+		}
+	}
+	if got, want := ipmisim.Log(t, dir), []string{"power 1", "power 0"}; !slices.Equal(got, want) {
+		t.Errorf("the chassis was told %q, want %q", got, want)
+	}
+
+	// The password is write-only: no answer carries it, and the table holds it sealed.
+	for _, path := range []string{"machines/get", "machines/list"} {
+		req, _ := http.NewRequest(http.MethodPost, url+"/api/compute/"+path, strings.NewReader(`{"machine":"rack1-u07"}`))
+		if path == "machines/list" {
+			req, _ = http.NewRequest(http.MethodPost, url+"/api/compute/"+path, strings.NewReader(`{}`))
+		}
+		req.Header.Set("Authorization", "Bearer "+env.RootKey)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || bytes.Contains(body, []byte(ipmisim.Password)) {
+			t.Errorf("%s answered %d %s: the password must never be in an answer", path, resp.StatusCode, body)
+		}
+	}
+	var sealed []byte
+	if err := env.DB.Pool.QueryRow(ctx, `SELECT bmc_password FROM compute.metal_machines WHERE id = $1`, mach.ID).Scan(&sealed); err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(sealed, []byte(ipmisim.Password)) {
+		t.Error("the BMC password is stored in the clear")
+	}
+
+	// A wrong password fails the run with the BMC's refusal; a driver nobody registered, an
+	// address the driver cannot dial and a taken name are refused at once.
+	bad := bmc
+	bad.Password = "guess"
+	if _, err := client.Call(ctx, cl, metal.MachinesSetBMC, metal.SetMachineBMC{Machine: mach.ID, BMC: bad}); err != nil {
+		t.Fatal(err)
+	}
+	pr, err := client.Call(ctx, cl, metal.MachinesPower, metal.PowerMachine{Machine: mach.ID, Action: "on"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		run, err := cl.Workflows.Get(ctx, api.GetWorkflow{Run: pr.Run})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if run.State == api.WorkflowFailed {
+			if !strings.Contains(run.Error, "connect") {
+				t.Errorf("the failed run says %q, want the BMC's refusal", run.Error)
+			}
+			break
+		}
+		if run.State != api.WorkflowRunning || time.Now().After(deadline) {
+			t.Fatalf("with a wrong password the run is %+v, want failed", run)
+		}
+	}
+	for _, c := range []struct {
+		in    metal.CreateMachine
+		field string
+	}{
+		{metal.CreateMachine{Name: "x", BMC: metal.BMCInput{Driver: "smash", Address: "h:623", Username: "u", Password: "p"}}, "bmc.driver"},
+		{metal.CreateMachine{Name: "x", BMC: metal.BMCInput{Driver: "ipmi", Address: "nohost", Username: "u", Password: "p"}}, "bmc.address"},
+		{metal.CreateMachine{Name: "x", BMC: metal.BMCInput{Driver: "redfish", Address: "10.0.0.1:443", Username: "u", Password: "p"}}, "bmc.address"},
+		{metal.CreateMachine{Name: "x", BMC: metal.BMCInput{Driver: "ipmi", Address: "h:623", Username: "u"}}, "bmc.password"},
+	} {
+		if _, err := client.Call(ctx, cl, metal.MachinesCreate, c.in); api.CodeOf(err) != api.CodeInvalidArgument || !strings.Contains(err.Error(), c.field) {
+			t.Errorf("create %+v: %v, want invalid_argument naming %s", c.in, err, c.field)
+		}
+	}
+	if _, err := client.Call(ctx, cl, metal.MachinesCreate, metal.CreateMachine{Name: "rack1-u07", BMC: bmc}); api.CodeOf(err) != api.CodeConflict {
+		t.Errorf("a second machine of the same name: %v, want conflict", err)
+	}
+}
+
+// TestImagesAreRegisteredWithTheirChecksum checks images' validation and lifecycle.
+func TestImagesAreRegisteredWithTheirChecksum(t *testing.T) {
+	ctx := context.Background()
+	m, err := metal.New(metal.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := computetest.New(t, computetest.Options{Modules: []compute.Module{m}})
+	cl, err := client.New(env.Server(t), client.WithAPIKey(env.RootKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := strings.Repeat("ab", 32)
+	img, err := client.Call(ctx, cl, metal.ImagesRegister, metal.RegisterImage{Name: "debian-13", URL: "https://images.example.com/debian-13.raw", Format: "raw", SizeBytes: 2 << 30, SHA256: sum})
+	if err != nil || img.SHA256 != sum {
+		t.Fatalf("register = %+v, %v", img, err)
+	}
+	for _, c := range []struct {
+		in    metal.RegisterImage
+		field string
+	}{
+		{metal.RegisterImage{Name: "a", URL: "ftp://x/y", Format: "raw", SizeBytes: 1, SHA256: sum}, "url"},
+		{metal.RegisterImage{Name: "a", URL: "https://x/y", Format: "iso", SizeBytes: 1, SHA256: sum}, "format"},
+		{metal.RegisterImage{Name: "a", URL: "https://x/y", Format: "raw", SizeBytes: 0, SHA256: sum}, "sizeBytes"},
+		{metal.RegisterImage{Name: "a", URL: "https://x/y", Format: "raw", SizeBytes: 1, SHA256: strings.ToUpper(sum)}, "sha256"},
+	} {
+		if _, err := client.Call(ctx, cl, metal.ImagesRegister, c.in); api.CodeOf(err) != api.CodeInvalidArgument || !strings.Contains(err.Error(), c.field) {
+			t.Errorf("register %+v: %v, want invalid_argument naming %s", c.in, err, c.field)
+		}
+	}
+	if _, err := client.Call(ctx, cl, metal.ImagesRegister, metal.RegisterImage{Name: "debian-13", URL: "https://x/y", Format: "tar", SizeBytes: 1, SHA256: sum}); api.CodeOf(err) != api.CodeConflict {
+		t.Errorf("a taken name: %v, want conflict", err)
+	}
+	list, err := client.Call(ctx, cl, metal.ImagesList, metal.ListImages{})
+	if err != nil || len(list.Items) != 1 {
+		t.Fatalf("list = %+v, %v", list, err)
+	}
+	if _, err := client.Call(ctx, cl, metal.ImagesDelete, metal.ImageRef{Image: "debian-13"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.Call(ctx, cl, metal.ImagesDelete, metal.ImageRef{Image: "debian-13"}); api.CodeOf(err) != api.CodeNotFound {
+		t.Errorf("delete again: %v, want not_found", err)
+	}
+}
