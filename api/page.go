@@ -66,3 +66,17 @@ func DecodeCursor(kind, cursor string) (string, error) {
 	}
 	return key, nil
 }
+
+// PageOf is the page of a list read with limit+1 rows: the first limit of items and, when there
+// were more, the cursor of kind that resumes after the last one's key.
+func PageOf[T any](items []T, limit int, kind string, key func(T) string) Page[T] {
+	if items == nil {
+		items = []T{}
+	}
+	p := Page[T]{Items: items}
+	if len(items) > limit {
+		p.Items = items[:limit]
+		p.NextCursor = EncodeCursor(kind, key(items[limit-1]))
+	}
+	return p
+}

@@ -60,3 +60,22 @@ func FuzzCursorRoundTrip(f *testing.F) {
 		}
 	})
 }
+
+// TestPageOfCutsAtTheLimitWithACursorAfterTheLast: limit+1 rows make a page of limit and a
+// cursor resuming after the last one kept; fewer make the last page; none an empty one.
+func TestPageOfCutsAtTheLimitWithACursorAfterTheLast(t *testing.T) {
+	key := func(s string) string { return s }
+	p := api.PageOf([]string{"a", "b", "c"}, 2, "t1", key)
+	if len(p.Items) != 2 || p.Items[1] != "b" {
+		t.Fatalf("items %v", p.Items)
+	}
+	if k, err := api.DecodeCursor("t1", p.NextCursor); err != nil || k != "b" {
+		t.Errorf("cursor resumes after %q (%v), want b", k, err)
+	}
+	if p := api.PageOf([]string{"a"}, 2, "t1", key); p.NextCursor != "" || len(p.Items) != 1 {
+		t.Errorf("a short page: %+v", p)
+	}
+	if p := api.PageOf[string](nil, 2, "t1", key); p.Items == nil || len(p.Items) != 0 || p.NextCursor != "" {
+		t.Errorf("no rows: %+v, want an empty list (never null)", p)
+	}
+}

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/better-compute/compute/api"
-	"github.com/better-compute/compute/metal/power"
 )
 
 // IAM resource types of the module.
@@ -79,10 +78,6 @@ func (b BMCInput) Validate() error {
 		return api.InvalidField("bmc.password", "is required, at most 256 characters")
 	}
 	return nil
-}
-
-func (b BMCInput) bmc() power.BMC {
-	return power.BMC{Address: b.Address, Username: b.Username, Password: b.Password}
 }
 
 // CreateMachine is the input of machines.create.

@@ -48,15 +48,7 @@ func (m *Module) registerImages(r *modules.Registry) {
 		if err != nil {
 			return api.Page[Image]{}, err
 		}
-		page := api.Page[Image]{Items: items}
-		if items == nil {
-			page.Items = []Image{}
-		}
-		if len(items) > limit {
-			page.Items = items[:limit]
-			page.NextCursor = api.EncodeCursor("mi1", items[limit-1].Name)
-		}
-		return page, nil
+		return api.PageOf(items, limit, "mi1", func(i Image) string { return i.Name }), nil
 	})
 	modules.Handle(r, ImagesDelete, func(ctx context.Context, l modules.Lookup, in ImageRef) (modules.Target, error) {
 		t := modules.Target{Existing: true, Kind: "image", Ref: in.Image}

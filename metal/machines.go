@@ -168,15 +168,7 @@ func listMachines(ctx context.Context, c *modules.Call, in ListMachines) (api.Pa
 	if err != nil {
 		return api.Page[Machine]{}, err
 	}
-	page := api.Page[Machine]{Items: items}
-	if items == nil {
-		page.Items = []Machine{}
-	}
-	if len(items) > limit {
-		page.Items = items[:limit]
-		page.NextCursor = api.EncodeCursor(machineCursor, items[limit-1].Name)
-	}
-	return page, nil
+	return api.PageOf(items, limit, machineCursor, func(m Machine) string { return m.Name }), nil
 }
 
 // powerInput is a power run's input.

@@ -121,15 +121,7 @@ func deliveries(ctx context.Context, c *modules.Call, in api.ListWebhookDeliveri
 	if err != nil {
 		return api.Page[api.WebhookDelivery]{}, err
 	}
-	page := api.Page[api.WebhookDelivery]{Items: items}
-	if items == nil {
-		page.Items = []api.WebhookDelivery{}
-	}
-	if len(items) > limit {
-		page.Items = items[:limit]
-		page.NextCursor = api.EncodeCursor(deliveryCursor, strconv.FormatInt(items[limit-1].ID, 10))
-	}
-	return page, nil
+	return api.PageOf(items, limit, deliveryCursor, func(d api.WebhookDelivery) string { return strconv.FormatInt(d.ID, 10) }), nil
 }
 
 func deliveryTarget(ctx context.Context, l modules.Lookup, in api.RedeliverWebhook) (modules.Target, error) {

@@ -222,15 +222,7 @@ func list(ctx context.Context, c *modules.Call, in api.ListWebhooks) (api.Page[a
 	if err != nil {
 		return api.Page[api.Webhook]{}, err
 	}
-	page := api.Page[api.Webhook]{Items: items}
-	if items == nil {
-		page.Items = []api.Webhook{}
-	}
-	if len(items) > limit {
-		page.Items = items[:limit]
-		page.NextCursor = api.EncodeCursor(cursorKind, items[limit-1].ID)
-	}
-	return page, nil
+	return api.PageOf(items, limit, cursorKind, func(w api.Webhook) string { return w.ID }), nil
 }
 
 func endpointTarget(ctx context.Context, l modules.Lookup, in api.WebhookRef) (modules.Target, error) {

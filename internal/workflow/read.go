@@ -68,15 +68,7 @@ func list(ctx context.Context, c *modules.Call, in api.ListWorkflows) (api.Page[
 	if err != nil {
 		return api.Page[api.WorkflowRun]{}, err
 	}
-	page := api.Page[api.WorkflowRun]{Items: items}
-	if items == nil {
-		page.Items = []api.WorkflowRun{}
-	}
-	if len(items) > limit {
-		page.Items = items[:limit]
-		page.NextCursor = api.EncodeCursor(cursorKind, items[limit-1].ID)
-	}
-	return page, nil
+	return api.PageOf(items, limit, cursorKind, func(r api.WorkflowRun) string { return r.ID }), nil
 }
 
 // Running reports whether a run of workflow about subject is running whose input contains
