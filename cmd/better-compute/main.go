@@ -97,6 +97,9 @@ config file (--config, default ` + defaultConfigPath() + `: {"url": …, "apiKey
 		if g.Name() == "audit" {
 			g.AddCommand(auditVerifyCmd(p))
 		}
+		if g.Name() == "workflows" {
+			g.AddCommand(workflowsWatchCmd(p))
+		}
 		root.AddCommand(g)
 	}
 	root.AddCommand(devCmd(), serveCmd(), simCmd(p), iamCmd(p), mcpCmd(p), methodsCmd(p), callCmd(p))
