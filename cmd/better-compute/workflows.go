@@ -125,4 +125,3 @@ func progressLine(r api.WorkflowRun) string {
 	}
 	return line
 }
-
