@@ -40,6 +40,7 @@ type Machine struct {
 	TenantID       string     `json:"tenantId"`
 	Name           string     `json:"name"`
 	BMC            BMCInfo    `json:"bmc"`
+	Facts          Facts      `json:"facts"` // what its ramdisk reported, for a machine that asked to join
 	Power          string     `json:"power"` // unknown, on or off, as last read
 	PowerCheckedAt *time.Time `json:"powerCheckedAt,omitempty"`
 	CreatedBy      string     `json:"createdBy"`

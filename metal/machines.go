@@ -65,13 +65,14 @@ func (m *Module) registerMachines(r *modules.Registry) {
 		{Name: "check", Timeout: 2 * time.Minute, Deadline: powerDeadline, Run: powerCheck},
 	}})
 	m.registerImages(r)
+	m.registerJoinRequests(r)
 }
 
-const machineColumns = `id::text, tenant_id, name, bmc_driver, bmc_address, bmc_username, power, power_checked_at, created_by, created_at`
+const machineColumns = `id::text, tenant_id, name, bmc_driver, bmc_address, bmc_username, facts, power, power_checked_at, created_by, created_at`
 
 func scanMachine(row pgx.Row) (Machine, error) {
 	var m Machine
-	err := row.Scan(&m.ID, &m.TenantID, &m.Name, &m.BMC.Driver, &m.BMC.Address, &m.BMC.Username, &m.Power, &m.PowerCheckedAt, &m.CreatedBy, &m.CreatedAt)
+	err := row.Scan(&m.ID, &m.TenantID, &m.Name, &m.BMC.Driver, &m.BMC.Address, &m.BMC.Username, &m.Facts, &m.Power, &m.PowerCheckedAt, &m.CreatedBy, &m.CreatedAt)
 	m.BMC.PasswordSet = err == nil // every stored machine has one; it is never read back
 	return m, err
 }

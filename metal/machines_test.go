@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/better-compute/compute"
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/client"
@@ -189,4 +191,90 @@ func TestImagesAreRegisteredWithTheirChecksum(t *testing.T) {
 	if _, err := client.Call(ctx, cl, metal.ImagesDelete, metal.ImageRef{Image: "debian-13"}); api.CodeOf(err) != api.CodeNotFound {
 		t.Errorf("delete again: %v, want not_found", err)
 	}
+}
+
+// TestJoinRequestsAreApprovedIntoMachines: a machine that asks to join (as a site agent reports
+// it) is one pending request however often it asks; approving it enrolls it as a machine with
+// its facts, once; rejecting records why; another tenant sees none of it.
+func TestJoinRequestsAreApprovedIntoMachines(t *testing.T) {
+	ctx := context.Background()
+	m, err := metal.New(metal.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := computetest.New(t, computetest.Options{Modules: []compute.Module{m}})
+	url := env.Server(t)
+	cl, err := client.New(url, client.WithAPIKey(env.RootKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	submit := func(f metal.Facts) (metal.JoinRequest, error) {
+		var r metal.JoinRequest
+		err := env.DB.Tx(ctx, func(tx pgx.Tx) error {
+			var err error
+			r, err = metal.SubmitJoinRequest(ctx, tx, env.Compute.Runtime(), computetest.RootTenantID, "fra1", f)
+			return err
+		})
+		return r, err
+	}
+	facts := metal.Facts{Serial: "SN-0042", MACs: []string{"52:54:00:12:34:56"}, BMCAddress: "10.0.0.42", CPUs: 64, MemoryGiB: 512}
+	first, err := submit(facts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	facts.MemoryGiB = 1024 // it booted again, with more memory
+	again, err := submit(facts)
+	if err != nil || again.ID != first.ID || again.Facts.MemoryGiB != 1024 {
+		t.Fatalf("a second report: %+v, %v; want the same request, refreshed", again, err)
+	}
+	if _, err := submit(metal.Facts{Serial: "SN-1", MACs: []string{"52:54:00:AA:BB:CC"}}); api.CodeOf(err) != api.CodeInvalidArgument {
+		t.Errorf("an uppercase MAC: %v, want invalid_argument", err)
+	}
+	list, err := client.Call(ctx, cl, metal.JoinRequestsList, metal.ListJoinRequests{State: "pending"})
+	if err != nil || len(list.Items) != 1 {
+		t.Fatalf("pending requests = %+v, %v", list.Items, err)
+	}
+
+	_, otherKey := env.Tenant(t, "other")
+	other, _ := client.New(url, client.WithAPIKey(otherKey))
+	if l, err := client.Call(ctx, other, metal.JoinRequestsList, metal.ListJoinRequests{}); err != nil || len(l.Items) != 0 {
+		t.Errorf("another tenant lists %+v, %v", l.Items, err)
+	}
+	bmc := metal.BMCInput{Driver: "ipmi", Address: "10.0.0.42:623", Username: "admin", Password: "pw"}
+	if _, err := client.Call(ctx, other, metal.JoinRequestsApprove, metal.ApproveJoinRequest{Request: first.ID, Name: "stolen", BMC: bmc}); api.CodeOf(err) != api.CodeNotFound {
+		t.Errorf("another tenant approving: %v, want not_found", err)
+	}
+
+	mach, err := client.Call(ctx, cl, metal.JoinRequestsApprove, metal.ApproveJoinRequest{Request: first.ID, Name: "fra1-r3-u12", BMC: bmc})
+	if err != nil || mach.Facts.Serial != "SN-0042" || mach.Facts.MemoryGiB != 1024 || !mach.BMC.PasswordSet {
+		t.Fatalf("approve = %+v, %v", mach, err)
+	}
+	if _, err := client.Call(ctx, cl, metal.JoinRequestsApprove, metal.ApproveJoinRequest{Request: first.ID, Name: "twice", BMC: bmc}); api.CodeOf(err) != api.CodeFailedPrecondition {
+		t.Errorf("approving twice: %v, want failed_precondition", err)
+	}
+	if n := count(t, env, `SELECT count(*) FROM compute.metal_machines`); n != 1 {
+		t.Errorf("%d machines after a refused second approval, want 1: nothing half-written", n)
+	}
+
+	second, err := submit(metal.Facts{Serial: "SN-0043", MACs: []string{"52:54:00:12:34:57"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rej, err := client.Call(ctx, cl, metal.JoinRequestsReject, metal.RejectJoinRequest{Request: second.ID, Reason: "not ours"})
+	if err != nil || rej.State != "rejected" || rej.Reason != "not ours" || rej.DecidedBy == "" {
+		t.Fatalf("reject = %+v, %v", rej, err)
+	}
+	// A rejected machine that boots again asks anew.
+	if again, err := submit(metal.Facts{Serial: "SN-0043", MACs: []string{"52:54:00:12:34:57"}}); err != nil || again.ID == second.ID || again.State != "pending" {
+		t.Errorf("after a rejection the machine asks again: %+v, %v", again, err)
+	}
+}
+
+func count(t *testing.T, env *computetest.Env, q string) int {
+	t.Helper()
+	var n int
+	if err := env.DB.Pool.QueryRow(context.Background(), q).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
