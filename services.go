@@ -87,6 +87,14 @@ func (s fleetService) CAHash() (string, error) {
 	return nodes.CAHash(a.Certificate()), nil
 }
 
+func (fleetService) PoolSite(ctx context.Context, q postgres.Querier, pool string) (string, error) {
+	return fleet.PoolSite(ctx, q, pool)
+}
+
+func (fleetService) SiteAgents(ctx context.Context, q postgres.Querier, site string) ([]string, error) {
+	return fleet.SiteAgents(ctx, q, site)
+}
+
 type eventService struct{ reg *modules.Registry }
 
 func (s eventService) Emit(ctx context.Context, q postgres.Querier, e modules.Event) error {

@@ -48,6 +48,14 @@ const (
 	NodeOffline = "offline"
 )
 
+// Node roles: what a machine joined as. A site agent (bcd site) is a node of role site: it holds
+// a session like any node, but offers no capacity (its inventory is not recorded) and is the only
+// kind of node given the secrets of the machines at its pool's site.
+const (
+	RoleNode = "node"
+	RoleSite = "site"
+)
+
 // Health values, of nodes and devices.
 const (
 	HealthUnknown   = "unknown"
@@ -62,6 +70,7 @@ type Node struct {
 	TenantID   string            `json:"tenantId"`
 	PoolID     string            `json:"poolId"`
 	Name       string            `json:"name"`
+	Role       string            `json:"role"`   // node, or site for a site agent
 	State      string            `json:"state"`  // active, cordoned, draining, retired
 	Status     string            `json:"status"` // online, offline
 	Health     string            `json:"health"` // unknown, healthy, degraded, unhealthy
@@ -210,10 +219,12 @@ type ListNodes struct {
 	TenantID string `json:"tenantId,omitempty"`
 	Pool     string `json:"pool,omitempty"`  // only the nodes of this pool (id or name)
 	State    string `json:"state,omitempty"` // only nodes in this state
+	Role     string `json:"role,omitempty"`  // only nodes of this role (node, site)
 	PageRequest
 }
 
 // Validate implements the input check of nodes.list.
 func (in ListNodes) Validate() error {
-	return first(ValidateEnum("state", in.State, NodeActive, NodeCordoned, NodeDraining, NodeRetired), in.PageRequest.Validate())
+	return first(ValidateEnum("state", in.State, NodeActive, NodeCordoned, NodeDraining, NodeRetired),
+		ValidateEnum("role", in.Role, RoleNode, RoleSite), in.PageRequest.Validate())
 }

@@ -28,6 +28,7 @@ type JoinToken struct {
 	CreatedAt   time.Time  `json:"createdAt"`
 	// NodeID is set on a takeover token: it admits only a machine taking over that node.
 	NodeID string `json:"nodeId,omitempty"`
+	Role   string `json:"role"` // what it admits machines as: node, or site (a site agent)
 	// CAHash pins the machine CA (sha256:… of its public key, kubeadm's form): bcd join --ca-hash.
 	CAHash string `json:"caHash,omitempty"`
 	Token  string `json:"token,omitempty"`
@@ -57,6 +58,9 @@ type CreateJoinToken struct {
 	// Node makes a takeover token: it admits only a machine that takes over this node of the
 	// pool (its id or name), e.g. one reinstalled and without its old journal.
 	Node string `json:"node,omitempty"`
+	// Role is what the token admits machines as: node (the default) or site, a site token:
+	// bcd site joins with it as the site agent of the pool's site (the pool must have a site).
+	Role string `json:"role,omitempty"`
 }
 
 // Validate implements the input check.
@@ -68,6 +72,12 @@ func (in CreateJoinToken) Validate() error {
 		if err := ValidateRef("node", in.Node); err != nil {
 			return err
 		}
+	}
+	if err := ValidateEnum("role", in.Role, RoleNode, RoleSite); err != nil {
+		return err
+	}
+	if in.Role == RoleSite && in.Node != "" {
+		return InvalidField("node", "a site token admits site agents; it cannot take over a node")
 	}
 	if in.MaxUses < 0 || in.MaxUses > MaxJoinTokenUses {
 		return InvalidField("maxUses", "must be between 1 and %d, got %d", MaxJoinTokenUses, in.MaxUses)
@@ -180,6 +190,9 @@ type Command struct {
 	CreatedAt    time.Time       `json:"createdAt"`
 	DispatchedAt *time.Time      `json:"dispatchedAt,omitempty"`
 	FinishedAt   *time.Time      `json:"finishedAt,omitempty"`
+	// SecretSet says the command carries a secret, which no answer shows; it is forgotten
+	// once the command finishes.
+	SecretSet bool `json:"secretSet,omitempty"`
 }
 
 // CreateCommand is the input of commands.create. Args by kind: gpu.reset {"gpu": index, "force":
@@ -189,6 +202,10 @@ type CreateCommand struct {
 	Kind     string          `json:"kind"`
 	Args     json.RawMessage `json:"args,omitempty"`
 	Deadline string          `json:"deadline,omitempty"` // from now; default 5m, at most 24h
+	// Secret is what the command needs that nobody may read back (a BMC password): a JSON
+	// object stored sealed, opened only to be sent to the node over its session, never shown by
+	// an answer, and erased when the command finishes. Write-only.
+	Secret json.RawMessage `json:"secret,omitempty"`
 }
 
 // Validate implements the input check.
@@ -207,6 +224,15 @@ func (in CreateCommand) Validate() error {
 		}
 		if len(in.Args) > 16<<10 {
 			return InvalidField("args", "is larger than 16 KiB")
+		}
+	}
+	if len(in.Secret) > 0 {
+		var obj map[string]any
+		if err := json.Unmarshal(in.Secret, &obj); err != nil || obj == nil {
+			return InvalidField("secret", "must be a JSON object")
+		}
+		if len(in.Secret) > 8<<10 {
+			return InvalidField("secret", "is larger than 8 KiB")
 		}
 	}
 	if in.Deadline != "" {

@@ -6,6 +6,7 @@
 package jointokens
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -50,11 +51,11 @@ func (Module) Register(r *modules.Registry) error {
 	return nil
 }
 
-const columns = `id::text, tenant_id, pool_id::text, description, hint, max_uses, uses_left, expires_at, revoked_at, created_by, created_at, coalesce(node_id::text, '')`
+const columns = `id::text, tenant_id, pool_id::text, description, hint, max_uses, uses_left, expires_at, revoked_at, created_by, created_at, coalesce(node_id::text, ''), role`
 
 func scan(row pgx.Row) (api.JoinToken, error) {
 	var t api.JoinToken
-	err := row.Scan(&t.ID, &t.TenantID, &t.PoolID, &t.Description, &t.Hint, &t.MaxUses, &t.UsesLeft, &t.ExpiresAt, &t.RevokedAt, &t.CreatedBy, &t.CreatedAt, &t.NodeID)
+	err := row.Scan(&t.ID, &t.TenantID, &t.PoolID, &t.Description, &t.Hint, &t.MaxUses, &t.UsesLeft, &t.ExpiresAt, &t.RevokedAt, &t.CreatedBy, &t.CreatedAt, &t.NodeID, &t.Role)
 	return t, err
 }
 
@@ -90,10 +91,20 @@ func create(ctx context.Context, c *modules.Call, in api.CreateJoinToken) (api.J
 		}
 		node = &id
 	}
+	role := cmp.Or(in.Role, api.RoleNode)
+	if role == api.RoleSite {
+		site, err := rt.Fleet.PoolSite(ctx, c.Tx, pool)
+		if err != nil {
+			return api.JoinToken{}, err
+		}
+		if site == "" {
+			return api.JoinToken{}, api.InvalidField("pool", "a site token needs a pool of a site (pools.create with site); %q has none", in.Pool)
+		}
+	}
 	token := newToken()
-	t, err := scan(c.Tx.QueryRow(ctx, `INSERT INTO compute.join_tokens (id, tenant_id, pool_id, token_hash, hint, description, max_uses, uses_left, expires_at, created_by, node_id)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $7, compute.compute_now() + make_interval(secs => $8), $9, $10) RETURNING `+columns,
-		uuid.Must(uuid.NewV7()).String(), c.Target.TenantID, pool, hash(token), token[len(token)-6:], in.Description, max(in.MaxUses, 1), ttl.Seconds(), c.Principal.ID, node))
+	t, err := scan(c.Tx.QueryRow(ctx, `INSERT INTO compute.join_tokens (id, tenant_id, pool_id, token_hash, hint, description, max_uses, uses_left, expires_at, created_by, node_id, role)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $7, compute.compute_now() + make_interval(secs => $8), $9, $10, $11) RETURNING `+columns,
+		uuid.Must(uuid.NewV7()).String(), c.Target.TenantID, pool, hash(token), token[len(token)-6:], in.Description, max(in.MaxUses, 1), ttl.Seconds(), c.Principal.ID, node, role))
 	if err != nil {
 		return t, err
 	}
@@ -167,7 +178,7 @@ func spend(ctx context.Context, tx pgx.Tx, token string) (modules.Admission, err
 	var node *string
 	err := tx.QueryRow(ctx, `UPDATE compute.join_tokens SET uses_left = uses_left - 1
 		WHERE token_hash = $1 AND uses_left > 0 AND revoked_at IS NULL AND expires_at > compute.compute_now()
-		RETURNING pool_id::text, tenant_id, node_id::text`, hash(token)).Scan(&a.PoolID, &a.TenantID, &node)
+		RETURNING pool_id::text, tenant_id, node_id::text, role`, hash(token)).Scan(&a.PoolID, &a.TenantID, &node, &a.Role)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return a, refusal(ctx, tx, token)
 	}

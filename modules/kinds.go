@@ -281,10 +281,13 @@ func ResolveRow(row pgx.Row) (map[string]any, error) {
 }
 
 // Admission is what a spent join credential admits: a machine into a pool of a tenant, or, when
-// NodeID is set, only a machine taking over that node of the pool.
+// NodeID is set, only a machine taking over that node of the pool. Role is what the machine is
+// admitted as: api.RoleNode (the default, "") or api.RoleSite, a site agent; it is written into
+// the node's certificate and checked at every session.
 type Admission struct {
 	TenantID, PoolID string
 	NodeID           string
+	Role             string
 }
 
 // JoinCredential is a kind of credential a joining machine presents (joinTokens' "bcjoin_…", a
@@ -343,4 +346,53 @@ func (r *Registry) JoinPrefixes() []string {
 		out[i] = c.Prefix
 	}
 	return out
+}
+
+// ReportKind is a kind of report a node's extension sends up its session (agent/v1 Report): a
+// site agent's account of a machine its ramdisk found, a task's progress. The gateway runs
+// Handle in a transaction of its own and acknowledges the report once it commits; a report the
+// handler refuses with an *api.Error (bad payload) is acknowledged with that error and
+// forgotten, any other error leaves it for the node to send again.
+type ReportKind struct {
+	Name string // e.g. metal.task_progress
+	// Roles are the node roles that may send it (api.RoleNode, api.RoleSite); empty is nodes only.
+	Roles  []string
+	Handle func(ctx context.Context, r *Report) error
+}
+
+// Report is one report being handled.
+type Report struct {
+	Tx      pgx.Tx
+	Runtime *Runtime
+	// From is the node that sent it, as its session proved.
+	NodeID, TenantID, PoolID, Role string
+	Payload                        json.RawMessage
+}
+
+// ReportKind registers report kinds.
+func (r *Registry) ReportKind(ks ...ReportKind) {
+	for _, k := range ks {
+		switch {
+		case !api.ValidKind(k.Name):
+			r.fail(fmt.Errorf("report kind %q: must be dotted lower-case words, e.g. metal.task_progress", k.Name))
+		case k.Handle == nil:
+			r.fail(fmt.Errorf("report kind %s needs a Handle function", k.Name))
+		case r.reports[k.Name] != nil:
+			r.fail(fmt.Errorf("report kind %s is registered twice", k.Name))
+		default:
+			if len(k.Roles) == 0 {
+				k.Roles = []string{api.RoleNode}
+			}
+			r.reports[k.Name] = &k
+		}
+	}
+}
+
+// LookupReportKind returns a registered report kind.
+func (r *Registry) LookupReportKind(name string) (ReportKind, bool) {
+	k := r.reports[name]
+	if k == nil {
+		return ReportKind{}, false
+	}
+	return *k, true
 }

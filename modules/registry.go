@@ -36,6 +36,7 @@ type Registry struct {
 	drivers   map[string]*Driver // "kind/name"
 	profiles  map[string]*Profile
 	joins     []JoinCredential
+	reports   map[string]*ReportKind
 }
 
 type namedStart struct {
@@ -56,6 +57,7 @@ func NewRegistry() *Registry {
 		drivers:    map[string]*Driver{},
 		profiles:   map[string]*Profile{},
 		workflows:  map[string]Workflow{},
+		reports:    map[string]*ReportKind{},
 	}
 }
 

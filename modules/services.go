@@ -46,6 +46,10 @@ type Fleet interface {
 	TenantNode(ctx context.Context, q postgres.Querier, tenant string, ref api.NodeRef) (string, error)
 	// CAHash is the pin of the machine CA ("sha256:…") that joining machines check.
 	CAHash() (string, error)
+	// PoolSite returns the id of the site of a pool, "" when it has none.
+	PoolSite(ctx context.Context, q postgres.Querier, poolID string) (string, error)
+	// SiteAgents returns the ids of the site agents (nodes of role site, not retired) of a site.
+	SiteAgents(ctx context.Context, q postgres.Querier, siteID string) ([]string, error)
 }
 
 // Events writes the event outbox.

@@ -14,6 +14,33 @@ import (
 // output (nil for none) is the command's result.
 type Command func(ctx context.Context, args map[string]any) (output map[string]any, err error)
 
+// secretKey carries a command's secret in its context.
+type secretKey struct{}
+
+// WithSecret returns ctx carrying a command's secret: the node's agent calls a Command so.
+func WithSecret(ctx context.Context, secret []byte) context.Context {
+	if len(secret) == 0 {
+		return ctx
+	}
+	return context.WithValue(ctx, secretKey{}, secret)
+}
+
+// SecretOf returns the secret of the command being carried out (api.CreateCommand's write-only
+// secret: a JSON object the control plane keeps sealed and sends only to this node), or nil when
+// it has none. A command never returns it in its output.
+func SecretOf(ctx context.Context) []byte {
+	s, _ := ctx.Value(secretKey{}).([]byte)
+	return s
+}
+
+// Reporter sends a report of a kind a module registered (modules.Registry.ReportKind) up the
+// node's session. It returns once the control plane has recorded it, or with the reason it was
+// refused, or when ctx ends (then it may or may not have been recorded: reports are handled at
+// least once, so a handler must take one twice).
+type Reporter interface {
+	Report(ctx context.Context, kind string, payload any) error
+}
+
 // Converger applies one desired-state part: payload is the JSON the control plane sent, of the
 // version given. It is called with every push of the node's desired state (the same part again,
 // or a newer one), so it must converge, not append. A node whose state no longer has the part is

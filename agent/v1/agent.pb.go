@@ -270,6 +270,7 @@ type NodeMessage struct {
 	//	*NodeMessage_Ack
 	//	*NodeMessage_Result
 	//	*NodeMessage_Renew
+	//	*NodeMessage_Report
 	Body          isNodeMessage_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -375,6 +376,15 @@ func (x *NodeMessage) GetRenew() *RenewRequest {
 	return nil
 }
 
+func (x *NodeMessage) GetReport() *Report {
+	if x != nil {
+		if x, ok := x.Body.(*NodeMessage_Report); ok {
+			return x.Report
+		}
+	}
+	return nil
+}
+
 type isNodeMessage_Body interface {
 	isNodeMessage_Body()
 }
@@ -407,6 +417,10 @@ type NodeMessage_Renew struct {
 	Renew *RenewRequest `protobuf:"bytes,7,opt,name=renew,proto3,oneof"`
 }
 
+type NodeMessage_Report struct {
+	Report *Report `protobuf:"bytes,8,opt,name=report,proto3,oneof"`
+}
+
 func (*NodeMessage_Hello) isNodeMessage_Body() {}
 
 func (*NodeMessage_Heartbeat) isNodeMessage_Body() {}
@@ -420,6 +434,8 @@ func (*NodeMessage_Ack) isNodeMessage_Body() {}
 func (*NodeMessage_Result) isNodeMessage_Body() {}
 
 func (*NodeMessage_Renew) isNodeMessage_Body() {}
+
+func (*NodeMessage_Report) isNodeMessage_Body() {}
 
 // Hello is the first message of a session.
 type Hello struct {
@@ -1086,6 +1102,70 @@ func (x *RenewRequest) GetCsrDer() []byte {
 	return nil
 }
 
+// Report is something a node's extension tells the control plane (a site agent's report of a
+// machine its ramdisk found, a task's progress): a kind a module registered
+// (modules.Registry.ReportKind) and its JSON payload. The node sends it again, in every session,
+// until a ReportAck with its id arrives.
+type Report struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Kind          string                 `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	Payload       []byte                 `protobuf:"bytes,3,opt,name=payload,proto3" json:"payload,omitempty"` // JSON
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Report) Reset() {
+	*x = Report{}
+	mi := &file_agent_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Report) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Report) ProtoMessage() {}
+
+func (x *Report) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Report.ProtoReflect.Descriptor instead.
+func (*Report) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *Report) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Report) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *Report) GetPayload() []byte {
+	if x != nil {
+		return x.Payload
+	}
+	return nil
+}
+
 type ServerMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Body:
@@ -1097,6 +1177,7 @@ type ServerMessage struct {
 	//	*ServerMessage_ResultAck
 	//	*ServerMessage_Goodbye
 	//	*ServerMessage_HeartbeatAck
+	//	*ServerMessage_ReportAck
 	Body          isServerMessage_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1104,7 +1185,7 @@ type ServerMessage struct {
 
 func (x *ServerMessage) Reset() {
 	*x = ServerMessage{}
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1116,7 +1197,7 @@ func (x *ServerMessage) String() string {
 func (*ServerMessage) ProtoMessage() {}
 
 func (x *ServerMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1129,7 +1210,7 @@ func (x *ServerMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerMessage.ProtoReflect.Descriptor instead.
 func (*ServerMessage) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{14}
+	return file_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ServerMessage) GetBody() isServerMessage_Body {
@@ -1202,6 +1283,15 @@ func (x *ServerMessage) GetHeartbeatAck() *HeartbeatAck {
 	return nil
 }
 
+func (x *ServerMessage) GetReportAck() *ReportAck {
+	if x != nil {
+		if x, ok := x.Body.(*ServerMessage_ReportAck); ok {
+			return x.ReportAck
+		}
+	}
+	return nil
+}
+
 type isServerMessage_Body interface {
 	isServerMessage_Body()
 }
@@ -1234,6 +1324,10 @@ type ServerMessage_HeartbeatAck struct {
 	HeartbeatAck *HeartbeatAck `protobuf:"bytes,7,opt,name=heartbeat_ack,json=heartbeatAck,proto3,oneof"`
 }
 
+type ServerMessage_ReportAck struct {
+	ReportAck *ReportAck `protobuf:"bytes,8,opt,name=report_ack,json=reportAck,proto3,oneof"`
+}
+
 func (*ServerMessage_Welcome) isServerMessage_Body() {}
 
 func (*ServerMessage_Desired) isServerMessage_Body() {}
@@ -1248,6 +1342,8 @@ func (*ServerMessage_Goodbye) isServerMessage_Body() {}
 
 func (*ServerMessage_HeartbeatAck) isServerMessage_Body() {}
 
+func (*ServerMessage_ReportAck) isServerMessage_Body() {}
+
 // HeartbeatAck answers every heartbeat with the interval the node must beat at from now on
 // (Nomad's way): the gateway changes it as its session count changes, and derives each node's
 // grace from the interval that node was last told.
@@ -1260,7 +1356,7 @@ type HeartbeatAck struct {
 
 func (x *HeartbeatAck) Reset() {
 	*x = HeartbeatAck{}
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1272,7 +1368,7 @@ func (x *HeartbeatAck) String() string {
 func (*HeartbeatAck) ProtoMessage() {}
 
 func (x *HeartbeatAck) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1285,7 +1381,7 @@ func (x *HeartbeatAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatAck.ProtoReflect.Descriptor instead.
 func (*HeartbeatAck) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{15}
+	return file_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *HeartbeatAck) GetHeartbeatInterval() *durationpb.Duration {
@@ -1306,7 +1402,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1318,7 +1414,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1331,7 +1427,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{16}
+	return file_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Welcome) GetNodeId() string {
@@ -1370,7 +1466,7 @@ type DesiredState struct {
 
 func (x *DesiredState) Reset() {
 	*x = DesiredState{}
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1382,7 +1478,7 @@ func (x *DesiredState) String() string {
 func (*DesiredState) ProtoMessage() {}
 
 func (x *DesiredState) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1395,7 +1491,7 @@ func (x *DesiredState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesiredState.ProtoReflect.Descriptor instead.
 func (*DesiredState) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{17}
+	return file_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *DesiredState) GetGeneration() int64 {
@@ -1431,7 +1527,7 @@ type DesiredPart struct {
 
 func (x *DesiredPart) Reset() {
 	*x = DesiredPart{}
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1443,7 +1539,7 @@ func (x *DesiredPart) String() string {
 func (*DesiredPart) ProtoMessage() {}
 
 func (x *DesiredPart) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1456,7 +1552,7 @@ func (x *DesiredPart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesiredPart.ProtoReflect.Descriptor instead.
 func (*DesiredPart) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{18}
+	return file_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *DesiredPart) GetKind() string {
@@ -1493,7 +1589,7 @@ type DeviceHold struct {
 
 func (x *DeviceHold) Reset() {
 	*x = DeviceHold{}
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1505,7 +1601,7 @@ func (x *DeviceHold) String() string {
 func (*DeviceHold) ProtoMessage() {}
 
 func (x *DeviceHold) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1518,7 +1614,7 @@ func (x *DeviceHold) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceHold.ProtoReflect.Descriptor instead.
 func (*DeviceHold) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{19}
+	return file_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DeviceHold) GetHolder() string {
@@ -1562,7 +1658,7 @@ type HeldGPU struct {
 
 func (x *HeldGPU) Reset() {
 	*x = HeldGPU{}
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1574,7 +1670,7 @@ func (x *HeldGPU) String() string {
 func (*HeldGPU) ProtoMessage() {}
 
 func (x *HeldGPU) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1587,7 +1683,7 @@ func (x *HeldGPU) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeldGPU.ProtoReflect.Descriptor instead.
 func (*HeldGPU) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{20}
+	return file_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *HeldGPU) GetIndex() int32 {
@@ -1626,18 +1722,21 @@ func (x *HeldGPU) GetShare() int32 {
 }
 
 type Command struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	Kind          string                 `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"` // inventory.refresh, gpu.reset, health.check, diag.run
-	Args          *structpb.Struct       `protobuf:"bytes,3,opt,name=args,proto3" json:"args,omitempty"`
-	Deadline      *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=deadline,proto3" json:"deadline,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Id       string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Kind     string                 `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"` // inventory.refresh, gpu.reset, health.check, diag.run
+	Args     *structpb.Struct       `protobuf:"bytes,3,opt,name=args,proto3" json:"args,omitempty"`
+	Deadline *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=deadline,proto3" json:"deadline,omitempty"`
+	// A secret the command needs (a BMC password), as JSON: stored sealed on the control plane,
+	// never shown by its API, opened only to be sent to this node over its session.
+	Secret        []byte `protobuf:"bytes,5,opt,name=secret,proto3" json:"secret,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1649,7 +1748,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1662,7 +1761,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{21}
+	return file_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Command) GetId() string {
@@ -1693,6 +1792,13 @@ func (x *Command) GetDeadline() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Command) GetSecret() []byte {
+	if x != nil {
+		return x.Secret
+	}
+	return nil
+}
+
 type Renewed struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	CertificateDer []byte                 `protobuf:"bytes,1,opt,name=certificate_der,json=certificateDer,proto3" json:"certificate_der,omitempty"`
@@ -1703,7 +1809,7 @@ type Renewed struct {
 
 func (x *Renewed) Reset() {
 	*x = Renewed{}
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1715,7 +1821,7 @@ func (x *Renewed) String() string {
 func (*Renewed) ProtoMessage() {}
 
 func (x *Renewed) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1728,7 +1834,7 @@ func (x *Renewed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Renewed.ProtoReflect.Descriptor instead.
 func (*Renewed) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{22}
+	return file_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Renewed) GetCertificateDer() []byte {
@@ -1754,7 +1860,7 @@ type ResultAck struct {
 
 func (x *ResultAck) Reset() {
 	*x = ResultAck{}
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1766,7 +1872,7 @@ func (x *ResultAck) String() string {
 func (*ResultAck) ProtoMessage() {}
 
 func (x *ResultAck) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1779,12 +1885,67 @@ func (x *ResultAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResultAck.ProtoReflect.Descriptor instead.
 func (*ResultAck) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{23}
+	return file_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ResultAck) GetCommandId() string {
 	if x != nil {
 		return x.CommandId
+	}
+	return ""
+}
+
+// ReportAck tells the node a report is done with: recorded, or refused for good (error set: a
+// kind nobody registered, one this node may not send, a payload the module refuses). Either way
+// the node forgets it.
+type ReportAck struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Error         string                 `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportAck) Reset() {
+	*x = ReportAck{}
+	mi := &file_agent_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportAck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportAck) ProtoMessage() {}
+
+func (x *ReportAck) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportAck.ProtoReflect.Descriptor instead.
+func (*ReportAck) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *ReportAck) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ReportAck) GetError() string {
+	if x != nil {
+		return x.Error
 	}
 	return ""
 }
@@ -1798,7 +1959,7 @@ type Goodbye struct {
 
 func (x *Goodbye) Reset() {
 	*x = Goodbye{}
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1810,7 +1971,7 @@ func (x *Goodbye) String() string {
 func (*Goodbye) ProtoMessage() {}
 
 func (x *Goodbye) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1823,7 +1984,7 @@ func (x *Goodbye) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Goodbye.ProtoReflect.Descriptor instead.
 func (*Goodbye) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{24}
+	return file_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Goodbye) GetReason() string {
@@ -1856,7 +2017,7 @@ const file_agent_proto_rawDesc = "" +
 	"\x0fcertificate_der\x18\x03 \x01(\fR\x0ecertificateDer\x12.\n" +
 	"\x13ca_certificates_der\x18\x04 \x03(\fR\x11caCertificatesDer\x127\n" +
 	"\tnot_after\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\bnotAfter\x12+\n" +
-	"\x11gateway_addresses\x18\x06 \x03(\tR\x10gatewayAddresses\"\xec\x02\n" +
+	"\x11gateway_addresses\x18\x06 \x03(\tR\x10gatewayAddresses\"\x98\x03\n" +
 	"\vNodeMessage\x12'\n" +
 	"\x05hello\x18\x01 \x01(\v2\x0f.agent.v1.HelloH\x00R\x05hello\x123\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x13.agent.v1.HeartbeatH\x00R\theartbeat\x123\n" +
@@ -1864,7 +2025,8 @@ const file_agent_proto_rawDesc = "" +
 	"\x06health\x18\x04 \x01(\v2\x16.agent.v1.HealthReportH\x00R\x06health\x12-\n" +
 	"\x03ack\x18\x05 \x01(\v2\x19.agent.v1.DesiredStateAckH\x00R\x03ack\x121\n" +
 	"\x06result\x18\x06 \x01(\v2\x17.agent.v1.CommandResultH\x00R\x06result\x12.\n" +
-	"\x05renew\x18\a \x01(\v2\x16.agent.v1.RenewRequestH\x00R\x05renewB\x06\n" +
+	"\x05renew\x18\a \x01(\v2\x16.agent.v1.RenewRequestH\x00R\x05renew\x12*\n" +
+	"\x06report\x18\b \x01(\v2\x10.agent.v1.ReportH\x00R\x06reportB\x06\n" +
 	"\x04body\"\x89\x01\n" +
 	"\x05Hello\x12#\n" +
 	"\ragent_version\x18\x01 \x01(\tR\fagentVersion\x12-\n" +
@@ -1925,7 +2087,11 @@ const file_agent_proto_rawDesc = "" +
 	"\vfinished_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"finishedAt\"'\n" +
 	"\fRenewRequest\x12\x17\n" +
-	"\acsr_der\x18\x01 \x01(\fR\x06csrDer\"\xfc\x02\n" +
+	"\acsr_der\x18\x01 \x01(\fR\x06csrDer\"F\n" +
+	"\x06Report\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x18\n" +
+	"\apayload\x18\x03 \x01(\fR\apayload\"\xb2\x03\n" +
 	"\rServerMessage\x12-\n" +
 	"\awelcome\x18\x01 \x01(\v2\x11.agent.v1.WelcomeH\x00R\awelcome\x122\n" +
 	"\adesired\x18\x02 \x01(\v2\x16.agent.v1.DesiredStateH\x00R\adesired\x12-\n" +
@@ -1934,7 +2100,9 @@ const file_agent_proto_rawDesc = "" +
 	"\n" +
 	"result_ack\x18\x05 \x01(\v2\x13.agent.v1.ResultAckH\x00R\tresultAck\x12-\n" +
 	"\agoodbye\x18\x06 \x01(\v2\x11.agent.v1.GoodbyeH\x00R\agoodbye\x12=\n" +
-	"\rheartbeat_ack\x18\a \x01(\v2\x16.agent.v1.HeartbeatAckH\x00R\fheartbeatAckB\x06\n" +
+	"\rheartbeat_ack\x18\a \x01(\v2\x16.agent.v1.HeartbeatAckH\x00R\fheartbeatAck\x124\n" +
+	"\n" +
+	"report_ack\x18\b \x01(\v2\x13.agent.v1.ReportAckH\x00R\treportAckB\x06\n" +
 	"\x04body\"X\n" +
 	"\fHeartbeatAck\x12H\n" +
 	"\x12heartbeat_interval\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\"\x82\x01\n" +
@@ -1965,18 +2133,22 @@ const file_agent_proto_rawDesc = "" +
 	"\vmig_profile\x18\x03 \x01(\tR\n" +
 	"migProfile\x12\x1b\n" +
 	"\tmig_start\x18\x04 \x01(\x05R\bmigStart\x12\x14\n" +
-	"\x05share\x18\x05 \x01(\x05R\x05share\"\x92\x01\n" +
+	"\x05share\x18\x05 \x01(\x05R\x05share\"\xaa\x01\n" +
 	"\aCommand\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12+\n" +
 	"\x04args\x18\x03 \x01(\v2\x17.google.protobuf.StructR\x04args\x126\n" +
-	"\bdeadline\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\"k\n" +
+	"\bdeadline\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\x12\x16\n" +
+	"\x06secret\x18\x05 \x01(\fR\x06secret\"k\n" +
 	"\aRenewed\x12'\n" +
 	"\x0fcertificate_der\x18\x01 \x01(\fR\x0ecertificateDer\x127\n" +
 	"\tnot_after\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\bnotAfter\"*\n" +
 	"\tResultAck\x12\x1d\n" +
 	"\n" +
-	"command_id\x18\x01 \x01(\tR\tcommandId\"!\n" +
+	"command_id\x18\x01 \x01(\tR\tcommandId\"1\n" +
+	"\tReportAck\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\"!\n" +
 	"\aGoodbye\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason2D\n" +
 	"\vJoinService\x125\n" +
@@ -1996,7 +2168,7 @@ func file_agent_proto_rawDescGZIP() []byte {
 	return file_agent_proto_rawDescData
 }
 
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_agent_proto_goTypes = []any{
 	(*JoinRequest)(nil),           // 0: agent.v1.JoinRequest
 	(*MachineFacts)(nil),          // 1: agent.v1.MachineFacts
@@ -2012,24 +2184,26 @@ var file_agent_proto_goTypes = []any{
 	(*DesiredStateAck)(nil),       // 11: agent.v1.DesiredStateAck
 	(*CommandResult)(nil),         // 12: agent.v1.CommandResult
 	(*RenewRequest)(nil),          // 13: agent.v1.RenewRequest
-	(*ServerMessage)(nil),         // 14: agent.v1.ServerMessage
-	(*HeartbeatAck)(nil),          // 15: agent.v1.HeartbeatAck
-	(*Welcome)(nil),               // 16: agent.v1.Welcome
-	(*DesiredState)(nil),          // 17: agent.v1.DesiredState
-	(*DesiredPart)(nil),           // 18: agent.v1.DesiredPart
-	(*DeviceHold)(nil),            // 19: agent.v1.DeviceHold
-	(*HeldGPU)(nil),               // 20: agent.v1.HeldGPU
-	(*Command)(nil),               // 21: agent.v1.Command
-	(*Renewed)(nil),               // 22: agent.v1.Renewed
-	(*ResultAck)(nil),             // 23: agent.v1.ResultAck
-	(*Goodbye)(nil),               // 24: agent.v1.Goodbye
-	(*timestamppb.Timestamp)(nil), // 25: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 26: google.protobuf.Struct
-	(*durationpb.Duration)(nil),   // 27: google.protobuf.Duration
+	(*Report)(nil),                // 14: agent.v1.Report
+	(*ServerMessage)(nil),         // 15: agent.v1.ServerMessage
+	(*HeartbeatAck)(nil),          // 16: agent.v1.HeartbeatAck
+	(*Welcome)(nil),               // 17: agent.v1.Welcome
+	(*DesiredState)(nil),          // 18: agent.v1.DesiredState
+	(*DesiredPart)(nil),           // 19: agent.v1.DesiredPart
+	(*DeviceHold)(nil),            // 20: agent.v1.DeviceHold
+	(*HeldGPU)(nil),               // 21: agent.v1.HeldGPU
+	(*Command)(nil),               // 22: agent.v1.Command
+	(*Renewed)(nil),               // 23: agent.v1.Renewed
+	(*ResultAck)(nil),             // 24: agent.v1.ResultAck
+	(*ReportAck)(nil),             // 25: agent.v1.ReportAck
+	(*Goodbye)(nil),               // 26: agent.v1.Goodbye
+	(*timestamppb.Timestamp)(nil), // 27: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 28: google.protobuf.Struct
+	(*durationpb.Duration)(nil),   // 29: google.protobuf.Duration
 }
 var file_agent_proto_depIdxs = []int32{
 	1,  // 0: agent.v1.JoinRequest.facts:type_name -> agent.v1.MachineFacts
-	25, // 1: agent.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
+	27, // 1: agent.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
 	4,  // 2: agent.v1.NodeMessage.hello:type_name -> agent.v1.Hello
 	5,  // 3: agent.v1.NodeMessage.heartbeat:type_name -> agent.v1.Heartbeat
 	6,  // 4: agent.v1.NodeMessage.inventory:type_name -> agent.v1.Inventory
@@ -2037,38 +2211,40 @@ var file_agent_proto_depIdxs = []int32{
 	11, // 6: agent.v1.NodeMessage.ack:type_name -> agent.v1.DesiredStateAck
 	12, // 7: agent.v1.NodeMessage.result:type_name -> agent.v1.CommandResult
 	13, // 8: agent.v1.NodeMessage.renew:type_name -> agent.v1.RenewRequest
-	1,  // 9: agent.v1.Hello.facts:type_name -> agent.v1.MachineFacts
-	10, // 10: agent.v1.Heartbeat.pressure:type_name -> agent.v1.HostPressure
-	7,  // 11: agent.v1.Inventory.gpus:type_name -> agent.v1.GPU
-	9,  // 12: agent.v1.HealthReport.gpu_events:type_name -> agent.v1.GPUEvent
-	10, // 13: agent.v1.HealthReport.host:type_name -> agent.v1.HostPressure
-	25, // 14: agent.v1.GPUEvent.at:type_name -> google.protobuf.Timestamp
-	26, // 15: agent.v1.CommandResult.output:type_name -> google.protobuf.Struct
-	25, // 16: agent.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
-	16, // 17: agent.v1.ServerMessage.welcome:type_name -> agent.v1.Welcome
-	17, // 18: agent.v1.ServerMessage.desired:type_name -> agent.v1.DesiredState
-	21, // 19: agent.v1.ServerMessage.command:type_name -> agent.v1.Command
-	22, // 20: agent.v1.ServerMessage.renewed:type_name -> agent.v1.Renewed
-	23, // 21: agent.v1.ServerMessage.result_ack:type_name -> agent.v1.ResultAck
-	24, // 22: agent.v1.ServerMessage.goodbye:type_name -> agent.v1.Goodbye
-	15, // 23: agent.v1.ServerMessage.heartbeat_ack:type_name -> agent.v1.HeartbeatAck
-	27, // 24: agent.v1.HeartbeatAck.heartbeat_interval:type_name -> google.protobuf.Duration
-	27, // 25: agent.v1.Welcome.heartbeat_interval:type_name -> google.protobuf.Duration
-	19, // 26: agent.v1.DesiredState.holds:type_name -> agent.v1.DeviceHold
-	18, // 27: agent.v1.DesiredState.parts:type_name -> agent.v1.DesiredPart
-	20, // 28: agent.v1.DeviceHold.gpus:type_name -> agent.v1.HeldGPU
-	26, // 29: agent.v1.Command.args:type_name -> google.protobuf.Struct
-	25, // 30: agent.v1.Command.deadline:type_name -> google.protobuf.Timestamp
-	25, // 31: agent.v1.Renewed.not_after:type_name -> google.protobuf.Timestamp
-	0,  // 32: agent.v1.JoinService.Join:input_type -> agent.v1.JoinRequest
-	3,  // 33: agent.v1.SessionService.Connect:input_type -> agent.v1.NodeMessage
-	2,  // 34: agent.v1.JoinService.Join:output_type -> agent.v1.JoinResponse
-	14, // 35: agent.v1.SessionService.Connect:output_type -> agent.v1.ServerMessage
-	34, // [34:36] is the sub-list for method output_type
-	32, // [32:34] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	14, // 9: agent.v1.NodeMessage.report:type_name -> agent.v1.Report
+	1,  // 10: agent.v1.Hello.facts:type_name -> agent.v1.MachineFacts
+	10, // 11: agent.v1.Heartbeat.pressure:type_name -> agent.v1.HostPressure
+	7,  // 12: agent.v1.Inventory.gpus:type_name -> agent.v1.GPU
+	9,  // 13: agent.v1.HealthReport.gpu_events:type_name -> agent.v1.GPUEvent
+	10, // 14: agent.v1.HealthReport.host:type_name -> agent.v1.HostPressure
+	27, // 15: agent.v1.GPUEvent.at:type_name -> google.protobuf.Timestamp
+	28, // 16: agent.v1.CommandResult.output:type_name -> google.protobuf.Struct
+	27, // 17: agent.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
+	17, // 18: agent.v1.ServerMessage.welcome:type_name -> agent.v1.Welcome
+	18, // 19: agent.v1.ServerMessage.desired:type_name -> agent.v1.DesiredState
+	22, // 20: agent.v1.ServerMessage.command:type_name -> agent.v1.Command
+	23, // 21: agent.v1.ServerMessage.renewed:type_name -> agent.v1.Renewed
+	24, // 22: agent.v1.ServerMessage.result_ack:type_name -> agent.v1.ResultAck
+	26, // 23: agent.v1.ServerMessage.goodbye:type_name -> agent.v1.Goodbye
+	16, // 24: agent.v1.ServerMessage.heartbeat_ack:type_name -> agent.v1.HeartbeatAck
+	25, // 25: agent.v1.ServerMessage.report_ack:type_name -> agent.v1.ReportAck
+	29, // 26: agent.v1.HeartbeatAck.heartbeat_interval:type_name -> google.protobuf.Duration
+	29, // 27: agent.v1.Welcome.heartbeat_interval:type_name -> google.protobuf.Duration
+	20, // 28: agent.v1.DesiredState.holds:type_name -> agent.v1.DeviceHold
+	19, // 29: agent.v1.DesiredState.parts:type_name -> agent.v1.DesiredPart
+	21, // 30: agent.v1.DeviceHold.gpus:type_name -> agent.v1.HeldGPU
+	28, // 31: agent.v1.Command.args:type_name -> google.protobuf.Struct
+	27, // 32: agent.v1.Command.deadline:type_name -> google.protobuf.Timestamp
+	27, // 33: agent.v1.Renewed.not_after:type_name -> google.protobuf.Timestamp
+	0,  // 34: agent.v1.JoinService.Join:input_type -> agent.v1.JoinRequest
+	3,  // 35: agent.v1.SessionService.Connect:input_type -> agent.v1.NodeMessage
+	2,  // 36: agent.v1.JoinService.Join:output_type -> agent.v1.JoinResponse
+	15, // 37: agent.v1.SessionService.Connect:output_type -> agent.v1.ServerMessage
+	36, // [36:38] is the sub-list for method output_type
+	34, // [34:36] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -2084,8 +2260,9 @@ func file_agent_proto_init() {
 		(*NodeMessage_Ack)(nil),
 		(*NodeMessage_Result)(nil),
 		(*NodeMessage_Renew)(nil),
+		(*NodeMessage_Report)(nil),
 	}
-	file_agent_proto_msgTypes[14].OneofWrappers = []any{
+	file_agent_proto_msgTypes[15].OneofWrappers = []any{
 		(*ServerMessage_Welcome)(nil),
 		(*ServerMessage_Desired)(nil),
 		(*ServerMessage_Command)(nil),
@@ -2093,6 +2270,7 @@ func file_agent_proto_init() {
 		(*ServerMessage_ResultAck)(nil),
 		(*ServerMessage_Goodbye)(nil),
 		(*ServerMessage_HeartbeatAck)(nil),
+		(*ServerMessage_ReportAck)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -2100,7 +2278,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   25,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

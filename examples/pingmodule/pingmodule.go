@@ -1,7 +1,8 @@
 // Package pingmodule is a small module written the way a host writes its own: it adds API
 // methods (pings.send, pings.get, pings.setBanner), its own tables, a command kind a node carries
-// out (ping.echo), a desired-state kind a node converges (ping.banner), an event type
-// (ping.sent), an IAM resource type with its resolver, and the node side of all that
+// out (ping.echo, which may carry a write-only secret), a desired-state kind a node converges
+// (ping.banner), a report kind a node sends up (ping.pong), event types (ping.sent,
+// ping.ponged), an IAM resource type with its resolver, and the node side of all that
 // (NodeSide.Extension for bcd or the simulator). It uses the core only through modules.Runtime
 // and imports nothing from internal/; its test proves it end to end.
 package pingmodule
@@ -32,7 +33,9 @@ const (
 	ResourcePing = "ping-ping"   // the IAM resource type of a ping
 	CommandEcho  = "ping.echo"   // the node answers the message back
 	DesiredKind  = "ping.banner" // the banner a node should show
+	ReportPong   = "ping.pong"   // a node's pong, reported up its session
 	EventSent    = "ping.sent"
+	EventPonged  = "ping.ponged"
 )
 
 // The module's methods: declared with api.NewMethod, exactly as the core declares its own.
@@ -46,6 +49,9 @@ var (
 type Send struct {
 	Node    string `json:"node"` // a node id
 	Message string `json:"message"`
+	// Secret, if set, travels to the node as the command's write-only secret: the node learns
+	// it, no answer shows it.
+	Secret string `json:"secret,omitempty"`
 }
 
 // Validate implements the input check.
@@ -122,7 +128,18 @@ func (Module) Register(r *modules.Registry) error {
 		return modules.ResolveRow(q.QueryRow(ctx, `SELECT id::text, tenant_id, '{}'::jsonb, jsonb_build_object('node', node_id::text)
 			FROM compute.ping_pings WHERE id = $1`, id))
 	})
-	r.EventTypes(modules.EventType{Name: EventSent, Description: "A ping was sent to a node (data: node, command)."})
+	r.EventTypes(modules.EventType{Name: EventSent, Description: "A ping was sent to a node (data: node, command)."},
+		modules.EventType{Name: EventPonged, Description: "A node reported a pong (data: message)."})
+	r.ReportKind(modules.ReportKind{Name: ReportPong, Handle: func(ctx context.Context, rp *modules.Report) error {
+		var pong struct {
+			Message string `json:"message"`
+		}
+		if err := json.Unmarshal(rp.Payload, &pong); err != nil || pong.Message == "" {
+			return api.InvalidField("message", "a pong needs a message")
+		}
+		return rp.Runtime.Events.Emit(ctx, rp.Tx, modules.Event{Type: EventPonged, TenantID: rp.TenantID, Subject: rp.NodeID,
+			Data: map[string]any{"message": pong.Message}})
+	}})
 	r.CommandKind(modules.CommandKind{Name: CommandEcho, Summary: "Answer a message back.",
 		Check: func(_ context.Context, _ postgres.Querier, _ string, args json.RawMessage) error {
 			var a struct {
@@ -151,7 +168,11 @@ func (Module) Register(r *modules.Registry) error {
 func send(ctx context.Context, c *modules.Call, in Send) (Ping, error) {
 	rt := c.Runtime
 	args, _ := json.Marshal(map[string]string{"message": in.Message})
-	cmd, err := rt.Nodes.Command(ctx, c, api.CreateCommand{NodeRef: api.NodeRef{Node: in.Node}, Kind: CommandEcho, Args: args, Deadline: "1m"})
+	var secret json.RawMessage
+	if in.Secret != "" {
+		secret, _ = json.Marshal(map[string]string{"secret": in.Secret})
+	}
+	cmd, err := rt.Nodes.Command(ctx, c, api.CreateCommand{NodeRef: api.NodeRef{Node: in.Node}, Kind: CommandEcho, Args: args, Secret: secret, Deadline: "1m"})
 	if err != nil {
 		return Ping{}, err
 	}
@@ -200,17 +221,27 @@ type NodeSide struct {
 	mu     sync.Mutex
 	banner string
 	echoes int
+	secret string
 }
 
 // Extension is what the node's agent runs for the module.
 func (n *NodeSide) Extension() ext.Extension {
 	return ext.Extension{
 		Name: "ping",
-		Commands: map[string]ext.Command{CommandEcho: func(_ context.Context, args map[string]any) (map[string]any, error) {
+		Commands: map[string]ext.Command{CommandEcho: func(ctx context.Context, args map[string]any) (map[string]any, error) {
+			var s struct {
+				Secret string `json:"secret"`
+			}
+			if b := ext.SecretOf(ctx); b != nil {
+				if err := json.Unmarshal(b, &s); err != nil {
+					return nil, fmt.Errorf("ping.echo: the secret: %w", err)
+				}
+			}
 			n.mu.Lock()
 			n.echoes++
+			n.secret = s.Secret
 			n.mu.Unlock()
-			return map[string]any{"echo": args["message"]}, nil
+			return map[string]any{"echo": args["message"], "secretBytes": len(s.Secret)}, nil
 		}},
 		Desired: map[string]ext.Converger{DesiredKind: func(_ context.Context, version uint32, payload []byte) error {
 			if payload == nil {
@@ -234,6 +265,13 @@ func (n *NodeSide) set(b string) {
 	n.mu.Lock()
 	n.banner = b
 	n.mu.Unlock()
+}
+
+// Secret is the secret the last ping.echo carried ("" for none).
+func (n *NodeSide) Secret() string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.secret
 }
 
 // Banner is the banner the node shows now.

@@ -80,6 +80,49 @@ func TestModuleEndToEnd(t *testing.T) {
 		t.Fatalf("ping.sent events = %d, %v; want 1", events, err)
 	}
 
+	// A write-only secret reaches the node with its command, and no answer shows it.
+	const secret = "hunter2-bmc-password"
+	p2, err := compute.Invoke(ctx, env.Compute, env.RootKey, pingmodule.PingsSend, pingmodule.Send{Node: node, Message: "with a secret", Secret: secret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the node to answer the ping with a secret", func() bool {
+		last, err = a.Commands.Get(ctx, env.RootKey, api.GetCommand{Command: p2.CommandID})
+		return err == nil && last.State == api.CommandSucceeded
+	})
+	if side.Secret() != secret {
+		t.Fatalf("the node got secret %q, want %q", side.Secret(), secret)
+	}
+	if b, _ := json.Marshal(last); strings.Contains(string(b), "hunter2") || last.SecretSet {
+		t.Fatalf("a finished command shows or keeps its secret: %s", b)
+	}
+	var stored int
+	if err := env.DB.Pool.QueryRow(ctx, `SELECT count(*) FROM compute.commands WHERE secret IS NOT NULL OR args::text LIKE '%hunter2%'`).Scan(&stored); err != nil || stored != 0 {
+		t.Fatalf("commands still holding a secret = %d, %v; want none once finished", stored, err)
+	}
+
+	// Its report kind: a pong from the node becomes an event; a refused report says why and is
+	// not retried; a kind nobody registered is refused.
+	if err := f.Nodes[0].Reports.Report(ctx, pingmodule.ReportPong, map[string]string{"message": "pong!"}); err != nil {
+		t.Fatal(err)
+	}
+	var pongs int
+	if err := env.DB.Pool.QueryRow(ctx, `SELECT count(*) FROM compute.events WHERE type = 'ping.ponged' AND subject = $1 AND data->>'message' = 'pong!'`, node).Scan(&pongs); err != nil || pongs != 1 {
+		t.Fatalf("ping.ponged events after the report = %d, %v; want 1 (a report returns once recorded)", pongs, err)
+	}
+	for _, bad := range []struct {
+		kind, want string
+		payload    any
+	}{
+		{pingmodule.ReportPong, "a pong needs a message", map[string]string{}},
+		{"ping.unknown", `no module registered report kind "ping.unknown"`, map[string]string{"message": "x"}},
+	} {
+		err := f.Nodes[0].Reports.Report(ctx, bad.kind, bad.payload)
+		if err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Fatalf("report %s %v = %v, want a refusal saying %q", bad.kind, bad.payload, err, bad.want)
+		}
+	}
+
 	// Its desired-state kind: the node converges the banner, and a change of it.
 	for _, banner := range []string{"welcome", "maintenance at noon"} {
 		if _, err := compute.Invoke(ctx, env.Compute, env.RootKey, pingmodule.PingsSetBanner, pingmodule.SetBanner{Node: node, Banner: banner}); err != nil {

@@ -131,6 +131,29 @@ func PoolID(ctx context.Context, q postgres.Querier, tenant, ref string) (string
 	return poolRef.idIn(ctx, q, tenant, ref)
 }
 
+// PoolSite returns the site of a pool, "" when it has none.
+func PoolSite(ctx context.Context, q postgres.Querier, poolID string) (string, error) {
+	var site *string
+	err := q.QueryRow(ctx, `SELECT site_id::text FROM compute.pools WHERE id = $1`, poolID).Scan(&site)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", api.NotFound("pool", poolID)
+	}
+	if err != nil || site == nil {
+		return "", err
+	}
+	return *site, nil
+}
+
+// SiteAgents returns the site agents of a site: the nodes of role site, not retired, in its pools.
+func SiteAgents(ctx context.Context, q postgres.Querier, siteID string) ([]string, error) {
+	rows, err := q.Query(ctx, `SELECT n.id::text FROM compute.nodes n JOIN compute.pools p ON p.id = n.pool_id
+		WHERE p.site_id = $1 AND n.role = 'site' AND n.state <> 'retired' ORDER BY n.id`, siteID)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
 // Paginate runs a keyset-paginated list query, as the fleet's own lists do: q selects rows
 // ordered by id, with $1 the cursor (NULL for the first page) and $2 the limit plus one.
 func Paginate[T any](ctx context.Context, tx pgx.Tx, req api.PageRequest, scan func(pgx.Row) (T, error), id func(T) string, q string, args ...any) (api.Page[T], error) {

@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -13,11 +14,11 @@ import (
 	"github.com/better-compute/compute/postgres"
 )
 
-const nodeColumns = `id::text, tenant_id, pool_id::text, name, state, status, health, labels, last_seen_at, created_at, updated_at`
+const nodeColumns = `id::text, tenant_id, pool_id::text, name, role, state, status, health, labels, last_seen_at, created_at, updated_at`
 
 func scanNode(row pgx.Row) (api.Node, error) {
 	var n api.Node
-	err := row.Scan(&n.ID, &n.TenantID, &n.PoolID, &n.Name, &n.State, &n.Status, &n.Health, &n.Labels, &n.LastSeenAt, &n.CreatedAt, &n.UpdatedAt)
+	err := row.Scan(&n.ID, &n.TenantID, &n.PoolID, &n.Name, &n.Role, &n.State, &n.Status, &n.Health, &n.Labels, &n.LastSeenAt, &n.CreatedAt, &n.UpdatedAt)
 	return n, err
 }
 
@@ -44,15 +45,11 @@ func registerNodes(r *modules.Registry) {
 			}
 			poolID = &id
 		}
-		var state *string
-		if in.State != "" {
-			state = &in.State
-		}
 		return page(ctx, c.Tx, in.PageRequest, scanNode, func(n api.Node) string { return n.ID },
 			`SELECT `+nodeColumns+` FROM compute.nodes
-			 WHERE tenant_id = $3 AND ($4::uuid IS NULL OR pool_id = $4) AND ($5::text IS NULL OR state = $5)
+			 WHERE tenant_id = $3 AND ($4::uuid IS NULL OR pool_id = $4) AND ($5 = '' OR state = $5) AND ($6 = '' OR role = $6)
 			   AND ($1::uuid IS NULL OR id > $1)
-			 ORDER BY id LIMIT $2`, c.Target.TenantID, poolID, state)
+			 ORDER BY id LIMIT $2`, c.Target.TenantID, poolID, in.State, in.Role)
 	})
 }
 
@@ -87,6 +84,7 @@ func GetNode(ctx context.Context, q postgres.Querier, id, tenant string) (api.No
 type NewNode struct {
 	PoolID string
 	Name   string
+	Role   string // api.RoleNode (the default) or api.RoleSite
 	Labels map[string]string
 	Facts  map[string]any
 }
@@ -96,9 +94,10 @@ func InsertNode(ctx context.Context, q postgres.Querier, n NewNode) (api.Node, e
 	if n.Facts == nil {
 		n.Facts = map[string]any{}
 	}
-	node, err := scanNode(q.QueryRow(ctx, `INSERT INTO compute.nodes (id, tenant_id, pool_id, name, labels, facts)
-		SELECT $1, p.tenant_id, p.id, $3, $4, $5 FROM compute.pools p WHERE p.id = $2
-		RETURNING `+nodeColumns, NewID(), n.PoolID, n.Name, labelsOrEmpty(n.Labels), n.Facts))
+	role := cmp.Or(n.Role, api.RoleNode)
+	node, err := scanNode(q.QueryRow(ctx, `INSERT INTO compute.nodes (id, tenant_id, pool_id, name, labels, facts, role)
+		SELECT $1, p.tenant_id, p.id, $3, $4, $5, $6 FROM compute.pools p WHERE p.id = $2
+		RETURNING `+nodeColumns, NewID(), n.PoolID, n.Name, labelsOrEmpty(n.Labels), n.Facts, role))
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return node, api.NotFound("pool", n.PoolID)

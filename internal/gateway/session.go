@@ -34,6 +34,7 @@ type stream interface {
 type session struct {
 	g        *Gateway
 	node     string
+	who      nodeInfo // the node's tenant, pool and role, as the session opened
 	epoch    int64
 	serial   string       // of the client certificate the session was opened with
 	notAfter time.Time    // when that certificate expires, and the session with it
@@ -140,11 +141,11 @@ func (g *Gateway) Serve(ctx context.Context, cert *x509.Certificate, st stream) 
 		return connect.NewError(connect.CodeInvalidArgument, errors.New("the first message of a session must be a hello"))
 	}
 	interval := g.HeartbeatInterval()
-	epoch, err := g.claim(ctx, nodeID, hello, g.grace(interval))
+	who, epoch, err := g.claim(ctx, nodeID, pki.Role(cert), hello, g.grace(interval))
 	if err != nil {
 		return err
 	}
-	s := &session{g: g, node: nodeID, epoch: epoch, serial: pki.Serial(cert), notAfter: cert.NotAfter,
+	s := &session{g: g, node: nodeID, who: who, epoch: epoch, serial: pki.Serial(cert), notAfter: cert.NotAfter,
 		out: make(chan *agentv1.ServerMessage, 64), kick: make(chan struct{}, 1), done: make(chan struct{}), resend: true, sent: -1}
 	s.told.Store(int64(interval))
 	g.mu.Lock()
@@ -232,13 +233,20 @@ func (g *Gateway) Serve(ctx context.Context, cert *x509.Certificate, st stream) 
 	}
 }
 
+// nodeInfo is what a session knows of its node.
+type nodeInfo struct{ tenant, pool, role string }
+
 // claim records this gateway as the session's holder at the next epoch, puts the node online and
-// tells any other gateway that held it to let go.
-func (g *Gateway) claim(ctx context.Context, nodeID string, hello *agentv1.Hello, grace time.Duration) (int64, error) {
+// tells any other gateway that held it to let go. A certificate of another role than the node's
+// (a node's certificate for a site agent, or the reverse) is refused.
+func (g *Gateway) claim(ctx context.Context, nodeID, certRole string, hello *agentv1.Hello, grace time.Duration) (nodeInfo, int64, error) {
 	var epoch int64
+	var who nodeInfo
 	err := g.rt.DB.Tx(ctx, func(tx pgx.Tx) error {
-		var state, tenant, status string
-		err := tx.QueryRow(ctx, `SELECT state, tenant_id, status FROM compute.nodes WHERE id = $1 FOR NO KEY UPDATE`, nodeID).Scan(&state, &tenant, &status)
+		var state, status string
+		err := tx.QueryRow(ctx, `SELECT state, tenant_id, pool_id::text, role, status FROM compute.nodes WHERE id = $1 FOR NO KEY UPDATE`, nodeID).
+			Scan(&state, &who.tenant, &who.pool, &who.role, &status)
+		tenant := who.tenant
 		if errors.Is(err, pgx.ErrNoRows) {
 			return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("node %s does not exist", nodeID))
 		}
@@ -247,6 +255,9 @@ func (g *Gateway) claim(ctx context.Context, nodeID string, hello *agentv1.Hello
 		}
 		if state == api.NodeRetired {
 			return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("node %s is retired", nodeID))
+		}
+		if certRole != who.role {
+			return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("node %s is a %s, and its certificate was issued for a %s", nodeID, who.role, certRole))
 		}
 		if epoch, err = nodes.OpenSession(ctx, tx, nodeID, g.cfg.ID, hello.GetAgentVersion(), grace); err != nil {
 			return err
@@ -263,7 +274,7 @@ func (g *Gateway) claim(ctx context.Context, nodeID string, hello *agentv1.Hello
 		_, err = tx.Exec(ctx, `SELECT pg_catalog.pg_notify($1, $2)`, SessionsChannel, fmt.Sprintf("%s:%d", nodeID, epoch))
 		return err
 	})
-	return epoch, err
+	return who, epoch, err
 }
 
 // push sends what a wake asked for: the node's desired state if it moved, and its pending
@@ -343,8 +354,15 @@ func (s *session) pushCommands(ctx context.Context, resend bool) ([]*agentv1.Ser
 		if err != nil {
 			st = &structpb.Struct{}
 		}
+		var secret []byte
+		if c.SealedSecret != nil {
+			// Opened only here, on its way to the one node it is for, over its session.
+			if secret, err = s.g.rt.Secrets.Open(nodes.SecretPurpose(c.ID), c.SealedSecret); err != nil {
+				return msgs, fmt.Errorf("open the secret of command %s: %w", c.ID, err)
+			}
+		}
 		msgs = append(msgs, &agentv1.ServerMessage{Body: &agentv1.ServerMessage_Command{Command: &agentv1.Command{
-			Id: c.ID, Kind: c.Kind, Args: st, Deadline: timestamppb.New(c.Deadline)}}})
+			Id: c.ID, Kind: c.Kind, Args: st, Deadline: timestamppb.New(c.Deadline), Secret: secret}}})
 	}
 	return msgs, nil
 }
@@ -370,10 +388,19 @@ func (s *session) handle(ctx context.Context, m *agentv1.NodeMessage) error {
 			HeartbeatInterval: durationpb.New(interval)}}})
 	case *agentv1.NodeMessage_Inventory:
 		g.touch(s.node, s.epoch, nil)
+		if s.who.role != api.RoleNode {
+			return nil // a site agent offers no capacity: its machine's hardware is not the pool's
+		}
 		return g.inventory(ctx, s.node, b.Inventory)
 	case *agentv1.NodeMessage_Health:
 		g.touch(s.node, s.epoch, nil)
+		if s.who.role != api.RoleNode {
+			return nil
+		}
 		return g.health(ctx, s.node, b.Health)
+	case *agentv1.NodeMessage_Report:
+		g.touch(s.node, s.epoch, nil)
+		return s.report(ctx, b.Report)
 	case *agentv1.NodeMessage_Ack:
 		g.touch(s.node, s.epoch, func(t *touch) {
 			t.applied, t.errText, t.ack = max(t.applied, b.Ack.GetGeneration()), b.Ack.GetError(), true
@@ -433,7 +460,7 @@ func (s *session) renew(ctx context.Context, csrDER []byte) error {
 		if err != nil {
 			return err
 		}
-		der, notAfter, err = auth.IssueNode(ctx, tx, s.node, csrDER, g.mod.CertLifetime())
+		der, notAfter, err = auth.IssueNode(ctx, tx, s.node, s.who.role, csrDER, g.mod.CertLifetime())
 		return err
 	})
 	if errors.Is(err, errRenewRefused) {

@@ -37,6 +37,8 @@ type Config struct {
 	MaxBackoff time.Duration
 	// Extensions carry out the command and desired-state kinds of modules (agent/ext).
 	Extensions []ext.Extension
+	// Reports, if set, is the queue of module reports the sessions send (NewReports).
+	Reports *Reports
 }
 
 // Agent runs a node's session, reconnecting until stopped.
@@ -268,6 +270,13 @@ func (s *nodeSession) run(ctx context.Context, addr string) error {
 		defer s.wg.Done()
 		s.beat(ctx)
 	}()
+	if r := a.cfg.Reports; r != nil {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.sendReports(ctx, r, time.Now())
+		}()
+	}
 	for {
 		m, err := s.st.Recv()
 		if err != nil {
@@ -406,6 +415,10 @@ func (s *nodeSession) handle(ctx context.Context, m *agentv1.ServerMessage) erro
 			return err
 		}
 		s.updatePending()
+	case *agentv1.ServerMessage_ReportAck:
+		if r := a.cfg.Reports; r != nil {
+			r.acked(b.ReportAck.GetId(), b.ReportAck.GetError())
+		}
 	case *agentv1.ServerMessage_Renewed:
 		return s.renewed(b.Renewed)
 	case *agentv1.ServerMessage_HeartbeatAck:
@@ -478,7 +491,7 @@ func (s *nodeSession) carryOut(ctx context.Context, c *agentv1.Command) (map[str
 		return hw.Diag(ctx, args.Test, args.Seconds)
 	}
 	if run, ok := s.a.exts.Command(c.GetKind()); ok {
-		return run(ctx, c.GetArgs().AsMap())
+		return run(ext.WithSecret(ctx, c.GetSecret()), c.GetArgs().AsMap())
 	}
 	return nil, fmt.Errorf("unknown command kind %q", c.GetKind())
 }

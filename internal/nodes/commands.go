@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -25,15 +26,18 @@ const CommandsChannel = "compute_commands"
 // migration send it).
 const DesiredChannel = "compute_desired"
 
-const commandColumns = `id::text, tenant_id, node_id::text, kind, args, state, deadline, result, error, attempts, created_by, created_at, dispatched_at, finished_at`
+const commandColumns = `id::text, tenant_id, node_id::text, kind, args, state, deadline, result, error, attempts, created_by, created_at, dispatched_at, finished_at, secret IS NOT NULL`
 
 func scanCommand(row pgx.Row) (api.Command, error) {
 	var c api.Command
 	var args, result []byte
-	err := row.Scan(&c.ID, &c.TenantID, &c.NodeID, &c.Kind, &args, &c.State, &c.Deadline, &result, &c.Error, &c.Attempts, &c.CreatedBy, &c.CreatedAt, &c.DispatchedAt, &c.FinishedAt)
+	err := row.Scan(&c.ID, &c.TenantID, &c.NodeID, &c.Kind, &args, &c.State, &c.Deadline, &result, &c.Error, &c.Attempts, &c.CreatedBy, &c.CreatedAt, &c.DispatchedAt, &c.FinishedAt, &c.SecretSet)
 	c.Args, c.Result = args, result
 	return c, err
 }
+
+// SecretPurpose binds a command's sealed secret to the command.
+func SecretPurpose(commandID string) string { return "command-secret:" + commandID }
 
 // coreCommandKinds are the kinds every node carries out; modules register theirs the same way.
 func coreCommandKinds() []modules.CommandKind {
@@ -72,9 +76,16 @@ func QueueCommand(ctx context.Context, c *modules.Call, reg *modules.Registry, i
 	if in.Deadline != "" {
 		deadline, _ = api.ParseDuration("deadline", in.Deadline)
 	}
-	cmd, err := scanCommand(c.Tx.QueryRow(ctx, `INSERT INTO compute.commands (id, tenant_id, node_id, kind, args, deadline, created_by)
-		VALUES ($1, $2, $3, $4, $5, compute.compute_now() + make_interval(secs => $6), $7) RETURNING `+commandColumns,
-		fleet.NewID(), c.Target.TenantID, node.ResourceID, in.Kind, []byte(args), deadline.Seconds(), c.Principal.ID))
+	id := fleet.NewID()
+	var secret []byte
+	if len(in.Secret) > 0 {
+		if secret, err = c.Runtime.Secrets.Seal(SecretPurpose(id), in.Secret); err != nil {
+			return api.Command{}, err
+		}
+	}
+	cmd, err := scanCommand(c.Tx.QueryRow(ctx, `INSERT INTO compute.commands (id, tenant_id, node_id, kind, args, deadline, created_by, secret)
+		VALUES ($1, $2, $3, $4, $5, compute.compute_now() + make_interval(secs => $6), $7, $8) RETURNING `+commandColumns,
+		id, c.Target.TenantID, node.ResourceID, in.Kind, []byte(args), deadline.Seconds(), c.Principal.ID, secret))
 	if err != nil {
 		return cmd, err
 	}
@@ -135,7 +146,7 @@ func registerCommands(r *modules.Registry) {
 			return commandTarget(ctx, l, in.Command)
 		},
 		func(ctx context.Context, c *modules.Call, in api.CancelCommand) (api.Command, error) {
-			cmd, err := scanCommand(c.Tx.QueryRow(ctx, `UPDATE compute.commands SET state = 'cancelled', finished_at = compute.compute_now()
+			cmd, err := scanCommand(c.Tx.QueryRow(ctx, `UPDATE compute.commands SET state = 'cancelled', finished_at = compute.compute_now(), secret = NULL
 				WHERE id = $1 AND tenant_id = $2 AND state IN ('pending', 'dispatched') RETURNING `+commandColumns, in.Command, c.Target.TenantID))
 			if err == nil {
 				err = events.Emit(ctx, c.Tx, "command.finished", cmd.TenantID, cmd.ID, map[string]any{
@@ -184,31 +195,38 @@ func checkReset(ctx context.Context, q postgres.Querier, node string, raw json.R
 		Details: map[string]any{"reason": "gpu_held", "reservation": holder}}
 }
 
+// Dispatched is a command on its way to its node, with its secret still sealed
+// (SecretPurpose): the gateway opens it only to send it.
+type Dispatched struct {
+	api.Command
+	SealedSecret []byte
+}
+
 // Dispatch marks a node's pending commands dispatched and returns them, oldest first. With
 // resend it also returns those dispatched before that never finished: a node that reconnects
 // gets them again and recognises the ones it has seen by their ids.
-func Dispatch(ctx context.Context, q postgres.Querier, nodeID string, resend bool) ([]api.Command, error) {
+func Dispatch(ctx context.Context, q postgres.Querier, nodeID string, resend bool) ([]Dispatched, error) {
 	rows, err := q.Query(ctx, `UPDATE compute.commands SET state = 'dispatched',
 		  dispatched_at = coalesce(dispatched_at, compute.compute_now()), attempts = attempts + 1
 		WHERE node_id = $1 AND (state = 'pending' OR ($2 AND state = 'dispatched')) AND deadline > compute.compute_now()
-		RETURNING `+commandColumns, nodeID, resend)
+		RETURNING secret, `+commandColumns, nodeID, resend)
 	if err != nil {
 		return nil, err
 	}
-	cmds, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (api.Command, error) { return scanCommand(r) })
+	cmds, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Dispatched, error) {
+		var d Dispatched
+		var args, result []byte
+		c := &d.Command
+		err := r.Scan(&d.SealedSecret, &c.ID, &c.TenantID, &c.NodeID, &c.Kind, &args, &c.State, &c.Deadline, &result, &c.Error, &c.Attempts,
+			&c.CreatedBy, &c.CreatedAt, &c.DispatchedAt, &c.FinishedAt, &c.SecretSet)
+		c.Args, c.Result = args, result
+		return d, err
+	})
 	if err != nil {
 		return nil, err
 	}
-	sortCommands(cmds)
+	slices.SortStableFunc(cmds, func(a, b Dispatched) int { return a.CreatedAt.Compare(b.CreatedAt) })
 	return cmds, nil
-}
-
-func sortCommands(cmds []api.Command) {
-	for i := 1; i < len(cmds); i++ {
-		for j := i; j > 0 && cmds[j].CreatedAt.Before(cmds[j-1].CreatedAt); j-- {
-			cmds[j], cmds[j-1] = cmds[j-1], cmds[j]
-		}
-	}
 }
 
 // Completed is what Complete recorded: the command's kind and how long it took from its
@@ -228,7 +246,7 @@ func Complete(ctx context.Context, q postgres.Querier, nodeID, id string, ok boo
 	if output == nil {
 		output = []byte("{}")
 	}
-	done, err := events.EmitChanged(ctx, q, "command.finished", `UPDATE compute.commands SET state = $3, result = $4, error = $5, finished_at = compute.compute_now()
+	done, err := events.EmitChanged(ctx, q, "command.finished", `UPDATE compute.commands SET state = $3, result = $4, error = $5, finished_at = compute.compute_now(), secret = NULL
 		WHERE id = $1 AND node_id = $2 AND state IN ('pending', 'dispatched') RETURNING `+finishedEvent, id, nodeID, state, output, errText)
 	if err != nil || len(done) == 0 {
 		return Completed{}, false, err
@@ -245,7 +263,7 @@ const finishedEvent = `tenant_id, id::text AS subject, jsonb_build_object('node'
 
 // FailOverdueCommands fails the commands whose deadline passed before a result came.
 func FailOverdueCommands(ctx context.Context, q postgres.Querier) (int64, error) {
-	done, err := events.EmitChanged(ctx, q, "command.finished", `UPDATE compute.commands SET state = 'failed', finished_at = compute.compute_now(),
+	done, err := events.EmitChanged(ctx, q, "command.finished", `UPDATE compute.commands SET state = 'failed', finished_at = compute.compute_now(), secret = NULL,
 		  error = CASE WHEN state = 'pending' THEN 'deadline exceeded: the node was not reached' ELSE 'deadline exceeded: the node did not report a result' END
 		WHERE state IN ('pending', 'dispatched') AND deadline <= compute.compute_now() RETURNING `+finishedEvent)
 	return int64(len(done)), err

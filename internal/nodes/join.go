@@ -1,6 +1,7 @@
 package nodes
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -19,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	agentv1 "github.com/better-compute/compute/agent/v1"
+	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/internal/events"
 	"github.com/better-compute/compute/internal/fleet"
 	"github.com/better-compute/compute/internal/pki"
@@ -73,18 +75,19 @@ func (m *Module) Join(ctx context.Context, req *agentv1.JoinRequest) (*agentv1.J
 		if adm.NodeID != "" {
 			scoped = &adm.NodeID
 		}
-		nodeID, err := admit(ctx, tx, claim{pool: pool, name: name, facts: facts, secret: secret, scoped: scoped})
+		role := cmp.Or(adm.Role, api.RoleNode)
+		nodeID, err := admit(ctx, tx, claim{pool: pool, name: name, role: role, facts: facts, secret: secret, scoped: scoped})
 		if err != nil {
 			return err
 		}
-		der, notAfter, err := auth.IssueNode(ctx, tx, nodeID, req.GetCsrDer(), m.cfg.CertLifetime)
+		der, notAfter, err := auth.IssueNode(ctx, tx, nodeID, role, req.GetCsrDer(), m.cfg.CertLifetime)
 		if err != nil {
 			return connect.NewError(connect.CodeInvalidArgument, err)
 		}
 		if _, err := tx.Exec(ctx, `INSERT INTO compute.node_desired (node_id) VALUES ($1) ON CONFLICT DO NOTHING`, nodeID); err != nil {
 			return err
 		}
-		if err := events.Emit(ctx, tx, "node.joined", tenant, nodeID, map[string]any{"pool": pool, "name": name}); err != nil {
+		if err := events.Emit(ctx, tx, "node.joined", tenant, nodeID, map[string]any{"pool": pool, "name": name, "role": role}); err != nil {
 			return err
 		}
 		resp = &agentv1.JoinResponse{
@@ -152,6 +155,7 @@ func TakeoverSecret(csr *x509.CertificateRequest) ([]byte, error) {
 // claim is what a join asks for: a name in a pool, with what it can prove.
 type claim struct {
 	pool, name string
+	role       string
 	facts      *agentv1.MachineFacts
 	secret     []byte  // the takeover secret from the CSR, if any
 	scoped     *string // the node a takeover token was issued for, if it was
@@ -165,11 +169,11 @@ var ErrTakeoverProof = errors.New("takeover needs proof")
 // it holds a join token an operator issued for that node. A name and a machine id are not proof:
 // anyone can read them. The old node's certificates are revoked.
 func admit(ctx context.Context, tx pgx.Tx, c claim) (string, error) {
-	var id, state, machine string
+	var id, state, role, machine string
 	var stored []byte
-	err := tx.QueryRow(ctx, `SELECT n.id::text, n.state, coalesce(n.facts->>'machineId', ''), s.secret_hash FROM compute.nodes n
+	err := tx.QueryRow(ctx, `SELECT n.id::text, n.state, n.role, coalesce(n.facts->>'machineId', ''), s.secret_hash FROM compute.nodes n
 		LEFT JOIN compute.node_takeover_secrets s ON s.node_id = n.id
-		WHERE n.pool_id = $1 AND n.name = $2 FOR UPDATE OF n`, c.pool, c.name).Scan(&id, &state, &machine, &stored)
+		WHERE n.pool_id = $1 AND n.name = $2 FOR UPDATE OF n`, c.pool, c.name).Scan(&id, &state, &role, &machine, &stored)
 	f := c.facts
 	factMap := map[string]any{"hostname": f.GetHostname(), "machineId": f.GetMachineId(), "os": f.GetOs(),
 		"kernel": f.GetKernel(), "arch": f.GetArch(), "agentVersion": f.GetAgentVersion()}
@@ -178,13 +182,16 @@ func admit(ctx context.Context, tx pgx.Tx, c claim) (string, error) {
 		if c.scoped != nil {
 			return "", connect.NewError(connect.CodePermissionDenied, fmt.Errorf("this join token only takes over node %s; the pool has no node named %q", *c.scoped, c.name))
 		}
-		n, err := fleet.InsertNode(ctx, tx, fleet.NewNode{PoolID: c.pool, Name: c.name, Facts: factMap})
+		n, err := fleet.InsertNode(ctx, tx, fleet.NewNode{PoolID: c.pool, Name: c.name, Role: c.role, Facts: factMap})
 		if err != nil {
 			return "", err
 		}
 		return n.ID, setTakeoverSecret(ctx, tx, n.ID, c.secret)
 	case err != nil:
 		return "", err
+	case role != c.role:
+		// A site token does not make a node a site agent, nor a join token a site agent a node.
+		return "", connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("the pool has a %s named %q, and this token admits a %s; give this machine another hostname", role, c.name, c.role))
 	case state == "retired":
 		return "", connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("the pool has a retired node named %q; give this machine another hostname", c.name))
 	case c.scoped == nil && (machine == "" || machine != f.GetMachineId()):

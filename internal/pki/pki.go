@@ -165,9 +165,10 @@ func (a *Authority) Certificate() *x509.Certificate { return a.cert }
 // Pool is a pool holding only the CA, for verifying peers.
 func (a *Authority) Pool() *x509.CertPool { return a.pool }
 
-// IssueNode signs a client certificate for node nodeID from a CSR, valid for lifetime, and
-// records it. The key stays with the node: only its public half is in the CSR.
-func (a *Authority) IssueNode(ctx context.Context, q postgres.Querier, nodeID string, csrDER []byte, lifetime time.Duration) (certDER []byte, notAfter time.Time, err error) {
+// IssueNode signs a client certificate for node nodeID of role (api.RoleNode, api.RoleSite: its
+// organizational unit, checked at every session) from a CSR, valid for lifetime, and records it.
+// The key stays with the node: only its public half is in the CSR.
+func (a *Authority) IssueNode(ctx context.Context, q postgres.Querier, nodeID, role string, csrDER []byte, lifetime time.Duration) (certDER []byte, notAfter time.Time, err error) {
 	csr, err := x509.ParseCertificateRequest(csrDER)
 	if err != nil {
 		return nil, time.Time{}, fmt.Errorf("pki: the CSR does not parse: %w", err)
@@ -191,7 +192,7 @@ func (a *Authority) IssueNode(ctx context.Context, q postgres.Querier, nodeID st
 	now := time.Now()
 	tmpl := &x509.Certificate{
 		SerialNumber: serial(),
-		Subject:      pkix.Name{CommonName: "node/" + nodeID, Organization: []string{"Better Compute"}},
+		Subject:      pkix.Name{CommonName: "node/" + nodeID, Organization: []string{"Better Compute"}, OrganizationalUnit: []string{role}},
 		URIs:         []*url.URL{uri},
 		NotBefore:    now.Add(-5 * time.Minute),
 		NotAfter:     now.Add(lifetime),
@@ -257,6 +258,15 @@ func NodeID(cert *x509.Certificate) (string, error) {
 		}
 	}
 	return "", errors.New("pki: the certificate names no node")
+}
+
+// Role returns the role a node's certificate was issued for: its organizational unit, or
+// "node" for a certificate issued before roles.
+func Role(cert *x509.Certificate) string {
+	if ou := cert.Subject.OrganizationalUnit; len(ou) == 1 && ou[0] != "" {
+		return ou[0]
+	}
+	return "node"
 }
 
 // Check verifies, for a peer whose chain the TLS stack has already verified against the CA,

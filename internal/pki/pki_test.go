@@ -61,7 +61,7 @@ func TestIssueCheckRevoke(t *testing.T) {
 	}
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	csr, _ := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
-	der, _, err := ca.IssueNode(ctx, db.Pool, "node-1", csr, 0)
+	der, _, err := ca.IssueNode(ctx, db.Pool, "node-1", "node", csr, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +81,7 @@ func TestIssueCheckRevoke(t *testing.T) {
 	// A CSR whose signature was tampered with is refused.
 	bad := append([]byte(nil), csr...)
 	bad[len(bad)-3] ^= 0xff
-	if _, _, err := ca.IssueNode(ctx, db.Pool, "node-2", bad, 0); err == nil {
+	if _, _, err := ca.IssueNode(ctx, db.Pool, "node-2", "node", bad, 0); err == nil {
 		t.Fatal("a tampered CSR was signed")
 	}
 }

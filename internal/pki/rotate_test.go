@@ -74,7 +74,7 @@ func TestRevocationsInMemory(t *testing.T) {
 	issue := func(node string) *x509.Certificate {
 		key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 		csr, _ := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
-		der, _, err := ca.IssueNode(ctx, db.Pool, node, csr, 0)
+		der, _, err := ca.IssueNode(ctx, db.Pool, node, "node", csr, 0)
 		if err != nil {
 			t.Fatal(err)
 		}

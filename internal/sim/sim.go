@@ -48,7 +48,9 @@ type Node struct {
 	Hardware  *nodeagent.FakeHardware
 	Store     *nodeagent.MemoryStore
 	Converger *nodeagent.RecordingConverger
-	agent     *nodeagent.Agent
+	// Reports is the node's queue of module reports: a test reports through it as an extension would.
+	Reports *nodeagent.Reports
+	agent   *nodeagent.Agent
 
 	mu     sync.Mutex
 	cancel context.CancelFunc
@@ -90,7 +92,7 @@ func Start(ctx context.Context, o Options) (*Fleet, error) {
 	for i := range o.Nodes {
 		name := fmt.Sprintf("%s-%05d", o.Prefix, i)
 		n := &Node{Name: name, Hardware: nodeagent.NewFakeHardware(name, o.GPUs, o.Model),
-			Store: nodeagent.NewMemoryStore(), Converger: &nodeagent.RecordingConverger{}, parent: ctx}
+			Store: nodeagent.NewMemoryStore(), Converger: &nodeagent.RecordingConverger{}, Reports: nodeagent.NewReports(), parent: ctx}
 		f.Nodes[i] = n
 		jwg.Add(1)
 		go func() {
@@ -105,7 +107,7 @@ func Start(ctx context.Context, o Options) (*Fleet, error) {
 			if err == nil {
 				n.agent, err = nodeagent.New(nodeagent.Config{Store: n.Store, Hardware: n.Hardware, Converger: n.Converger,
 					Logger: o.Logger.With("node", name), Version: o.Version, Facts: facts, Gateway: o.Gateway, MaxBackoff: o.MaxBackoff,
-					Extensions: o.Extensions})
+					Extensions: o.Extensions, Reports: n.Reports})
 			}
 			errs[i] = err
 		}()
