@@ -42,7 +42,9 @@ var ErrReportsFull = errors.New("nodeagent: too many reports wait for the contro
 // RefusedError is a report the control plane refused for good.
 type RefusedError struct{ Kind, Reason string }
 
-func (e *RefusedError) Error() string { return fmt.Sprintf("the control plane refused a %s report: %s", e.Kind, e.Reason) }
+func (e *RefusedError) Error() string {
+	return fmt.Sprintf("the control plane refused a %s report: %s", e.Kind, e.Reason)
+}
 
 // NewReports returns an empty queue; give it to Config.Reports and to the extensions that report.
 func NewReports() *Reports {
