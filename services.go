@@ -54,6 +54,10 @@ func (nodeService) BumpDesired(ctx context.Context, tx pgx.Tx, ids ...string) er
 	return nodes.BumpDesired(ctx, tx, ids...)
 }
 
+func (nodeService) GetCommand(ctx context.Context, q postgres.Querier, id string) (api.Command, error) {
+	return nodes.GetCommand(ctx, q, id)
+}
+
 type fleetService struct{ nm *nodes.Module }
 
 func (fleetService) PoolID(ctx context.Context, q postgres.Querier, tenant, ref string) (string, error) {

@@ -3,9 +3,11 @@ package metal
 import (
 	"net/url"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/metal/siteapi"
 )
 
 // IAM resource types of the module.
@@ -36,15 +38,39 @@ func Methods() []api.MethodInfo {
 
 // Machine is a machine the module reaches through its BMC.
 type Machine struct {
-	ID             string     `json:"id"`
-	TenantID       string     `json:"tenantId"`
-	Name           string     `json:"name"`
-	BMC            BMCInfo    `json:"bmc"`
-	Facts          Facts      `json:"facts"` // what its ramdisk reported, for a machine that asked to join
-	Power          string     `json:"power"` // unknown, on or off, as last read
-	PowerCheckedAt *time.Time `json:"powerCheckedAt,omitempty"`
-	CreatedBy      string     `json:"createdBy"`
-	CreatedAt      time.Time  `json:"createdAt"`
+	ID       string  `json:"id"`
+	TenantID string  `json:"tenantId"`
+	Name     string  `json:"name"`
+	BMC      BMCInfo `json:"bmc"`
+	// Site is the site whose agent (bcd site) reaches its BMC and PXE-boots it; empty: the
+	// control plane's workers reach its BMC themselves, and it is not PXE-booted.
+	Site    string   `json:"site,omitempty"`
+	Profile string   `json:"profile"` // the composition of drivers it is provisioned with (profiles.list)
+	MACs    []string `json:"macs"`    // the NICs it PXE-boots from
+	// State is where its provisioning is: available (wiped, free), deploying, deployed,
+	// releasing (being wiped), failed (a deploy or release failed; machines.release again).
+	State          string        `json:"state"`
+	Image          string        `json:"image,omitempty"`  // the image deployed, or being deployed
+	NodeID         string        `json:"nodeId,omitempty"` // the node its deployed system joined as
+	Task           *TaskProgress `json:"task,omitempty"`   // what its ramdisk is doing, as last reported
+	Facts          Facts         `json:"facts"`            // what its ramdisk reported
+	SeenAt         *time.Time    `json:"seenAt,omitempty"` // when its ramdisk last said hello
+	Power          string        `json:"power"`            // unknown, on or off, as last read
+	PowerCheckedAt *time.Time    `json:"powerCheckedAt,omitempty"`
+	CreatedBy      string        `json:"createdBy"`
+	CreatedAt      time.Time     `json:"createdAt"`
+}
+
+// TaskProgress is a machine's ramdisk task as last reported: wipe, download with bytes of total,
+// verify, boot, done or failed.
+type TaskProgress struct {
+	ID        string    `json:"id"`
+	Kind      string    `json:"kind"`
+	Phase     string    `json:"phase,omitempty"` // empty: not started yet
+	Bytes     int64     `json:"bytes,omitempty"`
+	Total     int64     `json:"total,omitempty"`
+	Error     string    `json:"error,omitempty"`
+	UpdatedAt time.Time `json:"updatedAt,omitzero"`
 }
 
 // BMCInfo is a machine's BMC as the API shows it: never the password.
@@ -86,6 +112,9 @@ type CreateMachine struct {
 	TenantID string   `json:"tenantId,omitempty"`
 	Name     string   `json:"name"`
 	BMC      BMCInput `json:"bmc"`
+	Site     string   `json:"site,omitempty"`    // id or name of the site whose agent reaches it
+	Profile  string   `json:"profile,omitempty"` // default: pxe-<the BMC's driver>
+	MACs     []string `json:"macs,omitempty"`    // its NICs, lowercase aa:bb:cc:dd:ee:ff
 }
 
 // Validate implements the input check.
@@ -93,7 +122,31 @@ func (in CreateMachine) Validate() error {
 	if err := api.ValidateName("name", in.Name); err != nil {
 		return err
 	}
+	if err := validatePlacement(in.Site, in.Profile, in.MACs); err != nil {
+		return err
+	}
 	return in.BMC.Validate()
+}
+
+// validatePlacement checks a machine's site, profile and MACs as given.
+func validatePlacement(site, profile string, macs []string) error {
+	if site != "" {
+		if err := api.ValidateRef("site", site); err != nil {
+			return err
+		}
+	}
+	if profile != "" && !driverRE.MatchString(profile) {
+		return api.InvalidField("profile", "%q is not a profile name (profiles.list)", profile)
+	}
+	if len(macs) > 64 {
+		return api.InvalidField("macs", "at most 64 MAC addresses")
+	}
+	for _, m := range macs {
+		if !siteapi.ValidMAC(m) {
+			return api.InvalidField("macs", "%q is not a MAC address (aa:bb:cc:dd:ee:ff, lowercase)", m)
+		}
+	}
+	return nil
 }
 
 // MachineRef names a machine by id or name.
@@ -163,6 +216,12 @@ type Image struct {
 	Format    string    `json:"format"` // raw, qcow2 or tar
 	SizeBytes int64     `json:"sizeBytes"`
 	SHA256    string    `json:"sha256"`
+	// KernelURL, InitrdURL and Cmdline, when set, boot the written image in place from the
+	// ramdisk (kexec), with Cmdline (its root, its console) and what the deployed system needs
+	// to join; without them the machine reboots into its disk.
+	KernelURL string    `json:"kernelUrl,omitempty"`
+	InitrdURL string    `json:"initrdUrl,omitempty"`
+	Cmdline   string    `json:"cmdline,omitempty"`
 	CreatedBy string    `json:"createdBy"`
 	CreatedAt time.Time `json:"createdAt"`
 }
@@ -175,6 +234,14 @@ type RegisterImage struct {
 	Format    string `json:"format"`
 	SizeBytes int64  `json:"sizeBytes" input:"int8"`
 	SHA256    string `json:"sha256"`
+	KernelURL string `json:"kernelUrl,omitempty"`
+	InitrdURL string `json:"initrdUrl,omitempty"`
+	Cmdline   string `json:"cmdline,omitempty"`
+}
+
+func httpURL(s string) bool {
+	u, err := url.Parse(s)
+	return err == nil && (u.Scheme == "https" || u.Scheme == "http") && u.Host != "" && len(s) <= 2048
 }
 
 var sha256RE = regexp.MustCompile(`^[0-9a-f]{64}$`)
@@ -184,8 +251,22 @@ func (in RegisterImage) Validate() error {
 	if err := api.ValidateName("name", in.Name); err != nil {
 		return err
 	}
-	if u, err := url.Parse(in.URL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || len(in.URL) > 2048 {
+	if !httpURL(in.URL) {
 		return api.InvalidField("url", "%q is not an http or https URL", in.URL)
+	}
+	for field, u := range map[string]string{"kernelUrl": in.KernelURL, "initrdUrl": in.InitrdURL} {
+		if u != "" && !httpURL(u) {
+			return api.InvalidField(field, "%q is not an http or https URL", u)
+		}
+	}
+	if in.InitrdURL != "" && in.KernelURL == "" {
+		return api.InvalidField("kernelUrl", "an initrd needs its kernel")
+	}
+	if err := api.ValidateText("cmdline", in.Cmdline, 1024); err != nil {
+		return err
+	}
+	if strings.ContainsFunc(in.Cmdline, func(r rune) bool { return r < ' ' }) {
+		return api.InvalidField("cmdline", "must be one line of printable text")
 	}
 	if in.Format == "" {
 		return api.InvalidField("format", "is required: raw, qcow2 or tar")

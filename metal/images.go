@@ -9,21 +9,32 @@ import (
 
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/modules"
+	"github.com/better-compute/compute/postgres"
 )
 
-const imageColumns = `id::text, tenant_id, name, url, format, size_bytes, sha256, created_by, created_at`
+const imageColumns = `id::text, tenant_id, name, url, format, size_bytes, sha256, kernel_url, initrd_url, cmdline, created_by, created_at`
 
 func scanImage(row pgx.Row) (Image, error) {
 	var i Image
-	err := row.Scan(&i.ID, &i.TenantID, &i.Name, &i.URL, &i.Format, &i.SizeBytes, &i.SHA256, &i.CreatedBy, &i.CreatedAt)
+	err := row.Scan(&i.ID, &i.TenantID, &i.Name, &i.URL, &i.Format, &i.SizeBytes, &i.SHA256, &i.KernelURL, &i.InitrdURL, &i.Cmdline, &i.CreatedBy, &i.CreatedAt)
+	return i, err
+}
+
+// imageRef finds an image of the tenant by id or name.
+func imageRef(ctx context.Context, q postgres.Querier, tenant, ref string) (Image, error) {
+	i, err := scanImage(q.QueryRow(ctx, `SELECT `+imageColumns+` FROM compute.metal_images WHERE tenant_id = $1 AND (id::text = $2 OR name = $2)
+		ORDER BY (id::text = $2) DESC LIMIT 1`, tenant, ref))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return i, api.NotFound("image", ref)
+	}
 	return i, err
 }
 
 func (m *Module) registerImages(r *modules.Registry) {
 	modules.Handle(r, ImagesRegister, nil, func(ctx context.Context, c *modules.Call, in RegisterImage) (Image, error) {
-		i, err := scanImage(c.Tx.QueryRow(ctx, `INSERT INTO compute.metal_images (id, tenant_id, name, url, format, size_bytes, sha256, created_by)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (tenant_id, name) DO NOTHING RETURNING `+imageColumns,
-			uuid.Must(uuid.NewV7()).String(), c.Target.TenantID, in.Name, in.URL, in.Format, in.SizeBytes, in.SHA256, c.Principal.ID))
+		i, err := scanImage(c.Tx.QueryRow(ctx, `INSERT INTO compute.metal_images (id, tenant_id, name, url, format, size_bytes, sha256, kernel_url, initrd_url, cmdline, created_by)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT (tenant_id, name) DO NOTHING RETURNING `+imageColumns,
+			uuid.Must(uuid.NewV7()).String(), c.Target.TenantID, in.Name, in.URL, in.Format, in.SizeBytes, in.SHA256, in.KernelURL, in.InitrdURL, in.Cmdline, c.Principal.ID))
 		if errors.Is(err, pgx.ErrNoRows) {
 			return i, api.Errorf(api.CodeConflict, "the tenant has an image named %q", in.Name).With("reason", "name_taken")
 		}

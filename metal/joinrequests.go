@@ -3,13 +3,13 @@ package metal
 import (
 	"context"
 	"errors"
-	"regexp"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/metal/siteapi"
 	"github.com/better-compute/compute/modules"
 	"github.com/better-compute/compute/postgres"
 )
@@ -28,40 +28,17 @@ const (
 	EventJoinRejected  = "metal.join_rejected"
 )
 
-// Facts are what a machine's ramdisk reports of it.
-type Facts struct {
-	Serial     string   `json:"serial"`
-	MACs       []string `json:"macs"`
-	BMCAddress string   `json:"bmcAddress,omitempty"`
-	Vendor     string   `json:"vendor,omitempty"`
-	Model      string   `json:"model,omitempty"`
-	CPUs       int      `json:"cpus,omitempty"`
-	MemoryGiB  int      `json:"memoryGiB,omitempty"`
-	Disks      []string `json:"disks,omitempty"` // e.g. "nvme0n1 3.8T"
-}
+// Facts are what a machine's ramdisk reports of it (siteapi's, shared with bcd site and bcd
+// ramdisk): untrusted input, checked by checkFacts.
+type Facts = siteapi.Facts
 
-var macRE = regexp.MustCompile(`^([0-9a-f]{2}:){5}[0-9a-f]{2}$`)
-
-// Validate checks what a site reported: the facts of a machine are untrusted input.
-func (f Facts) Validate() error {
-	if f.Serial == "" || len(f.Serial) > 128 {
-		return api.InvalidField("facts.serial", "is required, at most 128 characters")
-	}
-	if len(f.MACs) == 0 || len(f.MACs) > 64 {
-		return api.InvalidField("facts.macs", "must list the machine's 1 to 64 MAC addresses")
-	}
-	for _, m := range f.MACs {
-		if !macRE.MatchString(m) {
-			return api.InvalidField("facts.macs", "%q is not a MAC address (aa:bb:cc:dd:ee:ff, lowercase)", m)
-		}
-	}
-	for _, s := range append([]string{f.BMCAddress, f.Vendor, f.Model}, f.Disks...) {
-		if err := api.CheckString("facts", s); err != nil || len(s) > 256 {
-			return api.InvalidField("facts", "a value is longer than 256 bytes or not text")
-		}
-	}
-	if f.CPUs < 0 || f.MemoryGiB < 0 || len(f.Disks) > 64 {
-		return api.InvalidField("facts", "cpus and memoryGiB must not be negative, and at most 64 disks")
+// checkFacts validates facts a site reported, as an api error naming the field.
+func checkFacts(f Facts) error {
+	var fe *siteapi.FieldError
+	if err := f.Validate(); errors.As(err, &fe) {
+		return api.InvalidField(fe.Field, "%s", fe.Problem)
+	} else if err != nil {
+		return api.InvalidField("facts", "%v", err)
 	}
 	return nil
 }
@@ -94,12 +71,14 @@ func (in ListJoinRequests) Validate() error {
 }
 
 // ApproveJoinRequest is the input of joinRequests.approve: the request becomes a machine of
-// this name, reached through this BMC.
+// this name, reached through this BMC, provisioned with this profile, at the site it appeared
+// at, booting from the MACs it reported.
 type ApproveJoinRequest struct {
 	TenantID string   `json:"tenantId,omitempty"`
 	Request  string   `json:"request"`
 	Name     string   `json:"name"`
 	BMC      BMCInput `json:"bmc"`
+	Profile  string   `json:"profile,omitempty"` // default: pxe-<the BMC's driver>
 }
 
 // Validate implements the input check.
@@ -108,6 +87,9 @@ func (in ApproveJoinRequest) Validate() error {
 		return api.InvalidField("request", "%q is not a join request's id", in.Request)
 	}
 	if err := api.ValidateName("name", in.Name); err != nil {
+		return err
+	}
+	if err := validatePlacement("", in.Profile, nil); err != nil {
 		return err
 	}
 	return in.BMC.Validate()
@@ -136,11 +118,11 @@ func scanRequest(row pgx.Row) (JoinRequest, error) {
 	return r, err
 }
 
-// SubmitJoinRequest records that a machine not known yet asked to join at site, with its facts,
-// in tx: a new pending request (and its event), or the machine's pending one refreshed. It is the
-// control plane's side of a site agent's report; the site agent (bcd site) is not built yet.
+// SubmitJoinRequest records that a machine not known yet asked to join at site (its id or name),
+// with its facts, in tx: a new pending request (and its event), or the machine's pending one
+// refreshed. A site agent's report of an unknown machine (siteapi.KindMachineSeen) lands here.
 func SubmitJoinRequest(ctx context.Context, tx pgx.Tx, rt *modules.Runtime, tenant, site string, f Facts) (JoinRequest, error) {
-	if err := f.Validate(); err != nil {
+	if err := checkFacts(f); err != nil {
 		return JoinRequest{}, err
 	}
 	if site == "" || len(site) > 253 {
@@ -233,14 +215,19 @@ func decide(ctx context.Context, c *modules.Call, id, state, machine, reason str
 	return req, err
 }
 
-// approve enrolls the machine: a machine row with the request's facts and the BMC given, and
-// the request approved, in the call's one transaction.
+// approve enrolls the machine: a machine row with the request's facts, site and MACs and the
+// BMC given, and the request approved, in the call's one transaction.
 func approve(ctx context.Context, c *modules.Call, in ApproveJoinRequest) (Machine, error) {
 	var facts Facts
-	if err := c.Tx.QueryRow(ctx, `SELECT facts FROM compute.metal_join_requests WHERE id = $1 FOR UPDATE`, in.Request).Scan(&facts); err != nil {
+	var site, state string
+	if err := c.Tx.QueryRow(ctx, `SELECT facts, site, state FROM compute.metal_join_requests WHERE id = $1 FOR UPDATE`, in.Request).Scan(&facts, &site, &state); err != nil {
 		return Machine{}, err
 	}
-	m, err := createMachine(ctx, c, CreateMachine{Name: in.Name, BMC: in.BMC})
+	if state != "pending" {
+		return Machine{}, api.Errorf(api.CodeFailedPrecondition, "the join request was %s already", state).With("reason", "decided")
+	}
+	// The machine is the site's where it appeared, and boots from the MACs it reported.
+	m, err := createMachine(ctx, c, CreateMachine{Name: in.Name, BMC: in.BMC, Site: site, Profile: in.Profile, MACs: facts.MACs})
 	if err != nil {
 		return m, err
 	}

@@ -27,8 +27,9 @@ var migrationsFS embed.FS
 // Migrations is the module's schema.
 var Migrations = postgres.EmbeddedMigrations("metal", "compute", migrationsFS)
 
-// PowerWorkflow carries out machines.power: the action through the machine's BMC, then a wait
-// for the power state it should lead to, recorded on the machine with an event.
+// PowerWorkflow carries out machines.power: the action through the machine's BMC (by its site's
+// agent, for a machine of a site), then a wait for the power state it should lead to, recorded
+// on the machine with an event.
 const PowerWorkflow = "metal.power"
 
 // EventPower is the event of a machine's power read after an action (data: action, power).
@@ -57,9 +58,7 @@ func (m *Module) registerMachines(r *modules.Registry) {
 	modules.Handle(r, MachinesPower, func(ctx context.Context, l modules.Lookup, in PowerMachine) (modules.Target, error) {
 		return machineTarget(ctx, l, MachineRef{TenantID: in.TenantID, Machine: in.Machine})
 	}, powerMachine)
-	modules.Handle(r, MachinesDelete, machineTarget, func(ctx context.Context, c *modules.Call, _ MachineRef) (Machine, error) {
-		return scanMachine(c.Tx.QueryRow(ctx, `DELETE FROM compute.metal_machines WHERE id = $1 RETURNING `+machineColumns, c.Target.ResourceID))
-	})
+	modules.Handle(r, MachinesDelete, machineTarget, deleteMachine)
 	r.Workflow(modules.Workflow{Name: PowerWorkflow, Steps: []modules.Step{
 		{Name: "act", Timeout: 2 * time.Minute, MaxAttempts: 3, Run: powerAct},
 		{Name: "check", Timeout: 2 * time.Minute, Deadline: powerDeadline, Run: powerCheck},
@@ -68,11 +67,19 @@ func (m *Module) registerMachines(r *modules.Registry) {
 	m.registerJoinRequests(r)
 }
 
-const machineColumns = `id::text, tenant_id, name, bmc_driver, bmc_address, bmc_username, facts, power, power_checked_at, created_by, created_at`
+// machineColumns reads a machine with its MACs and its task's last progress (subqueries, so
+// that they also serve in RETURNING).
+const machineColumns = `id::text, tenant_id, name, bmc_driver, bmc_address, bmc_username, coalesce(site_id::text, ''), profile,
+	(SELECT coalesce(array_agg(x.mac ORDER BY x.mac), '{}') FROM compute.metal_macs x WHERE x.machine_id = id), state,
+	coalesce(image_id::text, ''), coalesce(node_id::text, ''),
+	CASE WHEN task IS NOT NULL THEN jsonb_build_object('id', task->>'id', 'kind', task->>'kind') || coalesce((SELECT jsonb_build_object('phase', p.phase,
+	  'bytes', p.bytes, 'total', p.total, 'error', p.error, 'updatedAt', p.updated_at) FROM compute.metal_task_progress p WHERE p.task_id = task->>'id'), '{}') END,
+	facts, seen_at, power, power_checked_at, created_by, created_at`
 
 func scanMachine(row pgx.Row) (Machine, error) {
 	var m Machine
-	err := row.Scan(&m.ID, &m.TenantID, &m.Name, &m.BMC.Driver, &m.BMC.Address, &m.BMC.Username, &m.Facts, &m.Power, &m.PowerCheckedAt, &m.CreatedBy, &m.CreatedAt)
+	err := row.Scan(&m.ID, &m.TenantID, &m.Name, &m.BMC.Driver, &m.BMC.Address, &m.BMC.Username, &m.Site, &m.Profile, &m.MACs, &m.State,
+		&m.Image, &m.NodeID, &m.Task, &m.Facts, &m.SeenAt, &m.Power, &m.PowerCheckedAt, &m.CreatedBy, &m.CreatedAt)
 	m.BMC.PasswordSet = err == nil // every stored machine has one; it is never read back
 	return m, err
 }
@@ -121,18 +128,91 @@ func createMachine(ctx context.Context, c *modules.Call, in CreateMachine) (Mach
 	if err := checkBMC(c.Runtime.Registry, in.BMC); err != nil {
 		return Machine{}, err
 	}
+	profile, err := profileFor(c.Runtime.Registry, in.Profile, in.BMC.Driver)
+	if err != nil {
+		return Machine{}, err
+	}
+	var site *string
+	if in.Site != "" {
+		id, err := siteID(ctx, c.Tx, c.Target.TenantID, in.Site)
+		if err != nil {
+			return Machine{}, err
+		}
+		site = &id
+	}
 	id := uuid.Must(uuid.NewV7()).String()
 	sealed, err := c.Runtime.Secrets.Seal(purpose(id), []byte(in.BMC.Password))
 	if err != nil {
 		return Machine{}, err
 	}
-	m, err := scanMachine(c.Tx.QueryRow(ctx, `INSERT INTO compute.metal_machines (id, tenant_id, name, bmc_driver, bmc_address, bmc_username, bmc_password, created_by)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (tenant_id, name) DO NOTHING RETURNING `+machineColumns,
-		id, c.Target.TenantID, in.Name, in.BMC.Driver, in.BMC.Address, in.BMC.Username, sealed, c.Principal.ID))
-	if errors.Is(err, pgx.ErrNoRows) {
-		return m, api.Errorf(api.CodeConflict, "the tenant has a machine named %q", in.Name).With("reason", "name_taken")
+	tag, err := c.Tx.Exec(ctx, `INSERT INTO compute.metal_machines (id, tenant_id, name, bmc_driver, bmc_address, bmc_username, bmc_password, created_by, site_id, profile)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (tenant_id, name) DO NOTHING`,
+		id, c.Target.TenantID, in.Name, in.BMC.Driver, in.BMC.Address, in.BMC.Username, sealed, c.Principal.ID, site, profile)
+	if err != nil {
+		return Machine{}, err
 	}
-	return m, err
+	if tag.RowsAffected() == 0 {
+		return Machine{}, api.Errorf(api.CodeConflict, "the tenant has a machine named %q", in.Name).With("reason", "name_taken")
+	}
+	if err := setMACs(ctx, c.Tx, id, in.MACs); err != nil {
+		return Machine{}, err
+	}
+	if site != nil {
+		if err := bumpSite(ctx, c.Tx, c.Runtime, *site); err != nil {
+			return Machine{}, err
+		}
+	}
+	return getMachine(ctx, c.Tx, id)
+}
+
+// siteID finds a site of the tenant by id or name. Sites are the core's (sites.create); the
+// module only refers to them.
+func siteID(ctx context.Context, q postgres.Querier, tenant, ref string) (string, error) {
+	var id string
+	err := q.QueryRow(ctx, `SELECT id::text FROM compute.sites WHERE tenant_id = $1 AND (id::text = $2 OR name = $2)`, tenant, ref).Scan(&id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", api.NotFound("site", ref)
+	}
+	return id, err
+}
+
+// setMACs gives a machine its MACs. A MAC is one machine's: another's is a conflict.
+func setMACs(ctx context.Context, tx pgx.Tx, machine string, macs []string) error {
+	if _, err := tx.Exec(ctx, `DELETE FROM compute.metal_macs WHERE machine_id = $1`, machine); err != nil {
+		return err
+	}
+	var taken string
+	err := tx.QueryRow(ctx, `WITH ins AS (INSERT INTO compute.metal_macs (mac, machine_id) SELECT DISTINCT unnest($2::text[]), $1::uuid
+		ON CONFLICT (mac) DO NOTHING RETURNING mac)
+		SELECT m FROM unnest($2::text[]) m WHERE m NOT IN (SELECT mac FROM ins) LIMIT 1`, machine, macs).Scan(&taken)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return api.Errorf(api.CodeConflict, "MAC %s is another machine's", taken).With("reason", "mac_taken")
+}
+
+// deleteMachine forgets a machine that is not deployed, leased or being worked on.
+func deleteMachine(ctx context.Context, c *modules.Call, _ MachineRef) (Machine, error) {
+	m, err := getMachine(ctx, c.Tx, c.Target.ResourceID)
+	if err != nil {
+		return m, err
+	}
+	if m.State != StateAvailable && m.State != StateFailed {
+		return m, api.Errorf(api.CodeFailedPrecondition, "machine %s is %s: release it first", m.Name, m.State).With("reason", m.State)
+	}
+	if _, err := c.Tx.Exec(ctx, `DELETE FROM compute.metal_machines WHERE id = $1`, m.ID); err != nil {
+		if postgres.ErrorCode(err) == postgres.ForeignKeyViolation {
+			return m, api.Errorf(api.CodeFailedPrecondition, "machine %s has leases on record", m.Name).With("reason", "leased")
+		}
+		return m, err
+	}
+	if m.Site != "" {
+		return m, bumpSite(ctx, c.Tx, c.Runtime, m.Site)
+	}
+	return m, nil
 }
 
 func setBMC(ctx context.Context, c *modules.Call, in SetMachineBMC) (Machine, error) {
@@ -188,41 +268,13 @@ func powerMachine(ctx context.Context, c *modules.Call, in PowerMachine) (PowerR
 	return PowerRun{Run: run, Machine: m}, err
 }
 
-// bmcOf reads a machine's BMC, its password opened, and its driver.
-func bmcOf(ctx context.Context, rt *modules.Runtime, id string) (power.Driver, power.BMC, error) {
-	var driver string
-	var b power.BMC
-	var sealed []byte
-	err := rt.DB.Pool.QueryRow(ctx, `SELECT bmc_driver, bmc_address, bmc_username, bmc_password FROM compute.metal_machines WHERE id = $1`, id).
-		Scan(&driver, &b.Address, &b.Username, &sealed)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, b, modules.Permanent(fmt.Errorf("machine %s is gone", id))
-	}
-	if err != nil {
-		return nil, b, err
-	}
-	pw, err := rt.Secrets.Open(purpose(id), sealed)
-	if err != nil {
-		return nil, b, modules.Permanent(fmt.Errorf("open the BMC password of machine %s: %w", id, err))
-	}
-	b.Password = string(pw)
-	d, err := PowerDriver(rt.Registry, driver)
-	if err != nil {
-		return nil, b, modules.Permanent(err)
-	}
-	return d, b, nil
-}
-
 func powerAct(ctx context.Context, s *modules.StepRun) (any, error) {
 	var in powerInput
 	if err := json.Unmarshal(s.Input, &in); err != nil {
 		return nil, modules.Permanent(err)
 	}
-	d, b, err := bmcOf(ctx, s.Runtime, in.Machine)
-	if err != nil {
-		return nil, err
-	}
-	return nil, d.Set(ctx, b, power.Action(in.Action))
+	_, err := bmcOps(ctx, s, in.Machine, []power.Op{{Op: power.OpPower, Action: power.Action(in.Action)}})
+	return nil, err
 }
 
 func powerCheck(ctx context.Context, s *modules.StepRun) (any, error) {
@@ -234,14 +286,11 @@ func powerCheck(ctx context.Context, s *modules.StepRun) (any, error) {
 	if slices.Contains([]string{"off", "soft"}, in.Action) {
 		want = power.Off
 	}
-	d, b, err := bmcOf(ctx, s.Runtime, in.Machine)
+	out, err := bmcOps(ctx, s, in.Machine, []power.Op{{Op: power.OpState}})
 	if err != nil {
 		return nil, err
 	}
-	got, err := d.State(ctx, b)
-	if err != nil {
-		return nil, err
-	}
+	got := out.Power
 	if got != want {
 		return nil, modules.Wait(time.Second, fmt.Sprintf("the machine is %s; waiting for it to be %s", got, want))
 	}

@@ -208,6 +208,9 @@ func TestJoinRequestsAreApprovedIntoMachines(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if _, err := env.Compute.API.Sites.Create(ctx, env.RootKey, api.CreateSite{Name: "fra1"}); err != nil {
+		t.Fatal(err)
+	}
 	submit := func(f metal.Facts) (metal.JoinRequest, error) {
 		var r metal.JoinRequest
 		err := env.DB.Tx(ctx, func(tx pgx.Tx) error {
@@ -246,8 +249,9 @@ func TestJoinRequestsAreApprovedIntoMachines(t *testing.T) {
 	}
 
 	mach, err := client.Call(ctx, cl, metal.JoinRequestsApprove, metal.ApproveJoinRequest{Request: first.ID, Name: "fra1-r3-u12", BMC: bmc})
-	if err != nil || mach.Facts.Serial != "SN-0042" || mach.Facts.MemoryGiB != 1024 || !mach.BMC.PasswordSet {
-		t.Fatalf("approve = %+v, %v", mach, err)
+	if err != nil || mach.Facts.Serial != "SN-0042" || mach.Facts.MemoryGiB != 1024 || !mach.BMC.PasswordSet || mach.Site == "" ||
+		len(mach.MACs) != 1 || mach.MACs[0] != "52:54:00:12:34:56" || mach.Profile != "pxe-ipmi" || mach.State != metal.StateAvailable {
+		t.Fatalf("approve = %+v, %v; want the machine at the site, booting from its MAC, with the default profile", mach, err)
 	}
 	if _, err := client.Call(ctx, cl, metal.JoinRequestsApprove, metal.ApproveJoinRequest{Request: first.ID, Name: "twice", BMC: bmc}); api.CodeOf(err) != api.CodeFailedPrecondition {
 		t.Errorf("approving twice: %v, want failed_precondition", err)

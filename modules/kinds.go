@@ -373,8 +373,8 @@ type Report struct {
 func (r *Registry) ReportKind(ks ...ReportKind) {
 	for _, k := range ks {
 		switch {
-		case !api.ValidKind(k.Name):
-			r.fail(fmt.Errorf("report kind %q: must be dotted lower-case words, e.g. metal.task_progress", k.Name))
+		case !eventTypeRE.MatchString(k.Name):
+			r.fail(fmt.Errorf("report kind %q: must be dotted lower-case words (letters and _), e.g. metal.task_progress", k.Name))
 		case k.Handle == nil:
 			r.fail(fmt.Errorf("report kind %s needs a Handle function", k.Name))
 		case r.reports[k.Name] != nil:

@@ -32,6 +32,9 @@ type Nodes interface {
 	// BumpDesired moves the desired-state generation of nodes, so that their gateways push the
 	// state again (with every registered DesiredKind's part) once tx commits.
 	BumpDesired(ctx context.Context, tx pgx.Tx, nodeIDs ...string) error
+	// GetCommand reads a command (its state, result and error), of any tenant: a module reads
+	// the commands it queued.
+	GetCommand(ctx context.Context, q postgres.Querier, id string) (api.Command, error)
 }
 
 // Fleet looks up sites, pools and nodes.
@@ -48,7 +51,8 @@ type Fleet interface {
 	CAHash() (string, error)
 	// PoolSite returns the id of the site of a pool, "" when it has none.
 	PoolSite(ctx context.Context, q postgres.Querier, poolID string) (string, error)
-	// SiteAgents returns the ids of the site agents (nodes of role site, not retired) of a site.
+	// SiteAgents returns the ids of the site agents (nodes of role site, not retired) of a site,
+	// the online ones first.
 	SiteAgents(ctx context.Context, q postgres.Querier, siteID string) ([]string, error)
 }
 

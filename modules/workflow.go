@@ -19,6 +19,20 @@ import (
 type Workflow struct {
 	Name  string // e.g. "metal.deploy"; also the event data's workflow
 	Steps []Step
+	// OnEnd, if set, runs in the transaction that ends a run (succeeded, failed or cancelled),
+	// so that what the run was about is never left half-way: a machine whose deploy failed is
+	// marked failed in the same commit. An error it returns rolls that end back, to be tried
+	// again.
+	OnEnd func(ctx context.Context, tx pgx.Tx, e *RunEnd) error
+}
+
+// RunEnd is a run that is ending.
+type RunEnd struct {
+	RunID, Workflow, TenantID, Subject string
+	Input                              json.RawMessage
+	State                              string // succeeded, failed or cancelled
+	Error                              string // why it failed
+	Runtime                            *Runtime
 }
 
 // Step is one step of a workflow. Run must be idempotent: a step whose process died before its

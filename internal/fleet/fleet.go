@@ -147,7 +147,7 @@ func PoolSite(ctx context.Context, q postgres.Querier, poolID string) (string, e
 // SiteAgents returns the site agents of a site: the nodes of role site, not retired, in its pools.
 func SiteAgents(ctx context.Context, q postgres.Querier, siteID string) ([]string, error) {
 	rows, err := q.Query(ctx, `SELECT n.id::text FROM compute.nodes n JOIN compute.pools p ON p.id = n.pool_id
-		WHERE p.site_id = $1 AND n.role = 'site' AND n.state <> 'retired' ORDER BY n.id`, siteID)
+		WHERE p.site_id = $1 AND n.role = 'site' AND n.state <> 'retired' ORDER BY n.status = 'online' DESC, n.id`, siteID)
 	if err != nil {
 		return nil, err
 	}

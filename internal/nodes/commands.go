@@ -36,6 +36,15 @@ func scanCommand(row pgx.Row) (api.Command, error) {
 	return c, err
 }
 
+// GetCommand reads a command by id.
+func GetCommand(ctx context.Context, q postgres.Querier, id string) (api.Command, error) {
+	c, err := scanCommand(q.QueryRow(ctx, `SELECT `+commandColumns+` FROM compute.commands WHERE id = $1`, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return c, api.NotFound("command", id)
+	}
+	return c, err
+}
+
 // SecretPurpose binds a command's sealed secret to the command.
 func SecretPurpose(commandID string) string { return "command-secret:" + commandID }
 

@@ -159,9 +159,10 @@ func (s Service) emit(ctx context.Context, q postgres.Querier, typ, tenant, run,
 func (s Service) Cancel(ctx context.Context, tx pgx.Tx, runID string) error {
 	var tenant, workflow, subject, step string
 	var job *int64
+	var input json.RawMessage
 	err := tx.QueryRow(ctx, `UPDATE compute.workflow_runs r SET state = 'cancelled', finished_at = compute.compute_now()
 		FROM compute.workflow_steps s WHERE r.id = $1 AND r.state = 'running' AND s.run_id = r.id AND s.n = r.step
-		RETURNING r.tenant_id, r.workflow, r.subject, s.name, r.job_id`, runID).Scan(&tenant, &workflow, &subject, &step, &job)
+		RETURNING r.tenant_id, r.workflow, r.subject, s.name, r.job_id, r.input`, runID).Scan(&tenant, &workflow, &subject, &step, &job, &input)
 	if errors.Is(err, pgx.ErrNoRows) {
 		var state string
 		if err := tx.QueryRow(ctx, `SELECT state FROM compute.workflow_runs WHERE id = $1`, runID).Scan(&state); errors.Is(err, pgx.ErrNoRows) {
@@ -183,7 +184,24 @@ func (s Service) Cancel(ctx context.Context, tx pgx.Tx, runID string) error {
 			return err
 		}
 	}
+	if err := s.onEnd(ctx, tx, &modules.RunEnd{RunID: runID, Workflow: workflow, TenantID: tenant, Subject: subject, Input: input,
+		State: api.WorkflowCancelled}); err != nil {
+		return err
+	}
 	return s.emit(ctx, tx, EventCancelled, tenant, runID, workflow, subject, step, nil)
+}
+
+// onEnd runs the workflow's OnEnd hook, if it has one, in the transaction ending the run.
+func (s Service) onEnd(ctx context.Context, tx pgx.Tx, e *modules.RunEnd) error {
+	wf, ok := s.RT.Registry.LookupWorkflow(e.Workflow)
+	if !ok || wf.OnEnd == nil {
+		return nil
+	}
+	e.Runtime = s.RT
+	if err := wf.OnEnd(ctx, tx, e); err != nil {
+		return fmt.Errorf("workflow %s: the end of run %s: %w", e.Workflow, e.RunID, err)
+	}
+	return nil
 }
 
 // stepper works step jobs.
@@ -376,9 +394,17 @@ func (w *stepper) fail(ctx context.Context, j *river.Job[stepArgs], wf modules.W
 
 // finish ends a running run in state, with its event.
 func (w *stepper) finish(ctx context.Context, tx pgx.Tx, wf modules.Workflow, step string, r run, runID, state, why string) error {
-	tag, err := tx.Exec(ctx, `UPDATE compute.workflow_runs SET state = $2, error = $3, job_id = NULL, finished_at = compute.compute_now()
-		WHERE id = $1 AND state = 'running'`, runID, state, why)
-	if err != nil || tag.RowsAffected() == 0 {
+	var input json.RawMessage
+	err := tx.QueryRow(ctx, `UPDATE compute.workflow_runs SET state = $2, error = $3, job_id = NULL, finished_at = compute.compute_now()
+		WHERE id = $1 AND state = 'running' RETURNING input`, runID, state, why).Scan(&input)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if err := (Service{RT: w.rt}).onEnd(ctx, tx, &modules.RunEnd{RunID: runID, Workflow: wf.Name, TenantID: r.tenant, Subject: r.subject,
+		Input: input, State: state, Error: why}); err != nil {
 		return err
 	}
 	typ, more := EventSucceeded, map[string]any(nil)
