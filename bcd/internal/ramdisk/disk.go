@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 )
@@ -74,7 +75,7 @@ func openDisk(path string, write bool) (*target, error) {
 	}
 	size := st.Size()
 	if block {
-		if size, err = f.Seek(0, 2); err != nil {
+		if size, err = f.Seek(0, io.SeekEnd); err != nil {
 			f.Close()
 			return nil, fmt.Errorf("ramdisk: size of disk %s: %w", path, err)
 		}

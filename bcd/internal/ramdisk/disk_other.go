@@ -11,7 +11,7 @@ import (
 
 var errNotLinux = errors.New("not supported outside Linux")
 
-func discard(*os.File, int64, int64) error { return errNotLinux }
+func discard(*os.File, int64, int64) error   { return errNotLinux }
 func rereadPartitions(*os.File) error        { return nil }
 func dropCache(*os.File, int64, int64) error { return nil }
 func isBusy(error) bool                      { return false }

@@ -168,7 +168,7 @@ func Verify(ctx context.Context, disk string, img siteapi.Image) error {
 	defer d.f.Close()
 	_ = dropCache(d.f, 0, img.SizeBytes) // best effort: a read from memory still checks the writes
 	h := sha256.New()
-	n, err := io.Copy(h, &ctxReader{ctx: ctx, r: io.LimitReader(d.f, img.SizeBytes)})
+	n, err := io.Copy(h, &ctxReader{ctx: ctx, r: io.NewSectionReader(d.f, 0, img.SizeBytes)})
 	if err != nil {
 		return fmt.Errorf("ramdisk: verify %s: reading it back after %d bytes: %w", disk, n, err)
 	}
