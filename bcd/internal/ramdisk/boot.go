@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -80,27 +79,16 @@ func (a *Agent) download(ctx context.Context, ref, path string) (string, error) 
 }
 
 func (a *Agent) downloadOnce(ctx context.Context, u, path string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	resp, body, err := get(ctx, a.cfg.Client, u, StallTimeout)
 	if err != nil {
-		return fmt.Errorf("ramdisk: download %s: %w", u, err)
+		return fmt.Errorf("ramdisk: download: %w", err)
 	}
-	resp, err := a.cfg.Client.Do(req)
-	if err != nil {
-		return transient(fmt.Errorf("ramdisk: download %s: %w", u, err))
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		err := fmt.Errorf("ramdisk: download %s: %s", u, resp.Status)
-		if retryStatus(resp.StatusCode) {
-			return transient(err)
-		}
-		return err
-	}
+	defer body.Close()
 	f, err := os.Create(path)
 	if err != nil {
 		return fmt.Errorf("ramdisk: download %s: %w", u, err)
 	}
-	n, err := io.Copy(f, io.LimitReader(resp.Body, maxBootFile+1))
+	n, err := io.Copy(f, io.LimitReader(body, maxBootFile+1))
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}

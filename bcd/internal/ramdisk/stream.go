@@ -24,30 +24,37 @@ const (
 	ProgressInterval = time.Second
 )
 
+// StallTimeout is how long a download may receive nothing before it is given up (and, for a
+// deploy, started over): a connection that hangs must not hang the ramdisk.
+const StallTimeout = time.Minute
+
 // streamBuffer is how much Stream reads before each write: large writes, few syscalls.
 const streamBuffer = 4 << 20
 
-// progressEvery is how often stream reports progress.
-type progressEvery struct {
-	bytes    int64
-	interval time.Duration
+// streamOptions are Stream's pace: how often it reports progress and when it gives up on a
+// silent site. Tests shorten them.
+type streamOptions struct {
+	progressBytes    int64
+	progressInterval time.Duration
+	stall            time.Duration
 }
 
 // Stream writes a raw image to disk as it downloads it: a GET of src (the site's
 // <site>/images/<sha256>), written from the disk's first byte through a SHA-256 hasher, then
 // synced; the byte count must be img.SizeBytes and the digest img.SHA256. progress, if not
-// nil, is called with the bytes written so far (see ProgressBytes). A format other than raw,
-// or an image that does not fit the disk, is refused. On any error once the disk is open (the
-// site's answer, a read cut short, too many or too few bytes, another digest, a failed write)
-// the disk is wiped as by Wipe before Stream returns, so a partial or wrong image never boots;
-// the error names what differed. A retry starts over.
+// nil, is called with the bytes written so far (see ProgressBytes). A format other than raw is
+// refused before anything is fetched or written, and so is an image larger than the block
+// device. On any error once the disk is open (the site's answer, a read cut short or stalled
+// for StallTimeout, too many or too few bytes, another digest, a failed write) the disk is
+// wiped as by Wipe before Stream returns, so a partial or wrong image never boots; the error
+// names what differed. A retry starts over.
 func Stream(ctx context.Context, c *http.Client, src string, img siteapi.Image, disk string, progress func(written int64)) error {
-	return stream(ctx, c, src, img, disk, progress, progressEvery{ProgressBytes, ProgressInterval})
+	return stream(ctx, c, src, img, disk, progress, streamOptions{ProgressBytes, ProgressInterval, StallTimeout})
 }
 
-func stream(ctx context.Context, c *http.Client, src string, img siteapi.Image, disk string, progress func(int64), every progressEvery) error {
-	if img.Format != FormatRaw {
-		return fmt.Errorf("ramdisk: image %s is in format %q: only %s images are streamed (qcow2 and tar are not yet)", img.ID, img.Format, FormatRaw)
+func stream(ctx context.Context, c *http.Client, src string, img siteapi.Image, disk string, progress func(int64), opt streamOptions) error {
+	if err := checkFormat(img); err != nil {
+		return err
 	}
 	if err := img.Validate(); err != nil {
 		return fmt.Errorf("ramdisk: image %s: %w", img.ID, err)
@@ -60,7 +67,7 @@ func stream(ctx context.Context, c *http.Client, src string, img siteapi.Image, 
 		return err
 	}
 	defer d.f.Close()
-	written, err := d.write(ctx, c, src, img, progress, every)
+	written, err := d.write(ctx, c, src, img, progress, opt)
 	if err != nil {
 		if werr := d.wipe(written); werr != nil {
 			return fmt.Errorf("%w; and wiping what was written failed too: %v", err, werr)
@@ -73,27 +80,24 @@ func stream(ctx context.Context, c *http.Client, src string, img siteapi.Image, 
 	return d.f.Close()
 }
 
+// checkFormat refuses the formats the ramdisk does not write.
+func checkFormat(img siteapi.Image) error {
+	if img.Format != FormatRaw {
+		return fmt.Errorf("ramdisk: image %s is in format %q: only %s images are streamed (qcow2 and tar are not yet)", img.ID, img.Format, FormatRaw)
+	}
+	return nil
+}
+
 // write streams the image onto the disk, returning how many bytes it wrote.
-func (d *target) write(ctx context.Context, c *http.Client, src string, img siteapi.Image, progress func(int64), every progressEvery) (int64, error) {
+func (d *target) write(ctx context.Context, c *http.Client, src string, img siteapi.Image, progress func(int64), opt streamOptions) (int64, error) {
 	if d.block && d.size < img.SizeBytes {
 		return 0, fmt.Errorf("ramdisk: image %s is %d bytes; disk %s is only %d", img.ID, img.SizeBytes, d.path, d.size)
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, src, nil)
+	resp, body, err := get(ctx, c, src, opt.stall)
 	if err != nil {
 		return 0, fmt.Errorf("ramdisk: image %s: %w", img.ID, err)
 	}
-	resp, err := c.Do(req)
-	if err != nil {
-		return 0, transient(fmt.Errorf("ramdisk: image %s: GET %s: %w", img.ID, src, err))
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		err := fmt.Errorf("ramdisk: image %s: GET %s: %s", img.ID, src, resp.Status)
-		if retryStatus(resp.StatusCode) || resp.StatusCode == http.StatusNotFound { // 404: not cached yet
-			err = transient(err)
-		}
-		return 0, err
-	}
+	defer body.Close()
 	if resp.ContentLength >= 0 && resp.ContentLength != img.SizeBytes {
 		return 0, fmt.Errorf("ramdisk: image %s: the site serves %d bytes; the image is %d", img.ID, resp.ContentLength, img.SizeBytes)
 	}
@@ -103,7 +107,7 @@ func (d *target) write(ctx context.Context, c *http.Client, src string, img site
 	var written, reported int64
 	lastReport := time.Now()
 	for {
-		n, rerr := fill(resp.Body, buf)
+		n, rerr := fill(body, buf)
 		if written+int64(n) > img.SizeBytes {
 			return written, fmt.Errorf("ramdisk: image %s: the site sent more than its %d bytes", img.ID, img.SizeBytes)
 		}
@@ -113,7 +117,7 @@ func (d *target) write(ctx context.Context, c *http.Client, src string, img site
 			}
 			h.Write(buf[:n])
 			written += int64(n)
-			if progress != nil && (written-reported >= every.bytes || time.Since(lastReport) >= every.interval) {
+			if progress != nil && (written-reported >= opt.progressBytes || time.Since(lastReport) >= opt.progressInterval) {
 				progress(written)
 				reported, lastReport = written, time.Now()
 			}
@@ -141,6 +145,68 @@ func (d *target) write(ctx context.Context, c *http.Client, src string, img site
 		progress(written)
 	}
 	return written, nil
+}
+
+// get GETs src and returns its answer when it is 200 OK, with a body that fails (its error
+// naming the stall) once nothing has come for stall. Its errors are transient when the
+// network or the site's trouble caused them, errNotCached for a 404.
+func get(ctx context.Context, c *http.Client, src string, stall time.Duration) (*http.Response, io.ReadCloser, error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	timer := time.AfterFunc(stall, func() { cancel(fmt.Errorf("nothing received for %v", stall)) })
+	stop := func() { timer.Stop(); cancel(nil) }
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, src, nil)
+	if err != nil {
+		stop()
+		return nil, nil, err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		stop()
+		if cause := context.Cause(ctx); cause != nil && cause != context.Canceled {
+			err = cause
+		}
+		return nil, nil, transient(fmt.Errorf("GET %s: %w", src, err))
+	}
+	if resp.StatusCode != http.StatusOK {
+		resp.Body.Close()
+		stop()
+		err := fmt.Errorf("GET %s: %s", src, resp.Status)
+		switch {
+		case resp.StatusCode == http.StatusNotFound:
+			return nil, nil, &notCachedError{err}
+		case retryStatus(resp.StatusCode):
+			return nil, nil, transient(err)
+		}
+		return nil, nil, err
+	}
+	return resp, &stallReader{ctx: ctx, body: resp.Body, timer: timer, stall: stall, stop: stop}, nil
+}
+
+// stallReader is a body whose reads push its stall timer back.
+type stallReader struct {
+	ctx   context.Context
+	body  io.ReadCloser
+	timer *time.Timer
+	stall time.Duration
+	stop  func()
+}
+
+func (r *stallReader) Read(p []byte) (int, error) {
+	n, err := r.body.Read(p)
+	if n > 0 {
+		r.timer.Reset(r.stall)
+	}
+	if err != nil && err != io.EOF {
+		if cause := context.Cause(r.ctx); cause != nil && cause != context.Canceled {
+			err = cause
+		}
+	}
+	return n, err
+}
+
+func (r *stallReader) Close() error {
+	r.stop()
+	return r.body.Close()
 }
 
 // fill reads into buf until it is full, the reader ends (io.EOF, with what was read before)
@@ -192,6 +258,17 @@ func (r *ctxReader) Read(p []byte) (int, error) {
 		return 0, err
 	}
 	return r.r.Read(p)
+}
+
+// notCachedError is a site's 404 for an image: its cache does not have it yet.
+type notCachedError struct{ err error }
+
+func (e *notCachedError) Error() string { return e.err.Error() + " (not in the site's cache yet)" }
+func (e *notCachedError) Unwrap() error { return e.err }
+
+func isNotCached(err error) bool {
+	var n *notCachedError
+	return errors.As(err, &n)
 }
 
 // transientError is a failure worth retrying: the network, or the site not ready.

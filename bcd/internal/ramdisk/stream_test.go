@@ -108,10 +108,31 @@ func TestStreamReportsProgressAsItGoes(t *testing.T) {
 	})
 	disk := oldDisk(t, 10<<20)
 	var p progressLog
-	if err := stream(t.Context(), srv.Client(), srv.URL, desc, disk, p.add, progressEvery{bytes: 1 << 20, interval: time.Hour}); err != nil {
+	if err := stream(t.Context(), srv.Client(), srv.URL, desc, disk, p.add, streamOptions{progressBytes: 1 << 20, progressInterval: time.Hour, stall: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
 	p.check(t, desc.SizeBytes, 3)
+}
+
+func TestStreamGivesUpOnASilentSite(t *testing.T) {
+	img, desc := testImage(t, 2<<20)
+	release := make(chan struct{})
+	srv := serve(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", strconv.Itoa(len(img)))
+		w.Write(img[:1<<20])
+		w.(http.Flusher).Flush()
+		select { // then nothing, until the test ends or the client goes
+		case <-release:
+		case <-r.Context().Done():
+		}
+	})
+	defer close(release)
+	disk := oldDisk(t, 4<<20)
+	err := stream(t.Context(), srv.Client(), srv.URL, desc, disk, nil, streamOptions{progressBytes: 1 << 20, progressInterval: time.Hour, stall: 200 * time.Millisecond})
+	if err == nil || !strings.Contains(err.Error(), "nothing received for 200ms") || !isTransient(err) {
+		t.Fatalf("err = %v, want a transient one naming the stall", err)
+	}
+	checkWiped(t, readAll(t, disk))
 }
 
 func TestVerifyFindsADiskThatDiffers(t *testing.T) {

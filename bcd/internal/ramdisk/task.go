@@ -5,13 +5,21 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
+	"time"
+	"unicode"
 
 	"github.com/better-compute/compute/metal/siteapi"
 )
 
-// streamAttempts is how many times a deploy downloads its image when the failure is the
-// network's or the site's (a retry starts over); a wrong image is not downloaded again.
+// streamAttempts is how many times a deploy downloads its image when the network or the site
+// failed (a retry starts over); a wrong image is not downloaded again.
 const streamAttempts = 3
+
+// CacheWait is how long a deploy waits for its image to be in the site's cache (the site
+// answers 404 until it has fetched and verified it), asking again every PollInterval, before it
+// fails.
+const CacheWait = 30 * time.Minute
 
 // carryOut does a task and what comes after it, posting its progress: started, the task's
 // own phases, boot before a kexec, reboot or power-off, then done, or failed with the error.
@@ -33,7 +41,7 @@ func (a *Agent) carryOut(ctx context.Context, task siteapi.Task) {
 		log.Info("ramdisk: stopped during the task", "err", err)
 	case err != nil:
 		log.Error("ramdisk: task failed", "err", err)
-		report(siteapi.Progress{Phase: siteapi.PhaseFailed, Error: truncate(err.Error(), 2048)})
+		report(siteapi.Progress{Phase: siteapi.PhaseFailed, Error: errorText(err)})
 	default:
 		log.Info("ramdisk: task done")
 		report(siteapi.Progress{Phase: siteapi.PhaseDone})
@@ -89,8 +97,8 @@ func (a *Agent) deploy(ctx context.Context, task siteapi.Task, report func(sitea
 		return err
 	}
 	log := a.log.With("task", task.ID, "image", img.ID, "disk", disk)
-	if img.Format != FormatRaw { // before the disk is touched
-		return fmt.Errorf("ramdisk: image %s is in format %q: only %s images are streamed (qcow2 and tar are not yet)", img.ID, img.Format, FormatRaw)
+	if err := checkFormat(img); err != nil { // before the disk is touched
+		return err
 	}
 	report(siteapi.Progress{Phase: siteapi.PhaseWipe})
 	log.Info("ramdisk: wiping before the deploy")
@@ -99,17 +107,25 @@ func (a *Agent) deploy(ctx context.Context, task siteapi.Task, report func(sitea
 	}
 	src := a.cfg.Site + siteapi.PathImages + img.SHA256
 	b := backoff{max: a.cfg.RetryMax}
-	for attempt := 1; ; attempt++ {
+	asked := time.Now()
+	for attempt := 1; ; {
 		report(siteapi.Progress{Phase: siteapi.PhaseDownload, Bytes: 0, Total: img.SizeBytes})
 		log.Info("ramdisk: streaming the image", "src", src, "bytes", img.SizeBytes, "attempt", attempt)
 		err = Stream(ctx, a.cfg.Client, src, img, disk, func(n int64) {
 			report(siteapi.Progress{Phase: siteapi.PhaseDownload, Bytes: n, Total: img.SizeBytes})
 		})
-		if err == nil || !isTransient(err) || attempt == streamAttempts || ctx.Err() != nil {
-			break
+		var wait func(context.Context) error
+		switch {
+		case err == nil || ctx.Err() != nil:
+		case isNotCached(err) && time.Since(asked) < CacheWait:
+			log.Info("ramdisk: the site does not have the image yet; asking again", "every", a.cfg.PollInterval)
+			wait = func(ctx context.Context) error { return sleep(ctx, a.cfg.PollInterval) }
+		case isTransient(err) && attempt < streamAttempts:
+			log.Warn("ramdisk: the image's download failed; starting over", "err", err)
+			attempt++
+			wait = b.wait
 		}
-		log.Warn("ramdisk: the image's download failed; starting over", "err", err)
-		if b.wait(ctx) != nil {
+		if wait == nil || wait(ctx) != nil {
 			break
 		}
 	}
@@ -179,9 +195,17 @@ func (a *Agent) fixedDisks() ([]disk, error) {
 	return fixed, nil
 }
 
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
+// errorText is an error as Progress carries it: valid UTF-8 without control characters but
+// newlines and tabs, at most 2048 bytes.
+func errorText(err error) string {
+	s := err.Error()
+	if len(s) > 2048 {
+		s = s[:2048]
 	}
-	return s[:n]
+	return strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) && r != '\n' && r != '\t' {
+			return -1
+		}
+		return r
+	}, strings.ToValidUTF8(s, ""))
 }
