@@ -107,7 +107,7 @@ func (a *Agent) deploy(ctx context.Context, task siteapi.Task, report func(sitea
 	}
 	src := a.cfg.Site + siteapi.PathImages + img.SHA256
 	b := backoff{max: a.cfg.RetryMax}
-	asked := time.Now()
+	asked, waiting := time.Now(), false
 	for attempt := 1; ; {
 		report(siteapi.Progress{Phase: siteapi.PhaseDownload, Bytes: 0, Total: img.SizeBytes})
 		log.Info("ramdisk: streaming the image", "src", src, "bytes", img.SizeBytes, "attempt", attempt)
@@ -118,7 +118,10 @@ func (a *Agent) deploy(ctx context.Context, task siteapi.Task, report func(sitea
 		switch {
 		case err == nil || ctx.Err() != nil:
 		case isNotCached(err) && time.Since(asked) < CacheWait:
-			log.Info("ramdisk: the site does not have the image yet; asking again", "every", a.cfg.PollInterval)
+			if !waiting {
+				log.Info("ramdisk: the site does not have the image yet; asking again", "every", a.cfg.PollInterval, "for", CacheWait)
+				waiting = true
+			}
 			wait = func(ctx context.Context) error { return sleep(ctx, a.cfg.PollInterval) }
 		case isTransient(err) && attempt < streamAttempts:
 			log.Warn("ramdisk: the image's download failed; starting over", "err", err)
