@@ -353,6 +353,7 @@ func TestRunRefusesATaskItCannotDo(t *testing.T) {
 			"only raw images are streamed"},
 		{"unknown kind", siteapi.Task{ID: "t", Kind: "firmware", Then: siteapi.ThenWait}, `"firmware" is not a task kind`},
 		{"no disk", siteapi.Task{ID: "t", Kind: siteapi.TaskWipe, Disk: "/dev/nvme9n1", Then: siteapi.ThenWait}, "nvme9n1"},
+		{"a path out of /dev", siteapi.Task{ID: "t", Kind: siteapi.TaskWipe, Disk: "/dev/../dev/vda", Then: siteapi.ThenWait}, "not a clean path under /dev"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

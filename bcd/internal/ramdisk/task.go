@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path"
 	"path/filepath"
 	"strings"
 	"time"
@@ -146,10 +147,19 @@ func (a *Agent) deploy(ctx context.Context, task siteapi.Task, report func(sitea
 	return nil
 }
 
+// taskDisk is the task's disk under Root. It must be a clean path under /dev ("/dev/vda",
+// "/dev/disk/by-id/…"): "/dev/../etc/passwd" passes Task.Validate but is no disk.
+func (a *Agent) taskDisk(task siteapi.Task) (string, error) {
+	if path.Clean(task.Disk) != task.Disk || !strings.HasPrefix(task.Disk, "/dev/") {
+		return "", fmt.Errorf("ramdisk: task disk %q is not a clean path under /dev", task.Disk)
+	}
+	return filepath.Join(a.cfg.Root, task.Disk), nil
+}
+
 // diskToWrite is the task's disk under Root, or the largest non-removable disk.
 func (a *Agent) diskToWrite(task siteapi.Task) (string, error) {
 	if task.Disk != "" {
-		return filepath.Join(a.cfg.Root, task.Disk), nil
+		return a.taskDisk(task)
 	}
 	all, err := a.fixedDisks()
 	if err != nil {
@@ -167,7 +177,8 @@ func (a *Agent) diskToWrite(task siteapi.Task) (string, error) {
 // disksToWipe is the task's disk under Root, or every non-removable disk.
 func (a *Agent) disksToWipe(task siteapi.Task) ([]string, error) {
 	if task.Disk != "" {
-		return []string{filepath.Join(a.cfg.Root, task.Disk)}, nil
+		d, err := a.taskDisk(task)
+		return []string{d}, err
 	}
 	all, err := a.fixedDisks()
 	if err != nil {
