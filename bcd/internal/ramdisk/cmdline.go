@@ -1,0 +1,91 @@
+package ramdisk
+
+import (
+	"fmt"
+	"net/url"
+	"strings"
+
+	"github.com/better-compute/compute/metal/siteapi"
+)
+
+// ParseCmdline reads what the site's iPXE script put on the kernel command line (the text of
+// /proc/cmdline): the site agent's base URL (bcd.site=, required, http or https), the
+// machine's id (bcd.machine=) and its token (bcd.token=). An unknown machine has neither id
+// nor token. Parameters after a lone "--" belong to init and are not read; when a parameter
+// is given twice the last one counts, as it does for the kernel.
+func ParseCmdline(cmdline string) (site, machine, token string, err error) {
+	for _, word := range splitCmdline(cmdline) {
+		if word == "--" {
+			break
+		}
+		name, value, ok := strings.Cut(word, "=")
+		if !ok {
+			continue
+		}
+		switch name {
+		case siteapi.CmdlineSite:
+			site = value
+		case siteapi.CmdlineMachine:
+			machine = value
+		case siteapi.CmdlineToken:
+			token = value
+		}
+	}
+	if site == "" {
+		return "", "", "", fmt.Errorf("ramdisk: %s= is missing from the kernel command line: the site's iPXE script gives it", siteapi.CmdlineSite)
+	}
+	if err := checkSiteURL(site); err != nil {
+		return "", "", "", fmt.Errorf("ramdisk: kernel command line: %s=%w", siteapi.CmdlineSite, err)
+	}
+	if token != "" && machine == "" {
+		return "", "", "", fmt.Errorf("ramdisk: kernel command line has %s= but no %s=: a token belongs to a machine", siteapi.CmdlineToken, siteapi.CmdlineMachine)
+	}
+	return strings.TrimRight(site, "/"), machine, token, nil
+}
+
+// splitCmdline splits a kernel command line into words as the kernel does: on spaces, except
+// inside double quotes, which are removed.
+func splitCmdline(s string) []string {
+	var (
+		words  []string
+		word   strings.Builder
+		quoted bool
+		inWord bool
+	)
+	for _, r := range s {
+		switch {
+		case r == '"':
+			quoted = !quoted
+			inWord = true
+		case !quoted && (r == ' ' || r == '\t' || r == '\n'):
+			if inWord {
+				words = append(words, word.String())
+				word.Reset()
+				inWord = false
+			}
+		default:
+			word.WriteRune(r)
+			inWord = true
+		}
+	}
+	if inWord {
+		words = append(words, word.String())
+	}
+	return words
+}
+
+// checkSiteURL checks a site agent's base URL: http or https, with a host, and nothing after
+// its path.
+func checkSiteURL(s string) error {
+	u, err := url.Parse(s)
+	if err != nil {
+		return fmt.Errorf("%q is not a URL: %w", s, err)
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("%q is not an http(s) URL with a host (http://10.0.0.1:8067)", s)
+	}
+	if u.RawQuery != "" || u.Fragment != "" {
+		return fmt.Errorf("%q has a query or fragment; a base URL has neither", s)
+	}
+	return nil
+}
