@@ -209,13 +209,13 @@ type PowerRun struct {
 
 // Image is an image machines are deployed with.
 type Image struct {
-	ID        string    `json:"id"`
-	TenantID  string    `json:"tenantId"`
-	Name      string    `json:"name"`
-	URL       string    `json:"url"`
-	Format    string    `json:"format"` // raw, qcow2 or tar
-	SizeBytes int64     `json:"sizeBytes"`
-	SHA256    string    `json:"sha256"`
+	ID        string `json:"id"`
+	TenantID  string `json:"tenantId"`
+	Name      string `json:"name"`
+	URL       string `json:"url"`
+	Format    string `json:"format"` // raw, qcow2 or tar
+	SizeBytes int64  `json:"sizeBytes"`
+	SHA256    string `json:"sha256"`
 	// KernelURL, InitrdURL and Cmdline, when set, boot the written image in place from the
 	// ramdisk (kexec), with Cmdline (its root, its console) and what the deployed system needs
 	// to join; without them the machine reboots into its disk.
