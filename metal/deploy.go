@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"path"
 	"slices"
 	"strings"
 	"time"
@@ -79,7 +80,7 @@ func (in DeployMachine) Validate() error {
 			return err
 		}
 	}
-	if in.Disk != "" && (!strings.HasPrefix(in.Disk, "/dev/") || len(in.Disk) > 128 || strings.ContainsAny(in.Disk, " \t\n")) {
+	if in.Disk != "" && (!strings.HasPrefix(in.Disk, "/dev/") || path.Clean(in.Disk) != in.Disk || len(in.Disk) > 128 || strings.ContainsAny(in.Disk, " \t\n")) {
 		return api.InvalidField("disk", "%q is not a block device under /dev", in.Disk)
 	}
 	return validateSSHKeys(in.SSHKeys)
@@ -145,6 +146,7 @@ func (m *Module) registerDeploys(r *modules.Registry) {
 	r.Workflow(modules.Workflow{Name: ReleaseWorkflow, OnEnd: releaseEnded, Steps: []modules.Step{
 		{Name: "plan", MaxAttempts: 3, Run: planRelease},
 		{Name: "boot-ramdisk", Timeout: 2 * time.Minute, MaxAttempts: 3, Deadline: 10 * time.Minute, Run: m.bootRamdisk},
+		{Name: "ramdisk", Deadline: 30 * time.Minute, Run: waitRamdisk},
 		{Name: "wipe", Deadline: time.Hour, Run: waitWritten},
 		{Name: "power-off", Timeout: 2 * time.Minute, Deadline: 10 * time.Minute, Run: waitOff},
 		{Name: "available", MaxAttempts: 3, Run: releaseDone},

@@ -16,6 +16,7 @@ package siteapi
 import (
 	"errors"
 	"fmt"
+	"path"
 	"regexp"
 	"strings"
 	"unicode"
@@ -266,7 +267,7 @@ func (t Task) Validate() error {
 		return fieldErr("then", "%q is not what a ramdisk can do next", t.Then)
 	case t.Then == ThenKexec && t.Kernel == "":
 		return fieldErr("kernel", "kexec needs the kernel to boot")
-	case t.Disk != "" && !strings.HasPrefix(t.Disk, "/dev/"):
+	case t.Disk != "" && (!strings.HasPrefix(t.Disk, "/dev/") || path.Clean(t.Disk) != t.Disk):
 		return fieldErr("disk", "%q is not a block device under /dev", t.Disk)
 	}
 	if t.Image != nil {
