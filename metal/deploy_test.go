@@ -94,7 +94,10 @@ func newSiteFleet(t *testing.T) *siteFleet {
 		_, err := a.Pools.Create(ctx, env.RootKey, api.CreatePool{Name: "fra1-infra", Site: "fra1"})
 		return err
 	})
-	must(t, func() error { _, err := a.Pools.Create(ctx, env.RootKey, api.CreatePool{Name: "gpu", Site: "fra1"}); return err })
+	must(t, func() error {
+		_, err := a.Pools.Create(ctx, env.RootKey, api.CreatePool{Name: "gpu", Site: "fra1"})
+		return err
+	})
 	jt, err := a.JoinTokens.Create(ctx, env.RootKey, api.CreateJoinToken{Pool: "fra1-infra", Role: api.RoleSite})
 	if err != nil {
 		t.Fatal(err)
