@@ -328,13 +328,13 @@ func (m *Module) planDeploy(ctx context.Context, s *modules.StepRun) (any, error
 	then := siteapi.Task{Then: siteapi.ThenReboot, Disk: in.Disk}
 	token := DeployPrefix + randomToken(32)
 	if img.KernelURL != "" {
-		args := []string{img.Cmdline, "bcd.hostname=" + mach.Name}
+		args := []string{img.Cmdline, siteapi.CmdlineHostname+"=" + mach.Name}
 		if in.Pool != "" {
-			args = append(args, "bcd.url="+m.joinURL, "bcd.join="+token)
+			args = append(args, siteapi.CmdlineJoinURL+"="+m.joinURL, siteapi.CmdlineJoin+"="+token)
 		}
 		if len(in.SSHKeys) > 0 {
 			keys, _ := json.Marshal(in.SSHKeys)
-			args = append(args, "bcd.ssh_keys="+base64.RawURLEncoding.EncodeToString(keys))
+			args = append(args, siteapi.CmdlineSSHKeys+"="+base64.RawURLEncoding.EncodeToString(keys))
 		}
 		then.Then, then.Kernel, then.Initrd, then.Cmdline = siteapi.ThenKexec, img.KernelURL, img.InitrdURL, strings.TrimSpace(strings.Join(args, " "))
 		if len(then.Cmdline) > 2000 {

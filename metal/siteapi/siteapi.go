@@ -268,7 +268,7 @@ func (t Task) Validate() error {
 	case t.Then == ThenKexec && t.Kernel == "":
 		return fieldErr("kernel", "kexec needs the kernel to boot")
 	case t.Disk != "" && (!strings.HasPrefix(t.Disk, "/dev/") || path.Clean(t.Disk) != t.Disk):
-		return fieldErr("disk", "%q is not a block device under /dev", t.Disk)
+		return fieldErr("disk", "%q is not a clean path under /dev", t.Disk)
 	}
 	if t.Image != nil {
 		return t.Image.Validate()
@@ -351,3 +351,50 @@ const (
 	CmdlineMachine = "bcd.machine" // the machine's id, absent for an unknown machine
 	CmdlineToken   = "bcd.token"   // the machine's token
 )
+
+// The kernel command line parameters a deploy gives the deployed system (Task.Cmdline, booted
+// by kexec), which bcd join --cmdline reads.
+const (
+	CmdlineJoinURL  = "bcd.url"      // the control plane's URL to join at
+	CmdlineJoin     = "bcd.join"     // the one-use join credential
+	CmdlineHostname = "bcd.hostname" // the node's name: the machine's
+	CmdlineSSHKeys  = "bcd.ssh_keys" // base64url of a JSON list of authorized keys (a lease's holder's)
+)
+
+// ParseCmdline reads a kernel command line (the text of /proc/cmdline) as the kernel does:
+// words split on spaces outside double quotes (which are removed), name=value, the last of a
+// name counting, and nothing after a lone "--" (init's). Words without "=" are skipped.
+func ParseCmdline(cmdline string) map[string]string {
+	params := map[string]string{}
+	var word strings.Builder
+	quoted, inWord := false, false
+	flush := func() bool {
+		w := word.String()
+		word.Reset()
+		inWord = false
+		if w == "--" {
+			return false
+		}
+		if name, value, ok := strings.Cut(w, "="); ok {
+			params[name] = value
+		}
+		return true
+	}
+	for _, r := range cmdline {
+		switch {
+		case r == '"':
+			quoted, inWord = !quoted, true
+		case !quoted && (r == ' ' || r == '\t' || r == '\n'):
+			if inWord && !flush() {
+				return params
+			}
+		default:
+			word.WriteRune(r)
+			inWord = true
+		}
+	}
+	if inWord {
+		flush()
+	}
+	return params
+}

@@ -14,23 +14,8 @@ import (
 // nor token. Parameters after a lone "--" belong to init and are not read; when a parameter
 // is given twice the last one counts, as it does for the kernel.
 func ParseCmdline(cmdline string) (site, machine, token string, err error) {
-	for _, word := range splitCmdline(cmdline) {
-		if word == "--" {
-			break
-		}
-		name, value, ok := strings.Cut(word, "=")
-		if !ok {
-			continue
-		}
-		switch name {
-		case siteapi.CmdlineSite:
-			site = value
-		case siteapi.CmdlineMachine:
-			machine = value
-		case siteapi.CmdlineToken:
-			token = value
-		}
-	}
+	p := siteapi.ParseCmdline(cmdline)
+	site, machine, token = p[siteapi.CmdlineSite], p[siteapi.CmdlineMachine], p[siteapi.CmdlineToken]
 	if site == "" {
 		return "", "", "", fmt.Errorf("ramdisk: %s= is missing from the kernel command line: the site's iPXE script gives it", siteapi.CmdlineSite)
 	}
@@ -41,37 +26,6 @@ func ParseCmdline(cmdline string) (site, machine, token string, err error) {
 		return "", "", "", fmt.Errorf("ramdisk: kernel command line has %s= but no %s=: a token belongs to a machine", siteapi.CmdlineToken, siteapi.CmdlineMachine)
 	}
 	return strings.TrimRight(site, "/"), machine, token, nil
-}
-
-// splitCmdline splits a kernel command line into words as the kernel does: on spaces, except
-// inside double quotes, which are removed.
-func splitCmdline(s string) []string {
-	var (
-		words  []string
-		word   strings.Builder
-		quoted bool
-		inWord bool
-	)
-	for _, r := range s {
-		switch {
-		case r == '"':
-			quoted = !quoted
-			inWord = true
-		case !quoted && (r == ' ' || r == '\t' || r == '\n'):
-			if inWord {
-				words = append(words, word.String())
-				word.Reset()
-				inWord = false
-			}
-		default:
-			word.WriteRune(r)
-			inWord = true
-		}
-	}
-	if inWord {
-		words = append(words, word.String())
-	}
-	return words
 }
 
 // checkSiteURL checks a site agent's base URL: http or https, with a host, and nothing after
