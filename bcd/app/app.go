@@ -85,7 +85,7 @@ object with stateDir, cdiDir, gateway, logLevel and fake {gpus, model, commandDe
 	pf.StringVar(&configPath, "config", "", "config file (default "+defaultConfig+" when it exists)")
 	pf.StringVar(&s.StateDir, "state-dir", s.StateDir, "where the journal (identity, desired state, pending results) is kept")
 	pf.StringVar(&s.LogLevel, "log-level", s.LogLevel, "debug, info, warn or error")
-	root.AddCommand(joinCmd(s), nodeCmd(s), statusCmd(s), doctorCmd(s), versionCmd(), simCmd(s))
+	root.AddCommand(joinCmd(s), nodeCmd(s), statusCmd(s), doctorCmd(s), versionCmd(), simCmd(s), ramdiskCmd(s))
 	return root
 }
 
@@ -138,7 +138,7 @@ func signals() (context.Context, context.CancelFunc) {
 }
 
 func joinCmd(s *settings) *cobra.Command {
-	var url, token, hostname, caHash string
+	var url, token, hostname, caHash, cmdline, authorizedKeys string
 	var rejoin bool
 	c := &cobra.Command{
 		Use:   "join --url URL --token TOKEN",
@@ -148,6 +148,11 @@ the machine's facts with the join token, and keeps the identity it gets back in 
 token may also come from $BCD_JOIN_TOKEN.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cmdline != "" {
+				if err := fromCmdline(cmdline, authorizedKeys, &url, &token, &hostname); err != nil {
+					return err
+				}
+			}
 			if token == "" {
 				token = os.Getenv("BCD_JOIN_TOKEN")
 			}
@@ -194,6 +199,8 @@ token may also come from $BCD_JOIN_TOKEN.`,
 	c.Flags().StringVar(&hostname, "hostname", "", "the node's name (default: the machine's hostname)")
 	c.Flags().StringVar(&caHash, "ca-hash", "", "the machine CA's pin, sha256:… as printed with the join token; the join is refused if the server's CA differs")
 	c.Flags().BoolVar(&rejoin, "rejoin", false, "join again as the node this journal holds, proving it with the journal's takeover secret")
+	c.Flags().StringVar(&cmdline, "cmdline", "", "a deployed system's kernel command line (/proc/cmdline): bcd.url=, bcd.join= and bcd.hostname= fill the flags not given, and bcd.ssh_keys= is written to --authorized-keys")
+	c.Flags().StringVar(&authorizedKeys, "authorized-keys", "/root/.ssh/authorized_keys", "where --cmdline writes the SSH keys a lease hands the machine over to")
 	return c
 }
 
