@@ -63,8 +63,14 @@ func effect(ctx context.Context, s *modules.StepRun) error {
 	return err
 }
 
+// ended records a run's end, as an OnEnd hook, in the transaction that ends it.
+func ended(ctx context.Context, tx pgx.Tx, e *modules.RunEnd) error {
+	_, err := tx.Exec(ctx, `INSERT INTO compute.flowtest_effects (run, step, pid) VALUES ($1, $2, $3)`, e.RunID, "end:"+e.State, os.Getpid())
+	return err
+}
+
 func (f *flows) Register(r *modules.Registry) error {
-	r.Workflow(modules.Workflow{Name: "test.three", Steps: []modules.Step{
+	r.Workflow(modules.Workflow{Name: "test.three", OnEnd: ended, Steps: []modules.Step{
 		{Name: "one", Timeout: stepTimeout, Run: func(ctx context.Context, s *modules.StepRun) (any, error) {
 			var in struct{ Start int }
 			if err := jsonInput(s, &in); err != nil {
@@ -89,7 +95,7 @@ func (f *flows) Register(r *modules.Registry) error {
 			return nil, nil
 		}},
 	}})
-	r.Workflow(modules.Workflow{Name: "test.doomed", Steps: []modules.Step{
+	r.Workflow(modules.Workflow{Name: "test.doomed", OnEnd: ended, Steps: []modules.Step{
 		{Name: "refuse", Timeout: stepTimeout, Run: func(context.Context, *modules.StepRun) (any, error) {
 			return nil, modules.Permanent(errors.New("no such machine"))
 		}},
@@ -98,7 +104,7 @@ func (f *flows) Register(r *modules.Registry) error {
 	r.Workflow(modules.Workflow{Name: "test.exhausted", Steps: []modules.Step{
 		{Name: "flaky", MaxAttempts: 2, Timeout: stepTimeout, Run: func(context.Context, *modules.StepRun) (any, error) { return nil, errors.New("still broken") }},
 	}})
-	r.Workflow(modules.Workflow{Name: "test.blocking", Steps: []modules.Step{
+	r.Workflow(modules.Workflow{Name: "test.blocking", OnEnd: ended, Steps: []modules.Step{
 		{Name: "block", Timeout: stepTimeout, Run: func(ctx context.Context, s *modules.StepRun) (any, error) {
 			if err := effect(ctx, s); err != nil {
 				return nil, err
@@ -249,6 +255,7 @@ func TestARunGoesThroughItsStepsRetryingAndWaiting(t *testing.T) {
 	if got := e.events(t, run); !slices.Equal(got, want) {
 		t.Errorf("events\n got %v\nwant %v", got, want)
 	}
+	waitEffect(t, e, run, "end:succeeded", 1) // OnEnd ran, in the run's last transaction
 	list, err := e.cl.Workflows.List(context.Background(), api.ListWorkflows{Workflow: "test.three", State: api.WorkflowSucceeded})
 	if err != nil || len(list.Items) != 1 || list.Items[0].ID != run {
 		t.Errorf("workflows.list = %+v, %v", list.Items, err)
@@ -273,6 +280,7 @@ func TestFailedStepsFailTheRun(t *testing.T) {
 	if r.State != api.WorkflowFailed || r.Steps[0].Attempts != 2 || !strings.Contains(r.Error, "attempt 2: still broken") {
 		t.Errorf("a step out of attempts: %+v", r)
 	}
+	waitEffect(t, e, doomed, "end:failed", 1)
 	if got := e.events(t, doomed); !slices.Equal(got, []string{"workflow.started/refuse", "workflow.step_started/refuse", "workflow.failed/refuse"}) {
 		t.Errorf("events of the doomed run: %v", got)
 	}
@@ -302,6 +310,7 @@ func TestCancellingARunStopsItsStepInFlight(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatal("the step in flight was not stopped within 15s of the cancel")
 	}
+	waitEffect(t, e, run, "end:cancelled", 1)
 	time.Sleep(500 * time.Millisecond) // a retry, were there one, would have run "never" and panicked
 	if r, _ := e.cl.Workflows.Get(context.Background(), api.GetWorkflow{Run: run}); r.State != api.WorkflowCancelled {
 		t.Errorf("after its step stopped the run is %s", r.State)
