@@ -222,7 +222,9 @@ type Image struct {
 	KernelURL string    `json:"kernelUrl,omitempty"`
 	InitrdURL string    `json:"initrdUrl,omitempty"`
 	Cmdline   string    `json:"cmdline,omitempty"`
-	CreatedBy string    `json:"createdBy"`
+	// PullTokenSet says the image is fetched with a pull token, which no answer shows.
+	PullTokenSet bool      `json:"pullTokenSet,omitempty"`
+	CreatedBy    string    `json:"createdBy"`
 	CreatedAt time.Time `json:"createdAt"`
 }
 
@@ -237,6 +239,9 @@ type RegisterImage struct {
 	KernelURL string `json:"kernelUrl,omitempty"`
 	InitrdURL string `json:"initrdUrl,omitempty"`
 	Cmdline   string `json:"cmdline,omitempty"`
+	// PullToken, if the image's URL needs one, is sent as "Authorization: Bearer <token>" by the
+	// site agents that fetch it, and by nothing else: write-only, stored sealed.
+	PullToken string `json:"pullToken,omitempty"`
 }
 
 func httpURL(s string) bool {
@@ -267,6 +272,9 @@ func (in RegisterImage) Validate() error {
 	}
 	if strings.ContainsFunc(in.Cmdline, func(r rune) bool { return r < ' ' }) {
 		return api.InvalidField("cmdline", "must be one line of printable text")
+	}
+	if len(in.PullToken) > 4096 || strings.ContainsFunc(in.PullToken, func(r rune) bool { return r <= ' ' || r > '~' }) {
+		return api.InvalidField("pullToken", "must be at most 4096 printable ASCII characters without spaces")
 	}
 	if in.Format == "" {
 		return api.InvalidField("format", "is required: raw, qcow2 or tar")

@@ -390,7 +390,16 @@ func TestADeployAndAReleaseGoThroughTheSiteAgent(t *testing.T) {
 // brings it back.
 func TestAFailedDeployMarksTheMachineFailed(t *testing.T) {
 	f := newSiteFleet(t)
-	f.registerImage("tiny", "raw", "")
+	// A private image: its pull token is write-only, and reaches the site agent alone.
+	const pullToken = "pull-t0ken-for-the-registry"
+	img, err := compute.Invoke(f.ctx, f.Compute, f.RootKey, metal.ImagesRegister, metal.RegisterImage{Name: "tiny", URL: "https://registry.test/tiny",
+		Format: "raw", SizeBytes: 1 << 20, SHA256: tinySHA, PullToken: pullToken})
+	if err != nil || !img.PullTokenSet {
+		t.Fatalf("images.register = %+v, %v", img, err)
+	}
+	if list, err := compute.Invoke(f.ctx, f.Compute, f.RootKey, metal.ImagesList, metal.ListImages{}); err != nil || strings.Contains(fmtJSON(list), pullToken) {
+		t.Fatalf("images.list shows the pull token (%v)", err)
+	}
 	dr, err := compute.Invoke(f.ctx, f.Compute, f.RootKey, metal.MachinesDeploy, metal.DeployMachine{Machine: f.machine.ID, Image: "tiny"})
 	if err != nil {
 		t.Fatal(err)
@@ -398,6 +407,9 @@ func TestAFailedDeployMarksTheMachineFailed(t *testing.T) {
 	task := f.task(siteapi.TaskDeploy)
 	if task.Then != siteapi.ThenReboot {
 		t.Fatalf("an image without its kernel is booted by a reboot; the task says %q", task.Then)
+	}
+	if _, plan, _ := f.plan.machine(f.machine.ID); len(plan.Images) != 1 || plan.Images[0].Authorization != "Bearer "+pullToken || task.Image.Authorization != "" {
+		t.Fatalf("the plan's images %+v and the task's %+v: the site agent gets the token, the ramdisk's task does not", plan.Images, task.Image)
 	}
 	f.step(dr.Run, "ramdisk")
 	f.ramdisk(task, siteapi.Progress{Phase: siteapi.PhaseStarted}, siteapi.Progress{Phase: siteapi.PhaseFailed, Error: "sha256 mismatch: got ab…, want 56…"})
@@ -481,3 +493,8 @@ func TestALeaseDeploysHandsOverAndReleases(t *testing.T) {
 }
 
 func decodeB64(s string) ([]byte, error) { return base64.RawURLEncoding.DecodeString(s) }
+
+func fmtJSON(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}

@@ -12,13 +12,16 @@ import (
 	"github.com/better-compute/compute/postgres"
 )
 
-const imageColumns = `id::text, tenant_id, name, url, format, size_bytes, sha256, kernel_url, initrd_url, cmdline, created_by, created_at`
+const imageColumns = `id::text, tenant_id, name, url, format, size_bytes, sha256, kernel_url, initrd_url, cmdline, pull_token IS NOT NULL, created_by, created_at`
 
 func scanImage(row pgx.Row) (Image, error) {
 	var i Image
-	err := row.Scan(&i.ID, &i.TenantID, &i.Name, &i.URL, &i.Format, &i.SizeBytes, &i.SHA256, &i.KernelURL, &i.InitrdURL, &i.Cmdline, &i.CreatedBy, &i.CreatedAt)
+	err := row.Scan(&i.ID, &i.TenantID, &i.Name, &i.URL, &i.Format, &i.SizeBytes, &i.SHA256, &i.KernelURL, &i.InitrdURL, &i.Cmdline, &i.PullTokenSet, &i.CreatedBy, &i.CreatedAt)
 	return i, err
 }
+
+// imagePurpose binds an image's sealed pull token to it.
+func imagePurpose(id string) string { return "metal-image:" + id }
 
 // imageRef finds an image of the tenant by id or name.
 func imageRef(ctx context.Context, q postgres.Querier, tenant, ref string) (Image, error) {
@@ -32,9 +35,17 @@ func imageRef(ctx context.Context, q postgres.Querier, tenant, ref string) (Imag
 
 func (m *Module) registerImages(r *modules.Registry) {
 	modules.Handle(r, ImagesRegister, nil, func(ctx context.Context, c *modules.Call, in RegisterImage) (Image, error) {
-		i, err := scanImage(c.Tx.QueryRow(ctx, `INSERT INTO compute.metal_images (id, tenant_id, name, url, format, size_bytes, sha256, kernel_url, initrd_url, cmdline, created_by)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT (tenant_id, name) DO NOTHING RETURNING `+imageColumns,
-			uuid.Must(uuid.NewV7()).String(), c.Target.TenantID, in.Name, in.URL, in.Format, in.SizeBytes, in.SHA256, in.KernelURL, in.InitrdURL, in.Cmdline, c.Principal.ID))
+		id := uuid.Must(uuid.NewV7()).String()
+		var sealed []byte
+		if in.PullToken != "" {
+			var err error
+			if sealed, err = c.Runtime.Secrets.Seal(imagePurpose(id), []byte(in.PullToken)); err != nil {
+				return Image{}, err
+			}
+		}
+		i, err := scanImage(c.Tx.QueryRow(ctx, `INSERT INTO compute.metal_images (id, tenant_id, name, url, format, size_bytes, sha256, kernel_url, initrd_url, cmdline, pull_token, created_by)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) ON CONFLICT (tenant_id, name) DO NOTHING RETURNING `+imageColumns,
+			id, c.Target.TenantID, in.Name, in.URL, in.Format, in.SizeBytes, in.SHA256, in.KernelURL, in.InitrdURL, in.Cmdline, sealed, c.Principal.ID))
 		if errors.Is(err, pgx.ErrNoRows) {
 			return i, api.Errorf(api.CodeConflict, "the tenant has an image named %q", in.Name).With("reason", "name_taken")
 		}

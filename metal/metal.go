@@ -51,6 +51,7 @@ type Module struct {
 	unknown    string
 	joinURL    string
 	ramdiskISO string
+	secrets    modules.SecretBox // the runtime's, from Initialize: the plan opens pull tokens
 }
 
 // New returns the module, with the power drivers "ipmi" (metal/ipmi) and "redfish"

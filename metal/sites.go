@@ -28,6 +28,10 @@ const (
 )
 
 func (m *Module) registerSites(r *modules.Registry) {
+	r.OnInitialize(func(_ context.Context, rt *modules.Runtime) error {
+		m.secrets = rt.Secrets
+		return nil
+	})
 	r.DesiredKind(modules.DesiredKind{Name: siteapi.PlanKind, Version: siteapi.PlanVersion, State: m.sitePlan})
 	r.EventTypes(
 		modules.EventType{Name: EventTaskProgress, Description: "A machine's ramdisk task moved to another phase (data: task, phase, bytes, total, error)."},
@@ -82,7 +86,28 @@ func (m *Module) sitePlan(ctx context.Context, q postgres.Querier, nodeID string
 		}
 		plan.Machines = append(plan.Machines, pm)
 	}
-	return plan, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	// An image's pull token goes to the site agents that fetch it, opened here: nowhere else.
+	for i, im := range plan.Images {
+		var sealed []byte
+		if err := q.QueryRow(ctx, `SELECT pull_token FROM compute.metal_images WHERE id::text = $1`, im.ID).Scan(&sealed); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return nil, err
+		}
+		if sealed == nil {
+			continue
+		}
+		if m.secrets == nil {
+			return nil, errors.New("metal: the module was not initialized (compute.Initialize)")
+		}
+		tok, err := m.secrets.Open(imagePurpose(im.ID), sealed)
+		if err != nil {
+			return nil, fmt.Errorf("metal: open the pull token of image %s: %w", im.ID, err)
+		}
+		plan.Images[i].Authorization = "Bearer " + string(tok)
+	}
+	return plan, nil
 }
 
 // bumpSite moves the desired state of a site's agents: their plan changed.

@@ -10,7 +10,8 @@
 ALTER TABLE compute.metal_images
   ADD COLUMN kernel_url text NOT NULL DEFAULT '' CHECK (length(kernel_url) <= 2048),
   ADD COLUMN initrd_url text NOT NULL DEFAULT '' CHECK (length(initrd_url) <= 2048),
-  ADD COLUMN cmdline text NOT NULL DEFAULT '' CHECK (length(cmdline) <= 1024);
+  ADD COLUMN cmdline text NOT NULL DEFAULT '' CHECK (length(cmdline) <= 1024),
+  ADD COLUMN pull_token bytea; -- sealed, purpose metal-image:<id>: write-only
 ALTER TABLE compute.metal_machines
   ADD COLUMN site_id uuid REFERENCES compute.sites ON DELETE RESTRICT,
   ADD COLUMN profile text NOT NULL DEFAULT '',
@@ -102,6 +103,6 @@ DROP TABLE compute.metal_deploy_tokens;
 DROP TABLE compute.metal_site_images;
 DROP TABLE compute.metal_task_progress;
 DROP TABLE compute.metal_macs;
-ALTER TABLE compute.metal_images DROP COLUMN kernel_url, DROP COLUMN initrd_url, DROP COLUMN cmdline;
+ALTER TABLE compute.metal_images DROP COLUMN kernel_url, DROP COLUMN initrd_url, DROP COLUMN cmdline, DROP COLUMN pull_token;
 ALTER TABLE compute.metal_machines DROP COLUMN site_id, DROP COLUMN profile, DROP COLUMN state, DROP COLUMN boot, DROP COLUMN task,
   DROP COLUMN token, DROP COLUMN image_id, DROP COLUMN node_id, DROP COLUMN seen_at, DROP COLUMN state_changed_at;

@@ -102,6 +102,10 @@ type Image struct {
 	Format    string `json:"format"` // raw (qcow2 and tar are not streamed yet)
 	SizeBytes int64  `json:"sizeBytes"`
 	SHA256    string `json:"sha256"`
+	// Authorization is the HTTP Authorization header to fetch URL with (an image pull token,
+	// write-only on the control plane), in the plan's Images only: a site agent sends it to
+	// URL and to nothing else, and never gives it to a ramdisk.
+	Authorization string `json:"authorization,omitempty"`
 }
 
 // Reports a site agent sends up its session (the payloads below, JSON).
