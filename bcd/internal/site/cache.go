@@ -181,7 +181,7 @@ func (c *cache) reconcile(ctx context.Context, workers *sync.WaitGroup) (next ti
 			wctx, cancel := context.WithCancel(ctx)
 			e.state, e.cancel = stateWorking, cancel
 			working++
-			workers.Go(func() { c.work(wctx, im) })
+			workers.Go(func() { c.work(ctx, wctx, im) })
 		}
 	}
 	return next
@@ -215,8 +215,9 @@ func (c *cache) sweep() {
 	}
 }
 
-// work verifies or fetches one image, records the outcome and reports it up.
-func (c *cache) work(ctx context.Context, im siteapi.Image) {
+// work verifies or fetches one image under ctx (the image's, cancelled when it leaves the plan),
+// records the outcome and reports it up (until runCtx, the cache's, ends).
+func (c *cache) work(runCtx, ctx context.Context, im siteapi.Image) {
 	defer c.poke()
 	err := c.ensure(ctx, im)
 	c.mu.Lock()
@@ -229,8 +230,9 @@ func (c *cache) work(ctx context.Context, im siteapi.Image) {
 		c.log.Info("image removed: it left the plan", "sha256", im.SHA256)
 		return
 	}
+	stopped := ctx.Err() != nil // stopping, or it left the plan and came back: start over
 	e.cancel()
-	if ctx.Err() != nil { // stopping, or left the plan and came back: start over
+	if stopped {
 		e.state = stateIdle
 		c.mu.Unlock()
 		return
@@ -250,7 +252,7 @@ func (c *cache) work(ctx context.Context, im siteapi.Image) {
 	} else {
 		c.log.Warn("image not cached", "sha256", im.SHA256, "url", safeURL(im.URL), "retry_in", retryIn, "err", err)
 	}
-	c.reports.send(ctx, siteapi.KindImageCached, state)
+	c.reports.send(runCtx, siteapi.KindImageCached, state)
 }
 
 // open opens a verified image of the plan for serving.

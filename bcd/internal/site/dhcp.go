@@ -3,7 +3,6 @@ package site
 import (
 	"net"
 	"net/netip"
-	"net/url"
 	"slices"
 	"strings"
 	"time"
@@ -258,9 +257,9 @@ func isIPXE(req *dhcpv4.DHCPv4) bool {
 	return string(raw) == "iPXE" || slices.Contains(req.UserClass(), "iPXE")
 }
 
-// scriptURL is the URL of a machine's iPXE script.
+// scriptURL is the URL of a machine's iPXE script (mac is aa:bb:cc:dd:ee:ff: nothing to escape).
 func (s *Server) scriptURL(mac string) string {
-	return s.addrs.BaseURL + "/boot/ipxe?mac=" + url.QueryEscape(mac)
+	return s.addrs.BaseURL + "/boot/ipxe?mac=" + mac
 }
 
 // replyDest is where an answer goes (RFC 2131 4.1): through the relay that brought the request;

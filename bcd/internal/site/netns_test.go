@@ -1,0 +1,5 @@
+package site
+
+const childEnv = "BCD_SITE_TEST_CHILD"
+
+func runChild(spec string) int { return 2 }
