@@ -29,8 +29,8 @@ type dhcpConn struct {
 	conn *net.UDPConn
 }
 
-func (s *Server) listen() (l *listeners, err error) {
-	l = &listeners{}
+func (s *Server) listen() (_ *listeners, err error) {
+	l := &listeners{}
 	defer func() {
 		if err != nil {
 			l.close()
