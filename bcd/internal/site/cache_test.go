@@ -170,7 +170,7 @@ func TestImageRefused(t *testing.T) {
 	is := newImageServer(t)
 	good := bytes.Repeat([]byte("good "), 1000)
 	corrupt := is.image("/corrupt.raw", append(bytes.Clone(good[:len(good)-1]), 'X'), good)
-	short := is.image("/short.raw", good[:100], good[:101])        // no Content-Length lie: fewer bytes
+	short := is.image("/short.raw", good[:100], good[:101])         // no Content-Length lie: fewer bytes
 	long := is.image("/long.raw", append(good, good...), good[:50]) // more bytes than the plan says
 	liar := is.image("/liar.raw", good[1:], good[1:])
 	is.lie["/liar.raw"] = int64(len(good) - 10) // claims and sends fewer

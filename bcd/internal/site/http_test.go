@@ -30,7 +30,7 @@ func TestIPXEScripts(t *testing.T) {
 	}
 
 	// No plan yet: the machine waits and asks again, rather than boot its disk by mistake.
-	if got, want := script(macRamdisk), "sleep 10\nchain --replace --autofree "+b+"/boot/ipxe?mac=" + macRamdisk + "\n"; !strings.HasSuffix(got, want) {
+	if got, want := script(macRamdisk), "sleep 10\nchain --replace --autofree "+b+"/boot/ipxe?mac="+macRamdisk+"\n"; !strings.HasSuffix(got, want) {
 		t.Errorf("before any plan:\n%s\nwant it to end with\n%s", got, want)
 	}
 
