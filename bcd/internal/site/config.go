@@ -57,7 +57,7 @@ func withDefaults(cfg Config) (Config, error) {
 
 func (c *Config) validate() error {
 	if !c.Address.Is4() || c.Address.IsUnspecified() || c.Address.IsMulticast() || c.Address == broadcast4 {
-		return fmt.Errorf("Address: %v is not the site's IPv4 unicast address on the provisioning network", c.Address)
+		return fieldErr("Address", "%v is not the site's IPv4 unicast address on the provisioning network", c.Address)
 	}
 	if err := checkListenAddr("HTTPAddr", c.HTTPAddr); err != nil {
 		return err
@@ -71,35 +71,35 @@ func (c *Config) validate() error {
 		return err
 	}
 	if c.DHCP.Mode != DHCPOff && c.Interface == "" {
-		return errors.New("Interface: the provisioning interface is required for DHCP (or set DHCP.Mode off)")
+		return fieldErr("Interface", "the provisioning interface is required for DHCP (or set DHCP.Mode off)")
 	}
 	if c.TFTPAddr != TFTPOff {
 		for _, name := range []string{BIOSBinary, c.DHCP.EFIBinary} {
 			if err := regularFile(filepath.Join(c.IPXEDir, name)); err != nil {
-				return fmt.Errorf("IPXEDir: %w (Debian's package ipxe installs the iPXE binaries in %s)", err, IPXEDirDefault)
+				return fieldErr("IPXEDir", "%w (Debian's package ipxe installs the iPXE binaries in %s)", err, IPXEDirDefault)
 			}
 		}
 	}
 	if c.Kernel == "" || c.Initrd == "" {
-		return errors.New("Kernel, Initrd: the ramdisk's kernel and initramfs are required")
+		return fieldErr("Kernel, Initrd", "the ramdisk's kernel and initramfs are required")
 	}
 	if err := regularFile(c.Kernel); err != nil {
-		return fmt.Errorf("Kernel: %w", err)
+		return fieldErr("Kernel", "%w", err)
 	}
 	if err := regularFile(c.Initrd); err != nil {
-		return fmt.Errorf("Initrd: %w", err)
+		return fieldErr("Initrd", "%w", err)
 	}
 	if err := checkCmdline(c.Cmdline); err != nil {
-		return fmt.Errorf("Cmdline: %w", err)
+		return fieldErr("Cmdline", "%w", err)
 	}
 	if c.FetchConcurrency < 1 || c.FetchConcurrency > 64 {
-		return fmt.Errorf("FetchConcurrency: %d is not between 1 and 64", c.FetchConcurrency)
+		return fieldErr("FetchConcurrency", "%d is not between 1 and 64", c.FetchConcurrency)
 	}
 	if c.ReportQueue < 1 {
-		return fmt.Errorf("ReportQueue: %d is not positive", c.ReportQueue)
+		return fieldErr("ReportQueue", "%d is not positive", c.ReportQueue)
 	}
 	if c.Upstream == nil {
-		return errors.New("Upstream: required: it is where the site's reports go")
+		return fieldErr("Upstream", "required: it is where the site's reports go")
 	}
 	return nil
 }
@@ -150,53 +150,58 @@ func (d *DHCPConfig) validate(address netip.Addr) error {
 	switch d.EFIBinary {
 	case EFIBinarySNP, EFIBinaryIPXE:
 	default:
-		return fmt.Errorf("DHCP.EFIBinary: %q is neither %s nor %s", d.EFIBinary, EFIBinarySNP, EFIBinaryIPXE)
+		return fieldErr("DHCP.EFIBinary", "%q is neither %s nor %s", d.EFIBinary, EFIBinarySNP, EFIBinaryIPXE)
 	}
 	switch d.Mode {
 	case DHCPFull:
 		return d.validateFull(address)
 	case DHCPProxy, DHCPOff:
 		if d.Subnet.IsValid() || d.RangeStart.IsValid() || d.RangeEnd.IsValid() || d.Router.IsValid() || len(d.DNS) > 0 || d.LeaseTime != 0 {
-			return fmt.Errorf("DHCP: Subnet, RangeStart, RangeEnd, Router, DNS and LeaseTime are for mode %s only, not %s", DHCPFull, d.Mode)
+			return fieldErr("DHCP", "Subnet, RangeStart, RangeEnd, Router, DNS and LeaseTime are for mode %s only, not %s", DHCPFull, d.Mode)
 		}
 		return nil
 	default:
-		return fmt.Errorf("DHCP.Mode: %q is not %s, %s or %s", d.Mode, DHCPProxy, DHCPFull, DHCPOff)
+		return fieldErr("DHCP.Mode", "%q is not %s, %s or %s", d.Mode, DHCPProxy, DHCPFull, DHCPOff)
 	}
 }
 
 func (d *DHCPConfig) validateFull(address netip.Addr) error {
 	if !d.Subnet.IsValid() || !d.Subnet.Addr().Is4() || d.Subnet.Bits() > 30 {
-		return fmt.Errorf("DHCP.Subnet: %v is not an IPv4 network of at least 4 addresses (mode full needs it)", d.Subnet)
+		return fieldErr("DHCP.Subnet", "%v is not an IPv4 network of at least 4 addresses (mode full needs it)", d.Subnet)
 	}
 	d.Subnet = d.Subnet.Masked()
 	if !d.Subnet.Contains(address) {
-		return fmt.Errorf("DHCP.Subnet: %v does not hold Address %v", d.Subnet, address)
+		return fieldErr("DHCP.Subnet", "%v does not hold Address %v", d.Subnet, address)
 	}
 	if !d.RangeStart.Is4() || !d.Subnet.Contains(d.RangeStart) || !d.RangeEnd.Is4() || !d.Subnet.Contains(d.RangeEnd) {
-		return fmt.Errorf("DHCP.RangeStart, DHCP.RangeEnd: %v-%v is not a range in %v", d.RangeStart, d.RangeEnd, d.Subnet)
+		return fieldErr("DHCP.RangeStart, DHCP.RangeEnd", "%v-%v is not a range in %v", d.RangeStart, d.RangeEnd, d.Subnet)
 	}
 	if d.RangeEnd.Less(d.RangeStart) {
-		return fmt.Errorf("DHCP.RangeEnd: %v is before RangeStart %v", d.RangeEnd, d.RangeStart)
+		return fieldErr("DHCP.RangeEnd", "%v is before RangeStart %v", d.RangeEnd, d.RangeStart)
 	}
 	if d.RangeStart == d.Subnet.Addr() || d.RangeEnd == lastAddr(d.Subnet) {
-		return fmt.Errorf("DHCP.RangeStart, DHCP.RangeEnd: %v-%v holds the network or broadcast address of %v", d.RangeStart, d.RangeEnd, d.Subnet)
+		return fieldErr("DHCP.RangeStart, DHCP.RangeEnd", "%v-%v holds the network or broadcast address of %v", d.RangeStart, d.RangeEnd, d.Subnet)
 	}
 	if !address.Less(d.RangeStart) && !d.RangeEnd.Less(address) {
-		return fmt.Errorf("DHCP.RangeStart, DHCP.RangeEnd: %v-%v holds the site's own Address %v", d.RangeStart, d.RangeEnd, address)
+		return fieldErr("DHCP.RangeStart, DHCP.RangeEnd", "%v-%v holds the site's own Address %v", d.RangeStart, d.RangeEnd, address)
 	}
 	if d.Router.IsValid() && (!d.Router.Is4() || !d.Subnet.Contains(d.Router)) {
-		return fmt.Errorf("DHCP.Router: %v is not an address in %v", d.Router, d.Subnet)
+		return fieldErr("DHCP.Router", "%v is not an address in %v", d.Router, d.Subnet)
 	}
 	for _, a := range d.DNS {
 		if !a.Is4() {
-			return fmt.Errorf("DHCP.DNS: %v is not an IPv4 address", a)
+			return fieldErr("DHCP.DNS", "%v is not an IPv4 address", a)
 		}
 	}
 	if d.LeaseTime < time.Minute || d.LeaseTime > 365*24*time.Hour {
-		return fmt.Errorf("DHCP.LeaseTime: %v is not between a minute and a year", d.LeaseTime)
+		return fieldErr("DHCP.LeaseTime", "%v is not between a minute and a year", d.LeaseTime)
 	}
 	return nil
+}
+
+// fieldErr is a config error naming the field that is wrong.
+func fieldErr(field, format string, args ...any) error {
+	return fmt.Errorf("%s: %w", field, fmt.Errorf(format, args...))
 }
 
 // lastAddr is the broadcast address of an IPv4 prefix.

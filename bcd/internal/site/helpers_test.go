@@ -41,12 +41,17 @@ func fixture(t testing.TB, dir string, up Upstream) Config {
 	must(t, os.WriteFile(filepath.Join(ipxe, "secret.txt"), []byte("not an iPXE binary"), 0o644))
 	must(t, os.WriteFile(filepath.Join(dir, "vmlinuz"), kernelBytes, 0o644))
 	must(t, os.WriteFile(filepath.Join(dir, "initrd"), initrdBytes, 0o644))
+	return fixtureConfig(dir, up)
+}
+
+// fixtureConfig is the config of the files fixture wrote under dir.
+func fixtureConfig(dir string, up Upstream) Config {
 	return Config{
 		Address:  netip.MustParseAddr("127.0.0.1"),
 		HTTPAddr: "127.0.0.1:0",
 		TFTPAddr: "127.0.0.1:0",
 		DHCP:     DHCPConfig{Mode: DHCPOff},
-		IPXEDir:  ipxe,
+		IPXEDir:  filepath.Join(dir, "ipxe"),
 		Kernel:   filepath.Join(dir, "vmlinuz"),
 		Initrd:   filepath.Join(dir, "initrd"),
 		Cmdline:  "console=ttyS0,115200",
