@@ -298,3 +298,24 @@ func TestFetchConcurrency(t *testing.T) {
 		t.Errorf("%d downloads at once, want 2", got)
 	}
 }
+
+// TestImageStalled: a download that stops bringing bytes is abandoned and reported failed.
+func TestImageStalled(t *testing.T) {
+	content := bytes.Repeat([]byte("s"), 1<<16)
+	sum := sha256.Sum256(content)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", strconv.Itoa(len(content)))
+		w.Write(content[:1000])
+		w.(http.Flusher).Flush()
+		<-r.Context().Done() // until the site gives up on it
+	}))
+	defer srv.Close()
+	im := siteapi.Image{ID: "stalled", URL: srv.URL + "/stalled.raw", Format: "raw", SizeBytes: int64(len(content)), SHA256: hex.EncodeToString(sum[:])}
+	ts := startSite(t, fixture(t, t.TempDir(), newRecorder()), func(s *Server) { s.cache.stall = 200 * time.Millisecond })
+	must(t, ts.SetPlan(planWith(im)))
+	if st := waitImage(t, ts.up, im.SHA256, imageFailed); !strings.Contains(st.Error, "stalled") {
+		t.Errorf("failed with %q, want it to say stalled", st.Error)
+	}
+	must(t, ts.SetPlan(planWith())) // no more retries while the server closes
+	must(t, ts.stop())
+}

@@ -92,6 +92,10 @@ func (s *Server) answerPXEServer(req *dhcpv4.DHCPv4) *dhcpv4.DHCPv4 {
 // plan boots.
 func (s *Server) answerFull(req *dhcpv4.DHCPv4, now time.Time) *dhcpv4.DHCPv4 {
 	mac := req.ClientHWAddr.String()
+	if gw := addrFromIP(req.GatewayIPAddr); gw.IsValid() && !s.cfg.DHCP.Subnet.Contains(gw) {
+		s.log.Debug("dhcp: relayed from another network: no address of ours fits it", "mac", mac, "relay", gw)
+		return nil
+	}
 	var mods []dhcpv4.Modifier
 	if file, ok := s.pxeBootFile(req); ok {
 		mods = append(mods, withPXE(req, s.cfg.Address, file))

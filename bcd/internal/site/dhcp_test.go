@@ -250,6 +250,11 @@ func TestFullDHCP(t *testing.T) {
 	}
 	checkLease(ask(plain(dhcpv4.MessageTypeDiscover, macUnknown)), dhcpv4.MessageTypeOffer, "192.0.2.100")
 
+	// A request relayed from another network: none of the range's addresses fits it.
+	if resp := ask(plain(dhcpv4.MessageTypeDiscover, macDisk, dhcpv4.WithGatewayIP(net.ParseIP("198.51.100.1")))); resp != nil {
+		t.Errorf("answered a discover relayed from another network: %s", resp.Summary())
+	}
+
 	// An unknown PXE client under ignore: an address, no boot file.
 	s2 := dhcpServer(t, fullDHCP(), planOf(siteapi.UnknownIgnore))
 	resp, _ := s2.answerDHCP(pxe(iana.INTEL_X86PC, dhcpv4.MessageTypeDiscover, macUnknown), 67, nil, now)
