@@ -16,12 +16,6 @@ import (
 	"github.com/better-compute/compute/metal/siteapi"
 )
 
-// The states of an image reported up (siteapi.ImageState.State).
-const (
-	imageCached = "cached"
-	imageFailed = "failed"
-)
-
 // How the cache retries an image that failed (exponential backoff between these bounds), and
 // how long a download may go without a byte before it is abandoned.
 const (
@@ -141,15 +135,17 @@ func (c *cache) reconcile(ctx context.Context, workers *sync.WaitGroup) (next ti
 	if !c.planned {
 		return time.Time{}
 	}
-	working := 0
+	working := 0 // cancelled workers count until they have stopped
 	for sha, e := range c.entries {
 		_, wanted := c.wanted[sha]
-		switch {
-		case wanted && e.state == stateWorking:
+		if e.state == stateWorking {
 			working++
-		case !wanted && e.state == stateWorking:
+		}
+		switch {
+		case wanted:
+		case e.state == stateWorking:
 			e.cancel() // the worker removes what it wrote
-		case !wanted:
+		default:
 			c.removeFile(sha)
 			delete(c.entries, sha)
 			c.log.Info("image removed: it left the plan", "sha256", sha)
@@ -237,13 +233,13 @@ func (c *cache) work(runCtx, ctx context.Context, im siteapi.Image) {
 		c.mu.Unlock()
 		return
 	}
-	state := siteapi.ImageState{SHA256: im.SHA256, State: imageCached}
+	state := siteapi.ImageState{SHA256: im.SHA256, State: siteapi.ImageCached}
 	if err == nil {
 		e.state, e.wait = stateCached, c.retryMin
 	} else {
 		e.state, e.retryAt = stateFailed, time.Now().Add(jitter(e.wait))
 		e.wait = min(2*e.wait, c.retryMax)
-		state.State, state.Error = imageFailed, err.Error()
+		state.State, state.Error = siteapi.ImageFailed, err.Error()
 	}
 	retryIn := time.Until(e.retryAt).Round(time.Millisecond)
 	c.mu.Unlock()

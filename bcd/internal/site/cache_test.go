@@ -133,7 +133,7 @@ func TestImageCached(t *testing.T) {
 		t.Errorf("before any plan: %d, want 404", status)
 	}
 	must(t, ts.SetPlan(planWith(im)))
-	waitImage(t, ts.up, im.SHA256, imageCached)
+	waitImage(t, ts.up, im.SHA256, siteapi.ImageCached)
 
 	status, body, h := ts.do(t, "GET", "/images/"+im.SHA256, "", "")
 	if status != http.StatusOK || body != string(content) {
@@ -193,7 +193,7 @@ func TestImageRefused(t *testing.T) {
 		{missing, "404 Not Found"},
 		{flaky, "500 Internal Server Error"},
 	} {
-		st := waitImage(t, ts.up, c.im.SHA256, imageFailed)
+		st := waitImage(t, ts.up, c.im.SHA256, siteapi.ImageFailed)
 		if !strings.Contains(st.Error, c.says) {
 			t.Errorf("%s: failed with %q, want it to say %q", c.im.ID, st.Error, c.says)
 		}
@@ -203,7 +203,7 @@ func TestImageRefused(t *testing.T) {
 			}
 		}
 	}
-	waitImage(t, ts.up, flaky.SHA256, imageCached)
+	waitImage(t, ts.up, flaky.SHA256, siteapi.ImageCached)
 	if hits := is.hitsOf("/flaky.raw"); hits != 3 {
 		t.Errorf("flaky image fetched %d times, want 3 (two 500s, then the bytes)", hits)
 	}
@@ -236,7 +236,7 @@ func TestImageRemovedAndRestart(t *testing.T) {
 	first := startSite(t, cfg)
 	must(t, first.SetPlan(planWith(a, b, c)))
 	for _, im := range []siteapi.Image{a, b, c} {
-		waitImage(t, first.up, im.SHA256, imageCached)
+		waitImage(t, first.up, im.SHA256, siteapi.ImageCached)
 	}
 	must(t, first.SetPlan(planWith(a, b)))
 	deadline := time.Now().Add(5 * time.Second)
@@ -261,8 +261,8 @@ func TestImageRemovedAndRestart(t *testing.T) {
 	cfg.Upstream = newRecorder()
 	second := startSite(t, cfg)
 	must(t, second.SetPlan(planWith(a, b)))
-	waitImage(t, second.up, a.SHA256, imageCached)
-	waitImage(t, second.up, b.SHA256, imageCached)
+	waitImage(t, second.up, a.SHA256, siteapi.ImageCached)
+	waitImage(t, second.up, b.SHA256, siteapi.ImageCached)
 	if hits := is.hitsOf("/a.raw"); hits != 1 {
 		t.Errorf("a fetched %d times, want once: the restart verified it in the cache", hits)
 	}
@@ -292,7 +292,7 @@ func TestFetchConcurrency(t *testing.T) {
 	ts := startSite(t, cfg)
 	must(t, ts.SetPlan(planWith(images...)))
 	for _, im := range images {
-		waitImage(t, ts.up, im.SHA256, imageCached)
+		waitImage(t, ts.up, im.SHA256, siteapi.ImageCached)
 	}
 	if got := is.maxIn.Load(); got != 2 {
 		t.Errorf("%d downloads at once, want 2", got)
@@ -313,7 +313,7 @@ func TestImageStalled(t *testing.T) {
 	im := siteapi.Image{ID: "stalled", URL: srv.URL + "/stalled.raw", Format: "raw", SizeBytes: int64(len(content)), SHA256: hex.EncodeToString(sum[:])}
 	ts := startSite(t, fixture(t, t.TempDir(), newRecorder()), func(s *Server) { s.cache.stall = 200 * time.Millisecond })
 	must(t, ts.SetPlan(planWith(im)))
-	if st := waitImage(t, ts.up, im.SHA256, imageFailed); !strings.Contains(st.Error, "stalled") {
+	if st := waitImage(t, ts.up, im.SHA256, siteapi.ImageFailed); !strings.Contains(st.Error, "stalled") {
 		t.Errorf("failed with %q, want it to say stalled", st.Error)
 	}
 	must(t, ts.SetPlan(planWith())) // no more retries while the server closes

@@ -97,8 +97,11 @@ func (s *Server) answerFull(req *dhcpv4.DHCPv4, now time.Time) *dhcpv4.DHCPv4 {
 		return nil
 	}
 	var mods []dhcpv4.Modifier
-	if file, ok := s.pxeBootFile(req); ok {
-		mods = append(mods, withPXE(req, s.cfg.Address, file))
+	switch req.MessageType() {
+	case dhcpv4.MessageTypeDiscover, dhcpv4.MessageTypeRequest, dhcpv4.MessageTypeInform:
+		if file, ok := s.pxeBootFile(req); ok {
+			mods = append(mods, withPXE(req, s.cfg.Address, file))
+		}
 	}
 	switch req.MessageType() {
 	case dhcpv4.MessageTypeDiscover:

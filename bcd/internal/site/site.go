@@ -176,8 +176,8 @@ func (s *Server) SetPlan(p siteapi.Plan) error {
 		return fmt.Errorf("site: plan: %w", err)
 	}
 	s.mu.Lock()
+	defer s.mu.Unlock() // held across both, so that concurrent calls leave one plan everywhere
 	s.plan = idx
-	s.mu.Unlock()
 	s.cache.want(idx.images)
 	s.log.Info("plan", "site", p.Site, "machines", len(p.Machines), "images", len(idx.images), "unknown", p.Unknown)
 	return nil
