@@ -27,7 +27,8 @@ import (
 // kind is one of siteapi.KindMachineSeen (payload siteapi.MachineSeen), siteapi.KindTaskProgress
 // (siteapi.Progress) and siteapi.KindImageCached (siteapi.ImageState). Report is called from one
 // goroutine at a time, in the order the reports were made; an error means the report was not
-// delivered and it is tried again with backoff, unless the error wraps ErrRejected.
+// delivered and it is tried again with backoff, unless the error wraps ErrRejected. Report must
+// return once ctx ends: Run waits for it.
 type Upstream interface {
 	Report(ctx context.Context, kind string, payload any) error
 }
