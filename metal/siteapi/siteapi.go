@@ -146,9 +146,15 @@ type Progress struct {
 // ImageState is a site's cache of one image.
 type ImageState struct {
 	SHA256 string `json:"sha256"`
-	State  string `json:"state"` // cached or failed
+	State  string `json:"state"` // ImageCached or ImageFailed
 	Error  string `json:"error,omitempty"`
 }
+
+// The states of an image in a site's cache (ImageState.State).
+const (
+	ImageCached = "cached" // downloaded and verified: served at /images/<sha256>
+	ImageFailed = "failed" // not cached (Error says why); the site retries while the plan names it
+)
 
 // Facts are what a machine's ramdisk finds of it: untrusted input, checked by Validate.
 type Facts struct {

@@ -1,0 +1,321 @@
+package site
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/better-compute/compute/metal/siteapi"
+)
+
+// imageServer is where the plan's images come from: an httptest server whose answers a test
+// scripts, counting the requests of each path.
+type imageServer struct {
+	*httptest.Server
+	mu       sync.Mutex
+	files    map[string][]byte // path → bytes
+	lie      map[string]int64  // path → Content-Length to claim instead
+	fail     map[string]int    // path → 500s before it serves
+	hits     map[string]int
+	inFlight atomic.Int32
+	maxIn    atomic.Int32
+	delay    time.Duration
+}
+
+func newImageServer(t *testing.T) *imageServer {
+	is := &imageServer{files: map[string][]byte{}, lie: map[string]int64{}, fail: map[string]int{}, hits: map[string]int{}}
+	is.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := is.inFlight.Add(1)
+		defer is.inFlight.Add(-1)
+		for m := is.maxIn.Load(); n > m && !is.maxIn.CompareAndSwap(m, n); m = is.maxIn.Load() {
+		}
+		is.mu.Lock()
+		is.hits[r.URL.Path]++
+		b, ok := is.files[r.URL.Path]
+		lie, lies := is.lie[r.URL.Path]
+		fail := is.fail[r.URL.Path] > 0
+		if fail {
+			is.fail[r.URL.Path]--
+		}
+		delay := is.delay
+		is.mu.Unlock()
+		time.Sleep(delay)
+		switch {
+		case !ok:
+			http.NotFound(w, r)
+		case fail:
+			http.Error(w, "try later", http.StatusInternalServerError)
+		case lies:
+			w.Header().Set("Content-Length", strconv.FormatInt(lie, 10))
+			w.Write(b[:min(int64(len(b)), lie)])
+		default:
+			w.Write(b)
+		}
+	}))
+	t.Cleanup(is.Close)
+	return is
+}
+
+func (is *imageServer) hitsOf(path string) int {
+	is.mu.Lock()
+	defer is.mu.Unlock()
+	return is.hits[path]
+}
+
+// image puts content at path and returns the plan's image of it (sha and size of want, which
+// differ from content for a corrupt image).
+func (is *imageServer) image(path string, content, want []byte) siteapi.Image {
+	is.mu.Lock()
+	is.files[path] = content
+	is.mu.Unlock()
+	sum := sha256.Sum256(want)
+	return siteapi.Image{ID: strings.TrimPrefix(path, "/"), URL: is.URL + path, Format: "raw", SizeBytes: int64(len(want)), SHA256: hex.EncodeToString(sum[:])}
+}
+
+func planWith(images ...siteapi.Image) siteapi.Plan {
+	p := testPlan(siteapi.UnknownInspect)
+	p.Images = images
+	return p
+}
+
+func imageStates(got []sent) []siteapi.ImageState {
+	return ofKind[siteapi.ImageState](got, siteapi.KindImageCached)
+}
+
+// waitImage waits for a report of the image and returns the last one.
+func waitImage(t *testing.T, up *recorder, sha, state string) siteapi.ImageState {
+	t.Helper()
+	var last siteapi.ImageState
+	up.waitFor(t, "image "+sha[:8]+" "+state, func(s []sent) bool {
+		for _, st := range imageStates(s) {
+			if st.SHA256 == sha && st.State == state {
+				last = st
+				return true
+			}
+		}
+		return false
+	})
+	return last
+}
+
+func cacheFiles(t *testing.T, dir string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	must(t, err)
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	return names
+}
+
+// TestImageCached: a good image is downloaded, verified, reported cached and served (whole, by
+// range, conditionally); an image the plan does not name is not served.
+func TestImageCached(t *testing.T) {
+	is := newImageServer(t)
+	content := bytes.Repeat([]byte("a disk image "), 10000)
+	im := is.image("/good.raw", content, content)
+	ts := startSite(t, fixture(t, t.TempDir(), newRecorder()))
+
+	if status, _, _ := ts.do(t, "GET", "/images/"+im.SHA256, "", ""); status != http.StatusNotFound {
+		t.Errorf("before any plan: %d, want 404", status)
+	}
+	must(t, ts.SetPlan(planWith(im)))
+	waitImage(t, ts.up, im.SHA256, siteapi.ImageCached)
+
+	status, body, h := ts.do(t, "GET", "/images/"+im.SHA256, "", "")
+	if status != http.StatusOK || body != string(content) {
+		t.Fatalf("GET the image: %d, %d bytes; want 200, %d", status, len(body), len(content))
+	}
+	if h.Get("ETag") != `"`+im.SHA256+`"` {
+		t.Errorf("ETag %q", h.Get("ETag"))
+	}
+	req, _ := http.NewRequest("GET", ts.base+"/images/"+im.SHA256, nil)
+	req.Header.Set("Range", "bytes=100-199")
+	c := &http.Client{Transport: &http.Transport{}}
+	defer c.CloseIdleConnections()
+	resp, err := c.Do(req)
+	must(t, err)
+	part, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusPartialContent || !bytes.Equal(part, content[100:200]) {
+		t.Errorf("range: %d, %d bytes; want 206 and bytes 100-199", resp.StatusCode, len(part))
+	}
+	other := sha256.Sum256([]byte("other"))
+	for _, path := range []string{"/images/" + hex.EncodeToString(other[:]), "/images/not-a-sha", "/images/" + im.SHA256 + "/x"} {
+		if status, _, _ := ts.do(t, "GET", path, "", ""); status != http.StatusNotFound {
+			t.Errorf("GET %s: %d, want 404", path, status)
+		}
+	}
+	if got := cacheFiles(t, ts.cfg.CacheDir); !slices.Equal(got, []string{im.SHA256}) {
+		t.Errorf("cache directory holds %v, want only %s", got, im.SHA256)
+	}
+}
+
+// TestImageRefused: bytes whose SHA-256 or size is not the plan's are reported failed, with the
+// reason, never served, and leave nothing in the cache; a transient 500 is retried.
+func TestImageRefused(t *testing.T) {
+	is := newImageServer(t)
+	good := bytes.Repeat([]byte("good "), 1000)
+	corrupt := is.image("/corrupt.raw", append(bytes.Clone(good[:len(good)-1]), 'X'), good)
+	short := is.image("/short.raw", good[:100], good[:101])         // no Content-Length lie: fewer bytes
+	long := is.image("/long.raw", append(good, good...), good[:50]) // more bytes than the plan says
+	liar := is.image("/liar.raw", good[1:], good[1:])
+	is.lie["/liar.raw"] = int64(len(good) - 10) // claims and sends fewer
+	missing := siteapi.Image{ID: "missing", URL: is.URL + "/missing.raw", Format: "raw", SizeBytes: 3, SHA256: strings.Repeat("ab", 32)}
+	flaky := is.image("/flaky.raw", bytes.Repeat([]byte("z"), 4096), bytes.Repeat([]byte("z"), 4096))
+	is.fail["/flaky.raw"] = 2
+
+	cfg := fixture(t, t.TempDir(), newRecorder())
+	cfg.FetchConcurrency = 6
+	ts := startSite(t, cfg)
+	must(t, ts.SetPlan(planWith(corrupt, short, long, liar, missing, flaky)))
+	for _, c := range []struct {
+		im   siteapi.Image
+		says string
+	}{
+		{corrupt, "sha256:"},
+		{short, "size:"},
+		{long, "size:"},
+		{liar, "size:"},
+		{missing, "404 Not Found"},
+		{flaky, "500 Internal Server Error"},
+	} {
+		st := waitImage(t, ts.up, c.im.SHA256, siteapi.ImageFailed)
+		if !strings.Contains(st.Error, c.says) {
+			t.Errorf("%s: failed with %q, want it to say %q", c.im.ID, st.Error, c.says)
+		}
+		if c.im.ID != "flaky.raw" {
+			if status, _, _ := ts.do(t, "GET", "/images/"+c.im.SHA256, "", ""); status != http.StatusNotFound {
+				t.Errorf("%s: served (%d) though it failed", c.im.ID, status)
+			}
+		}
+	}
+	waitImage(t, ts.up, flaky.SHA256, siteapi.ImageCached)
+	if hits := is.hitsOf("/flaky.raw"); hits != 3 {
+		t.Errorf("flaky image fetched %d times, want 3 (two 500s, then the bytes)", hits)
+	}
+	if hits := is.hitsOf("/corrupt.raw"); hits < 2 {
+		t.Errorf("corrupt image fetched %d times, want retries", hits)
+	}
+	must(t, ts.SetPlan(planWith(flaky))) // stop the retries, then look at the directory
+	time.Sleep(100 * time.Millisecond)
+	deadline := time.Now().Add(5 * time.Second)
+	for !slices.Equal(cacheFiles(t, ts.cfg.CacheDir), []string{flaky.SHA256}) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := cacheFiles(t, ts.cfg.CacheDir); !slices.Equal(got, []string{flaky.SHA256}) {
+		t.Errorf("cache directory holds %v, want only the flaky image, and no temporary file", got)
+	}
+}
+
+// TestImageRemovedAndRestart: an image that leaves the plan is removed and no longer served; a
+// site restarted on the same cache verifies what it finds and reports it cached without
+// fetching it again, fetches again a cached file that no longer verifies, and removes files no
+// plan names.
+func TestImageRemovedAndRestart(t *testing.T) {
+	is := newImageServer(t)
+	a := is.image("/a.raw", bytes.Repeat([]byte("a"), 5000), bytes.Repeat([]byte("a"), 5000))
+	b := is.image("/b.raw", bytes.Repeat([]byte("b"), 5000), bytes.Repeat([]byte("b"), 5000))
+	c := is.image("/c.raw", bytes.Repeat([]byte("c"), 5000), bytes.Repeat([]byte("c"), 5000))
+	dir := t.TempDir()
+	cfg := fixture(t, dir, newRecorder())
+
+	first := startSite(t, cfg)
+	must(t, first.SetPlan(planWith(a, b, c)))
+	for _, im := range []siteapi.Image{a, b, c} {
+		waitImage(t, first.up, im.SHA256, siteapi.ImageCached)
+	}
+	must(t, first.SetPlan(planWith(a, b)))
+	deadline := time.Now().Add(5 * time.Second)
+	for slices.Contains(cacheFiles(t, cfg.CacheDir), c.SHA256) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if slices.Contains(cacheFiles(t, cfg.CacheDir), c.SHA256) {
+		t.Fatal("an image that left the plan is still in the cache")
+	}
+	if status, _, _ := first.do(t, "GET", "/images/"+c.SHA256, "", ""); status != http.StatusNotFound {
+		t.Errorf("an image that left the plan is served: %d", status)
+	}
+	must(t, first.stop())
+
+	// Between runs: b's file is damaged, and a stray image and a temporary file appear.
+	must(t, os.WriteFile(filepath.Join(cfg.CacheDir, b.SHA256), bytes.Repeat([]byte("B"), 5000), 0o644))
+	stray := strings.Repeat("0", 64)
+	must(t, os.WriteFile(filepath.Join(cfg.CacheDir, stray), []byte("stray"), 0o644))
+	must(t, os.WriteFile(filepath.Join(cfg.CacheDir, "."+a.SHA256+".part-123"), []byte("half"), 0o644))
+	must(t, os.WriteFile(filepath.Join(cfg.CacheDir, "README"), []byte("not the cache's"), 0o644))
+
+	cfg.Upstream = newRecorder()
+	second := startSite(t, cfg)
+	must(t, second.SetPlan(planWith(a, b)))
+	waitImage(t, second.up, a.SHA256, siteapi.ImageCached)
+	waitImage(t, second.up, b.SHA256, siteapi.ImageCached)
+	if hits := is.hitsOf("/a.raw"); hits != 1 {
+		t.Errorf("a fetched %d times, want once: the restart verified it in the cache", hits)
+	}
+	if hits := is.hitsOf("/b.raw"); hits != 2 {
+		t.Errorf("b fetched %d times, want twice: its damaged copy does not verify", hits)
+	}
+	if status, body, _ := second.do(t, "GET", "/images/"+b.SHA256, "", ""); status != http.StatusOK || body != strings.Repeat("b", 5000) {
+		t.Errorf("b after the restart: %d, %.10q…", status, body)
+	}
+	want := []string{a.SHA256, b.SHA256, "README"}
+	slices.Sort(want)
+	if got := cacheFiles(t, cfg.CacheDir); !slices.Equal(got, want) {
+		t.Errorf("cache directory after the restart holds %v, want %v", got, want)
+	}
+}
+
+// TestFetchConcurrency: no more images are downloaded at once than FetchConcurrency.
+func TestFetchConcurrency(t *testing.T) {
+	is := newImageServer(t)
+	is.delay = 30 * time.Millisecond
+	var images []siteapi.Image
+	for _, n := range []string{"/1", "/2", "/3", "/4"} {
+		images = append(images, is.image(n, []byte(n), []byte(n)))
+	}
+	cfg := fixture(t, t.TempDir(), newRecorder())
+	cfg.FetchConcurrency = 2
+	ts := startSite(t, cfg)
+	must(t, ts.SetPlan(planWith(images...)))
+	for _, im := range images {
+		waitImage(t, ts.up, im.SHA256, siteapi.ImageCached)
+	}
+	if got := is.maxIn.Load(); got != 2 {
+		t.Errorf("%d downloads at once, want 2", got)
+	}
+}
+
+// TestImageStalled: a download that stops bringing bytes is abandoned and reported failed.
+func TestImageStalled(t *testing.T) {
+	content := bytes.Repeat([]byte("s"), 1<<16)
+	sum := sha256.Sum256(content)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", strconv.Itoa(len(content)))
+		w.Write(content[:1000])
+		w.(http.Flusher).Flush()
+		<-r.Context().Done() // until the site gives up on it
+	}))
+	defer srv.Close()
+	im := siteapi.Image{ID: "stalled", URL: srv.URL + "/stalled.raw", Format: "raw", SizeBytes: int64(len(content)), SHA256: hex.EncodeToString(sum[:])}
+	ts := startSite(t, fixture(t, t.TempDir(), newRecorder()), func(s *Server) { s.cache.stall = 200 * time.Millisecond })
+	must(t, ts.SetPlan(planWith(im)))
+	if st := waitImage(t, ts.up, im.SHA256, siteapi.ImageFailed); !strings.Contains(st.Error, "stalled") {
+		t.Errorf("failed with %q, want it to say stalled", st.Error)
+	}
+	must(t, ts.SetPlan(planWith())) // no more retries while the server closes
+	must(t, ts.stop())
+}

@@ -1,0 +1,235 @@
+package site
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/better-compute/compute/metal/siteapi"
+)
+
+// The largest bodies the ramdisk API reads: a Hello at the facts' limits is about 40 KiB.
+const (
+	helloLimit    = 256 << 10
+	progressLimit = 16 << 10
+)
+
+// A ramdisk told 503 tries again after this many seconds (Retry-After).
+const retryAfterSeconds = 5
+
+// handleHello answers POST /ramdisk/v1/hello: the machine the site takes the ramdisk for (by
+// its MACs) and that machine's token, and reports the facts up as KindMachineSeen. A Hello is
+// not authenticated: the provisioning network is trusted as PXE trusts it.
+func (s *Server) handleHello(w http.ResponseWriter, r *http.Request) {
+	var h siteapi.Hello
+	if !decodeBody(w, r, helloLimit, &h) {
+		return
+	}
+	if err := checkHello(h); err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_argument", err.Error())
+		return
+	}
+	p := s.currentPlan()
+	if p == nil {
+		unavailable(w, "the site has no plan from the control plane yet")
+		return
+	}
+	m, err := p.machineByMACs(h.Facts.MACs)
+	if err != nil {
+		writeError(w, http.StatusConflict, "conflict", err.Error())
+		return
+	}
+	seen := siteapi.MachineSeen{Facts: h.Facts}
+	var answer siteapi.HelloAnswer
+	if m != nil {
+		seen.Machine = m.ID
+		answer = siteapi.HelloAnswer{Machine: m.ID, Token: m.Token}
+	}
+	if !s.reports.offer(siteapi.KindMachineSeen, seen) {
+		unavailable(w, "the site's reports to the control plane are backed up")
+		return
+	}
+	s.log.Info("ramdisk: hello", "machine", seen.Machine, "serial", h.Facts.Serial, "macs", h.Facts.MACs, "said_machine", h.Machine)
+	writeJSON(w, http.StatusOK, answer)
+}
+
+func checkHello(h siteapi.Hello) error {
+	if len(h.Machine) > 64 || !printable(h.Machine) {
+		return &siteapi.FieldError{Field: "machine", Problem: "at most 64 bytes of printable text"}
+	}
+	if len(h.Token) > 512 || !printable(h.Token) {
+		return &siteapi.FieldError{Field: "token", Problem: "at most 512 bytes of printable text"}
+	}
+	return h.Facts.Validate()
+}
+
+func printable(s string) bool {
+	return !strings.ContainsFunc(s, func(r rune) bool { return r < 0x20 || r == 0x7f })
+}
+
+// machineByMACs is the plan's machine with any of macs; nil when none is; an error when the MACs
+// name two machines of the plan.
+func (p *planIndex) machineByMACs(macs []string) (*siteapi.PlanMachine, error) {
+	var found *siteapi.PlanMachine
+	for _, mac := range macs {
+		m := p.byMAC[mac]
+		if m == nil {
+			continue
+		}
+		if found != nil && found != m {
+			return nil, &siteapi.FieldError{Field: "facts.macs", Problem: fmt.Sprintf("name two machines of the plan, %s and %s", found.ID, m.ID)}
+		}
+		found = m
+	}
+	return found, nil
+}
+
+// handleTask answers GET /ramdisk/v1/task?machine=: the machine's task (200) or 204 while it has
+// none, to the bearer of the machine's current token.
+func (s *Server) handleTask(w http.ResponseWriter, r *http.Request) {
+	id := r.URL.Query().Get("machine")
+	if id == "" {
+		writeError(w, http.StatusBadRequest, "invalid_argument", "machine: the query parameter is required")
+		return
+	}
+	p := s.currentPlan()
+	if p == nil {
+		unavailable(w, "the site has no plan from the control plane yet")
+		return
+	}
+	m, ok := authorize(r, p, id)
+	if !ok {
+		unauthorized(w)
+		return
+	}
+	if m.Task == nil {
+		w.Header().Set("Cache-Control", "no-store")
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	writeJSON(w, http.StatusOK, m.Task)
+}
+
+// handleProgress answers POST /ramdisk/v1/progress: checked, authorized by the token of the
+// machine it names, and reported up as KindTaskProgress (204). The site passes on progress of
+// any task id: the control plane's workflows match it to the task they wait on.
+func (s *Server) handleProgress(w http.ResponseWriter, r *http.Request) {
+	var prog siteapi.Progress
+	if !decodeBody(w, r, progressLimit, &prog) {
+		return
+	}
+	if err := prog.Validate(); err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_argument", err.Error())
+		return
+	}
+	p := s.currentPlan()
+	if p == nil {
+		unavailable(w, "the site has no plan from the control plane yet")
+		return
+	}
+	if _, ok := authorize(r, p, prog.Machine); !ok {
+		unauthorized(w)
+		return
+	}
+	if !s.reports.offer(siteapi.KindTaskProgress, prog) {
+		unavailable(w, "the site's reports to the control plane are backed up")
+		return
+	}
+	s.log.Debug("ramdisk: progress", "machine", prog.Machine, "task", prog.Task, "phase", prog.Phase, "bytes", prog.Bytes)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// authorize finds the plan's machine id if the request bears its current token.
+func authorize(r *http.Request, p *planIndex, id string) (*siteapi.PlanMachine, bool) {
+	scheme, token, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+	m := p.byID[id]
+	if m == nil || m.Token == "" || !strings.EqualFold(scheme, "Bearer") {
+		return nil, false
+	}
+	if subtle.ConstantTimeCompare([]byte(strings.TrimSpace(token)), []byte(m.Token)) != 1 {
+		return nil, false
+	}
+	return m, true
+}
+
+func unauthorized(w http.ResponseWriter) {
+	w.Header().Set("WWW-Authenticate", `Bearer realm="bcd site"`)
+	writeError(w, http.StatusUnauthorized, "unauthenticated", siteapi.ErrUnauthorized.Error())
+}
+
+func unavailable(w http.ResponseWriter, why string) {
+	w.Header().Set("Retry-After", strconv.Itoa(retryAfterSeconds))
+	writeError(w, http.StatusServiceUnavailable, "unavailable", why+": retry")
+}
+
+// decodeBody reads a JSON body of at most limit bytes into v, strictly: one JSON value, no
+// unknown field. Anything else is answered (400, or 413 when too large), and false returned.
+func decodeBody(w http.ResponseWriter, r *http.Request, limit int64, v any) bool {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit))
+	dec.DisallowUnknownFields()
+	err := dec.Decode(v)
+	if err == nil {
+		if _, more := dec.Token(); more != io.EOF {
+			err = errTrailing
+		}
+	}
+	if err == nil {
+		return true
+	}
+	status, msg := bodyProblem(err, limit)
+	writeError(w, status, "invalid_argument", msg)
+	return false
+}
+
+var errTrailing = errors.New("more than one JSON value")
+
+// bodyProblem says what is wrong with a body, naming the field where there is one.
+func bodyProblem(err error, limit int64) (int, string) {
+	var tooLarge *http.MaxBytesError
+	var syntax *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &tooLarge):
+		return http.StatusRequestEntityTooLarge, fmt.Sprintf("body: larger than %d bytes", limit)
+	case errors.Is(err, io.EOF):
+		return http.StatusBadRequest, "body: empty: a JSON object is required"
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return http.StatusBadRequest, "body: the JSON ends too early"
+	case errors.As(err, &syntax):
+		return http.StatusBadRequest, fmt.Sprintf("body: not JSON (at byte %d: %v)", syntax.Offset, syntax)
+	case errors.As(err, &typ):
+		if typ.Field == "" {
+			return http.StatusBadRequest, fmt.Sprintf("body: must be a JSON object, not %s", typ.Value)
+		}
+		return http.StatusBadRequest, fmt.Sprintf("%s: must be %s, not %s", typ.Field, jsonType(typ.Type.Kind().String()), typ.Value)
+	case errors.Is(err, errTrailing):
+		return http.StatusBadRequest, "body: " + err.Error()
+	}
+	// encoding/json has no error type for an unknown field: its message is the only place the
+	// field's name is.
+	if name, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+		return http.StatusBadRequest, strings.Trim(name, `"`) + ": unknown field"
+	}
+	return http.StatusBadRequest, "body: " + err.Error()
+}
+
+func jsonType(kind string) string {
+	switch kind {
+	case "string":
+		return "a string"
+	case "slice", "array":
+		return "an array"
+	case "struct", "map":
+		return "an object"
+	case "bool":
+		return "true or false"
+	case "ptr":
+		return "an object or null"
+	}
+	return "a number" // the integer kinds
+}
