@@ -219,13 +219,13 @@ type Image struct {
 	// KernelURL, InitrdURL and Cmdline, when set, boot the written image in place from the
 	// ramdisk (kexec), with Cmdline (its root, its console) and what the deployed system needs
 	// to join; without them the machine reboots into its disk.
-	KernelURL string    `json:"kernelUrl,omitempty"`
-	InitrdURL string    `json:"initrdUrl,omitempty"`
-	Cmdline   string    `json:"cmdline,omitempty"`
+	KernelURL string `json:"kernelUrl,omitempty"`
+	InitrdURL string `json:"initrdUrl,omitempty"`
+	Cmdline   string `json:"cmdline,omitempty"`
 	// PullTokenSet says the image is fetched with a pull token, which no answer shows.
 	PullTokenSet bool      `json:"pullTokenSet,omitempty"`
 	CreatedBy    string    `json:"createdBy"`
-	CreatedAt time.Time `json:"createdAt"`
+	CreatedAt    time.Time `json:"createdAt"`
 }
 
 // RegisterImage is the input of images.register.

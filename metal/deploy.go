@@ -328,7 +328,7 @@ func (m *Module) planDeploy(ctx context.Context, s *modules.StepRun) (any, error
 	then := siteapi.Task{Then: siteapi.ThenReboot, Disk: in.Disk}
 	token := DeployPrefix + randomToken(32)
 	if img.KernelURL != "" {
-		args := []string{img.Cmdline, siteapi.CmdlineHostname+"=" + mach.Name}
+		args := []string{img.Cmdline, siteapi.CmdlineHostname + "=" + mach.Name}
 		if in.Pool != "" {
 			args = append(args, siteapi.CmdlineJoinURL+"="+m.joinURL, siteapi.CmdlineJoin+"="+token)
 		}
