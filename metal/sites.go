@@ -212,7 +212,7 @@ func imageCached(ctx context.Context, r *modules.Report) error {
 	if err := decodeReport(r, &st); err != nil {
 		return err
 	}
-	if !siteapi.ValidSHA256(st.SHA256) || (st.State != "cached" && st.State != "failed") {
+	if !siteapi.ValidSHA256(st.SHA256) || (st.State != siteapi.ImageCached && st.State != siteapi.ImageFailed) {
 		return api.InvalidField("payload", "an image state needs a sha256 and a state of cached or failed")
 	}
 	site, err := reportSite(ctx, r)

@@ -28,6 +28,7 @@ type imageServer struct {
 	files    map[string][]byte // path → bytes
 	lie      map[string]int64  // path → Content-Length to claim instead
 	fail     map[string]int    // path → 500s before it serves
+	auth     map[string]string // path → the Authorization it needs
 	hits     map[string]int
 	inFlight atomic.Int32
 	maxIn    atomic.Int32
@@ -35,7 +36,7 @@ type imageServer struct {
 }
 
 func newImageServer(t *testing.T) *imageServer {
-	is := &imageServer{files: map[string][]byte{}, lie: map[string]int64{}, fail: map[string]int{}, hits: map[string]int{}}
+	is := &imageServer{files: map[string][]byte{}, lie: map[string]int64{}, fail: map[string]int{}, auth: map[string]string{}, hits: map[string]int{}}
 	is.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n := is.inFlight.Add(1)
 		defer is.inFlight.Add(-1)
@@ -50,11 +51,14 @@ func newImageServer(t *testing.T) *imageServer {
 			is.fail[r.URL.Path]--
 		}
 		delay := is.delay
+		auth, private := is.auth[r.URL.Path]
 		is.mu.Unlock()
 		time.Sleep(delay)
 		switch {
 		case !ok:
 			http.NotFound(w, r)
+		case private && r.Header.Get("Authorization") != auth:
+			http.Error(w, "who are you", http.StatusUnauthorized)
 		case fail:
 			http.Error(w, "try later", http.StatusInternalServerError)
 		case lies:
@@ -161,6 +165,28 @@ func TestImageCached(t *testing.T) {
 	}
 	if got := cacheFiles(t, ts.cfg.CacheDir); !slices.Equal(got, []string{im.SHA256}) {
 		t.Errorf("cache directory holds %v, want only %s", got, im.SHA256)
+	}
+}
+
+// TestImagePullToken: a private image is fetched with the plan's Authorization, and served to
+// ramdisks without it; the same image without its token is refused by its registry.
+func TestImagePullToken(t *testing.T) {
+	is := newImageServer(t)
+	content := bytes.Repeat([]byte("private "), 1000)
+	im := is.image("/private.raw", content, content)
+	is.mu.Lock()
+	is.auth["/private.raw"] = "Bearer pull-token"
+	is.mu.Unlock()
+	ts := startSite(t, fixture(t, t.TempDir(), newRecorder()))
+	must(t, ts.SetPlan(planWith(im)))
+	if st := waitImage(t, ts.up, im.SHA256, siteapi.ImageFailed); !strings.Contains(st.Error, "401") {
+		t.Fatalf("without its token: %+v, want the registry's 401", st)
+	}
+	im.Authorization = "Bearer pull-token"
+	must(t, ts.SetPlan(planWith(im)))
+	waitImage(t, ts.up, im.SHA256, siteapi.ImageCached)
+	if status, body, _ := ts.do(t, "GET", "/images/"+im.SHA256, "", ""); status != http.StatusOK || body != string(content) {
+		t.Fatalf("GET the private image: %d, %d bytes", status, len(body))
 	}
 }
 

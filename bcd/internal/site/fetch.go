@@ -53,6 +53,10 @@ func (c *cache) download(ctx context.Context, im siteapi.Image, path string) (er
 	if err != nil {
 		return fmt.Errorf("url: %w", err)
 	}
+	if im.Authorization != "" {
+		// The image's pull token: Go's client drops it on a redirect to another host.
+		req.Header.Set("Authorization", im.Authorization)
+	}
 	resp, err := c.client.Do(req)
 	if err != nil {
 		var ue *url.Error

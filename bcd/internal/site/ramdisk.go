@@ -112,7 +112,14 @@ func (s *Server) handleTask(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
 		return
 	}
-	writeJSON(w, http.StatusOK, m.Task)
+	task := *m.Task
+	if task.Image != nil {
+		// A pull token is the site's to fetch with, never a ramdisk's: it reads the cache.
+		im := *task.Image
+		im.Authorization = ""
+		task.Image = &im
+	}
+	writeJSON(w, http.StatusOK, task)
 }
 
 // handleProgress answers POST /ramdisk/v1/progress: checked, authorized by the token of the
