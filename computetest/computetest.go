@@ -124,11 +124,32 @@ func (e *Env) Tenant(t testing.TB, name string) (tenantID, key string) {
 // test, and returns its URL.
 func (e *Env) Server(t testing.TB) string {
 	t.Helper()
+	return e.Serve(t, Listener(t))
+}
+
+// Listener reserves a loopback listener for Serve: a test that must know the API's URL before it
+// builds the control plane (a module configured with it) takes one first.
+func Listener(t testing.TB) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("computetest: %v", err)
+	}
+	return ln
+}
+
+// Serve serves the API, JoinService and /metrics on ln for the rest of the test, and returns
+// its URL.
+func (e *Env) Serve(t testing.TB, ln net.Listener) string {
+	t.Helper()
 	mux := http.NewServeMux()
 	mux.Handle("/api/compute/", e.Compute.Handler)
 	mux.Handle("/"+compute.JoinPath, e.Compute.JoinHandler)
 	mux.Handle("/metrics", e.Compute.MetricsHandler)
-	s := httptest.NewServer(mux)
+	s := httptest.NewUnstartedServer(mux)
+	s.Listener.Close()
+	s.Listener = ln
+	s.Start()
 	t.Cleanup(s.Close)
 	return s.URL
 }

@@ -20,7 +20,7 @@ import (
 	"github.com/better-compute/compute/internal/nodeagent"
 	"github.com/better-compute/compute/internal/sim"
 	"github.com/better-compute/compute/metal"
-	"github.com/better-compute/compute/metal/internal/ipmisim"
+	"github.com/better-compute/compute/metal/ipmi/ipmisim"
 	"github.com/better-compute/compute/metal/ipmi"
 	"github.com/better-compute/compute/metal/power"
 	"github.com/better-compute/compute/metal/siteagent"

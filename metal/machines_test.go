@@ -17,7 +17,7 @@ import (
 	"github.com/better-compute/compute/client"
 	"github.com/better-compute/compute/computetest"
 	"github.com/better-compute/compute/metal"
-	"github.com/better-compute/compute/metal/internal/ipmisim"
+	"github.com/better-compute/compute/metal/ipmi/ipmisim"
 	"github.com/better-compute/compute/postgres/pgtest"
 )
 

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/better-compute/compute/metal/internal/ipmisim"
+	"github.com/better-compute/compute/metal/ipmi/ipmisim"
 	"github.com/better-compute/compute/metal/ipmi"
 	"github.com/better-compute/compute/metal/power"
 )

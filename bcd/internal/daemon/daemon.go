@@ -32,13 +32,15 @@ type Fake struct {
 // Config is what bcd node runs with.
 type Config struct {
 	StateDir string
-	CDIDir   string
+	CDIDir   string // where device holds become CDI specs; "" for none (a site agent holds no devices)
 	Gateway  string // overrides the gateways of the join
 	Fake     *Fake  // nil: the real machine
 	Version  string
 	Logger   *slog.Logger
 	// Extensions carry out modules' command and desired-state kinds (agent/ext).
 	Extensions []ext.Extension
+	// Reports, if set, is the queue of the extensions' reports up the session.
+	Reports *nodeagent.Reports
 }
 
 // Status is the status file: the agent's status and what bcd knows of its machine.
@@ -80,10 +82,14 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("read the machine: %w", err)
 	}
 	host, _ := os.Hostname()
+	var conv nodeagent.Converger = &cdi.Converger{Dir: cfg.CDIDir, Devices: inv.GetGpus, Logger: cfg.Logger}
+	if cfg.CDIDir == "" {
+		conv = &nodeagent.RecordingConverger{} // no devices to hand out: a site agent
+	}
 	a, err := nodeagent.New(nodeagent.Config{
-		Store: j, Hardware: hw, Converger: &cdi.Converger{Dir: cfg.CDIDir, Devices: inv.GetGpus, Logger: cfg.Logger}, Logger: cfg.Logger, Version: cfg.Version,
+		Store: j, Hardware: hw, Converger: conv, Logger: cfg.Logger, Version: cfg.Version,
 		Gateway: cfg.Gateway, Facts: &agentv1.MachineFacts{Hostname: host, MachineId: machineID(), Os: "linux", AgentVersion: cfg.Version},
-		Extensions: cfg.Extensions,
+		Extensions: cfg.Extensions, Reports: cfg.Reports,
 	})
 	if err != nil {
 		return err
