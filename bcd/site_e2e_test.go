@@ -150,8 +150,14 @@ func TestASiteAgentCommissionsAndDeploysAMachine(t *testing.T) {
 	c, key := env.Compute, env.RootKey
 	for _, call := range []func() error{
 		func() error { _, err := c.API.Sites.Create(ctx, key, api.CreateSite{Name: "fra1"}); return err },
-		func() error { _, err := c.API.Pools.Create(ctx, key, api.CreatePool{Name: "fra1-infra", Site: "fra1"}); return err },
-		func() error { _, err := c.API.Pools.Create(ctx, key, api.CreatePool{Name: "gpu", Site: "fra1"}); return err },
+		func() error {
+			_, err := c.API.Pools.Create(ctx, key, api.CreatePool{Name: "fra1-infra", Site: "fra1"})
+			return err
+		},
+		func() error {
+			_, err := c.API.Pools.Create(ctx, key, api.CreatePool{Name: "gpu", Site: "fra1"})
+			return err
+		},
 	} {
 		if err := call(); err != nil {
 			t.Fatal(err)
