@@ -149,16 +149,9 @@ func (m *Module) registerJoinRequests(r *modules.Registry) {
 		modules.EventType{Name: EventJoinRejected, Description: "A join request was rejected (data: reason)."},
 	)
 	modules.Handle(r, JoinRequestsList, nil, func(ctx context.Context, c *modules.Call, in ListJoinRequests) (api.Page[JoinRequest], error) {
-		var before *string
-		if in.Cursor != "" {
-			key, err := api.DecodeCursor("jr1", in.Cursor)
-			if err != nil {
-				return api.Page[JoinRequest]{}, err
-			}
-			if uuid.Validate(key) != nil {
-				return api.Page[JoinRequest]{}, api.InvalidField("cursor", "is not a cursor returned by this API")
-			}
-			before = &key
+		before, err := idCursor("jr1", in.Cursor)
+		if err != nil {
+			return api.Page[JoinRequest]{}, err
 		}
 		limit := in.PageLimit()
 		rows, err := c.Tx.Query(ctx, `SELECT `+requestColumns+` FROM compute.metal_join_requests WHERE tenant_id = $1
@@ -185,6 +178,22 @@ func (m *Module) registerJoinRequests(r *modules.Registry) {
 		return req, c.Runtime.Events.Emit(ctx, c.Tx, modules.Event{Type: EventJoinRejected, TenantID: req.TenantID, Subject: req.ID,
 			Data: map[string]any{"reason": in.Reason}})
 	})
+}
+
+// idCursor decodes the cursor of a list ordered by id, newest first: the id to list before, or
+// nil for the first page.
+func idCursor(kind, cursor string) (*string, error) {
+	if cursor == "" {
+		return nil, nil
+	}
+	key, err := api.DecodeCursor(kind, cursor)
+	if err != nil {
+		return nil, err
+	}
+	if uuid.Validate(key) != nil {
+		return nil, api.InvalidField("cursor", "is not a cursor returned by this API")
+	}
+	return &key, nil
 }
 
 func requestTarget(ctx context.Context, q postgres.Querier, id string) (modules.Target, error) {

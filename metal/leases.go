@@ -141,16 +141,9 @@ func (m *Module) registerLeases(r *modules.Registry) {
 		return scanLease(c.Tx.QueryRow(ctx, `SELECT `+leaseColumns+` FROM compute.metal_leases WHERE id = $1`, in.Lease))
 	})
 	modules.Handle(r, LeasesList, nil, func(ctx context.Context, c *modules.Call, in ListLeases) (api.Page[Lease], error) {
-		var before *string
-		if in.Cursor != "" {
-			key, err := api.DecodeCursor("ml1", in.Cursor)
-			if err != nil {
-				return api.Page[Lease]{}, err
-			}
-			if uuid.Validate(key) != nil {
-				return api.Page[Lease]{}, api.InvalidField("cursor", "is not a cursor returned by this API")
-			}
-			before = &key
+		before, err := idCursor("ml1", in.Cursor)
+		if err != nil {
+			return api.Page[Lease]{}, err
 		}
 		limit := in.PageLimit()
 		rows, err := c.Tx.Query(ctx, `SELECT `+leaseColumns+` FROM compute.metal_leases WHERE tenant_id = $1 AND ($2::uuid IS NULL OR id < $2)
