@@ -22,6 +22,7 @@ import (
 	"github.com/better-compute/compute/iam"
 	"github.com/better-compute/compute/internal/devserver"
 	"github.com/better-compute/compute/internal/sim"
+	"github.com/better-compute/compute/metal"
 	"github.com/better-compute/compute/postgres"
 )
 
@@ -52,6 +53,10 @@ so a first reservation can use them. Ctrl-C stops it.`,
 			ctx, stop := signals()
 			defer stop()
 			o.Logger = logger(cmd.ErrOrStderr(), verbose)
+			o.Modules = func(url string) ([]compute.Module, error) {
+				m, err := metal.New(metal.Options{JoinURL: url})
+				return []compute.Module{m}, err
+			}
 			s, err := devserver.Start(ctx, o)
 			if err != nil {
 				return err
@@ -197,8 +202,12 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, out io.Writer
 	if err != nil {
 		return err
 	}
+	mt, err := metal.New(metal.Options{JoinURL: cfg.BaseURL})
+	if err != nil {
+		return err
+	}
 	c, err := compute.New(compute.Options{Database: db, Secret: cfg.Secret, BaseURL: cfg.BaseURL, RootTenantID: cfg.RootTenant,
-		IAM: port, Mode: mode, Logger: log, GatewayAddresses: cfg.GatewayAddress})
+		IAM: port, Mode: mode, Logger: log, GatewayAddresses: cfg.GatewayAddress, Modules: []compute.Module{mt}})
 	if err != nil {
 		return err
 	}

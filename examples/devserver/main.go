@@ -17,7 +17,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/better-compute/compute"
 	"github.com/better-compute/compute/internal/devserver"
+	"github.com/better-compute/compute/metal"
 )
 
 func main() {
@@ -36,7 +38,8 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	s, err := devserver.Start(ctx, devserver.Options{Addr: *addr, GatewayAddr: *gateway, DataDir: *dataDir, Logger: logger, Sim: *simN})
+	s, err := devserver.Start(ctx, devserver.Options{Addr: *addr, GatewayAddr: *gateway, DataDir: *dataDir, Logger: logger, Sim: *simN,
+		Modules: metalModule})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "devserver:", err)
 		os.Exit(1)
@@ -59,4 +62,11 @@ func main() {
 		fmt.Fprintln(os.Stderr, "devserver:", err)
 		os.Exit(1)
 	}
+}
+
+// metalModule is the bare-metal module (machines, sites, deploys, leases: docs/metal.md), its
+// deployed systems joining at the devserver's URL.
+func metalModule(url string) ([]compute.Module, error) {
+	m, err := metal.New(metal.Options{JoinURL: url})
+	return []compute.Module{m}, err
 }

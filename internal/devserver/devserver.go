@@ -39,6 +39,10 @@ type Options struct {
 	HeartbeatInterval time.Duration
 	// Sim joins this many simulated GPU machines (8 H100s each) into the pool SimPool at start.
 	Sim int
+	// Modules, if set, makes the modules the control plane runs with, given its API's URL
+	// (the metal module's JoinURL): a main passes them, since nothing under internal/ imports
+	// a module.
+	Modules func(url string) ([]compute.Module, error)
 }
 
 // SimPool is the pool simulated machines join.
@@ -109,10 +113,17 @@ func Start(ctx context.Context, o Options) (_ *Server, err error) {
 		return nil, fmt.Errorf("devserver: listen for node sessions on %s: %w", o.GatewayAddr, err)
 	}
 	s.Gateway = gwListener.Addr().String()
+	var mods []compute.Module
+	if o.Modules != nil {
+		if mods, err = o.Modules(s.URL); err != nil {
+			gwListener.Close()
+			return nil, err
+		}
+	}
 	s.Compute, err = compute.New(compute.Options{
 		Database: s.DB, Secret: secret, BaseURL: s.URL, RootTenantID: RootTenantID, IAM: s.IAM,
 		Mode: compute.ModeAll, Logger: o.Logger, GatewayAddresses: []string{s.Gateway},
-		HeartbeatInterval: o.HeartbeatInterval,
+		HeartbeatInterval: o.HeartbeatInterval, Modules: mods,
 	})
 	if err != nil {
 		gwListener.Close()
