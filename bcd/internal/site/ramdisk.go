@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/better-compute/compute/metal/siteapi"
 )
@@ -122,9 +123,14 @@ func (s *Server) handleTask(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, task)
 }
 
+// progressWait bounds how long a progress post waits for the control plane to record it.
+const progressWait = 10 * time.Second
+
 // handleProgress answers POST /ramdisk/v1/progress: checked, authorized by the token of the
-// machine it names, and reported up as KindTaskProgress (204). The site passes on progress of
-// any task id: the control plane's workflows match it to the task they wait on.
+// machine it names, and reported up as KindTaskProgress: 204 once the control plane recorded it,
+// 409 when it refused it for good, 503 (retry) when it is not recorded within progressWait.
+// The site passes on progress of any task id: the control plane's workflows match it to the
+// task they wait on.
 func (s *Server) handleProgress(w http.ResponseWriter, r *http.Request) {
 	var prog siteapi.Progress
 	if !decodeBody(w, r, progressLimit, &prog) {
@@ -143,8 +149,13 @@ func (s *Server) handleProgress(w http.ResponseWriter, r *http.Request) {
 		unauthorized(w)
 		return
 	}
-	if !s.reports.offer(siteapi.KindTaskProgress, prog) {
-		unavailable(w, "the site's reports to the control plane are backed up")
+	switch err := s.reports.deliverWithin(s.progressWait, siteapi.KindTaskProgress, prog); {
+	case errors.Is(err, ErrRejected):
+		// The control plane will not take it (a task the machine no longer has): final.
+		writeError(w, http.StatusConflict, "failed_precondition", err.Error())
+		return
+	case err != nil:
+		unavailable(w, "the control plane has not recorded the progress yet")
 		return
 	}
 	s.log.Debug("ramdisk: progress", "machine", prog.Machine, "task", prog.Task, "phase", prog.Phase, "bytes", prog.Bytes)

@@ -153,7 +153,8 @@ func TestTask(t *testing.T) {
 }
 
 // TestProgressReachesUpstreamThroughFailures: progress is reported up in order, retried while
-// the Upstream fails; a report the control plane rejects is dropped without blocking the next.
+// the Upstream fails, and a post is answered once its report is delivered; a report the control
+// plane rejects is answered 409, dropped, and does not block the next.
 func TestProgressReachesUpstreamThroughFailures(t *testing.T) {
 	up := newRecorder()
 	up.failN, up.failErr = 3, errors.New("session down")
@@ -176,11 +177,15 @@ func TestProgressReachesUpstreamThroughFailures(t *testing.T) {
 	up.failN, up.failErr = 1, fmt.Errorf("bad payload: %w", ErrRejected)
 	calls := up.calls
 	up.mu.Unlock()
-	for _, task := range []string{"rejected", "after"} {
-		p := toJSON(t, siteapi.Progress{Machine: "m-ramdisk", Task: task, Phase: siteapi.PhaseStarted})
-		if status, body, _ := ts.do(t, "POST", siteapi.PathProgress, "tok-ramdisk", p); status != http.StatusNoContent {
-			t.Fatalf("progress: %d %s", status, body)
-		}
+	post := func(task string) (int, string) {
+		status, body, _ := ts.do(t, "POST", siteapi.PathProgress, "tok-ramdisk", toJSON(t, siteapi.Progress{Machine: "m-ramdisk", Task: task, Phase: siteapi.PhaseStarted}))
+		return status, body
+	}
+	if status, body := post("rejected"); status != http.StatusConflict || !strings.Contains(body, "rejected") {
+		t.Fatalf("progress the control plane rejects: %d %s, want 409 saying why", status, body)
+	}
+	if status, body := post("after"); status != http.StatusNoContent {
+		t.Fatalf("progress after the rejected one: %d %s", status, body)
 	}
 	got = ts.up.waitFor(t, "the report after the rejected one", func(s []sent) bool { return len(s) == 4 })
 	if last := got[3].Payload.(siteapi.Progress); last.Task != "after" {
@@ -193,50 +198,45 @@ func TestProgressReachesUpstreamThroughFailures(t *testing.T) {
 	}
 }
 
-// TestReportQueueFull: while the Upstream is stuck and the queue is full, the ramdisk is told
-// 503 (its report is not silently dropped); everything accepted is delivered once it recovers.
-func TestReportQueueFull(t *testing.T) {
+// TestProgressWaitsForTheControlPlane: while the Upstream is stuck, a progress post is answered
+// 503 (retry) once it has waited its time, or at once when the queue is full: a ramdisk is told
+// its progress is in only when the control plane has it. What was queued is delivered, in
+// order, once the Upstream recovers.
+func TestProgressWaitsForTheControlPlane(t *testing.T) {
 	up := newRecorder()
 	up.gate = make(chan struct{})
 	cfg := fixture(t, t.TempDir(), up)
 	cfg.ReportQueue = 1
 	ts := startSite(t, cfg)
+	ts.progressWait = 300 * time.Millisecond
 	must(t, ts.SetPlan(testPlan(siteapi.UnknownInspect)))
 	post := func(task string) (int, string) {
 		status, body, _ := ts.do(t, "POST", siteapi.PathProgress, "tok-ramdisk",
 			toJSON(t, siteapi.Progress{Machine: "m-ramdisk", Task: task, Phase: siteapi.PhaseStarted}))
 		return status, body
 	}
-	if status, body := post("a"); status != http.StatusNoContent { // taken by the sender, which waits
-		t.Fatalf("first: %d %s", status, body)
+	start := time.Now()
+	if status, body := post("a"); status != http.StatusServiceUnavailable || !strings.Contains(body, "retry") || time.Since(start) < 300*time.Millisecond {
+		t.Fatalf("a post the control plane has not recorded: %d %s after %s, want 503 (retry) after waiting", status, body, time.Since(start))
 	}
 	for deadline := time.Now().Add(5 * time.Second); len(ts.reports.q) > 0 && time.Now().Before(deadline); {
 		time.Sleep(time.Millisecond) // until the sender holds it
 	}
-	accepted := []string{"a"}
-	var refused bool
-	for i := 0; i < 20 && !refused; i++ { // the queue holds one more
-		task := fmt.Sprint("t", i)
-		switch status, body := post(task); status {
-		case http.StatusNoContent:
-			accepted = append(accepted, task)
-		case http.StatusServiceUnavailable:
-			refused = true
-			if !strings.Contains(body, "retry") {
-				t.Errorf("503 says %s, want it to say retry", body)
-			}
-		default:
-			t.Fatalf("%d %s", status, body)
-		}
+	if status, _ := post("b"); status != http.StatusServiceUnavailable { // queued, then its wait ends
+		t.Fatalf("second: %d, want 503", status)
 	}
-	if !refused || len(accepted) != 2 {
-		t.Fatalf("accepted %v before a 503 (refused %v), want 2 (one sending, one queued)", accepted, refused)
+	start = time.Now()
+	if status, _ := post("c"); status != http.StatusServiceUnavailable || time.Since(start) > 250*time.Millisecond {
+		t.Fatalf("a post to a full queue: %d after %s, want 503 at once", status, time.Since(start))
 	}
 	close(up.gate)
-	got := up.waitFor(t, "the accepted reports", func(s []sent) bool { return len(s) == len(accepted) })
+	got := up.waitFor(t, "the queued reports", func(s []sent) bool { return len(s) == 2 })
 	for i, p := range ofKind[siteapi.Progress](got, siteapi.KindTaskProgress) {
-		if p.Task != accepted[i] {
-			t.Errorf("report %d is task %s, want %s", i, p.Task, accepted[i])
+		if want := []string{"a", "b"}[i]; p.Task != want {
+			t.Errorf("report %d is task %s, want %s", i, p.Task, want)
 		}
+	}
+	if status, body := post("d"); status != http.StatusNoContent {
+		t.Fatalf("once the control plane is back: %d %s, want 204", status, body)
 	}
 }

@@ -20,6 +20,7 @@ const (
 type report struct {
 	kind    string
 	payload any
+	done    chan error // if set, told once the report is delivered (nil) or rejected
 }
 
 // reporter sends the site's reports to its Upstream from one goroutine, in order, each retried
@@ -40,7 +41,7 @@ func newReporter(up Upstream, size int, log *slog.Logger) *reporter {
 // offer queues a report if there is room.
 func (r *reporter) offer(kind string, payload any) bool {
 	select {
-	case r.q <- report{kind, payload}:
+	case r.q <- report{kind: kind, payload: payload}:
 		return true
 	default:
 		r.log.Warn("report queue full", "kind", kind, "queued", len(r.q))
@@ -48,10 +49,34 @@ func (r *reporter) offer(kind string, payload any) bool {
 	}
 }
 
+// errNotDelivered is a report queued but not delivered within the caller's patience.
+var errNotDelivered = errors.New("site: the report is not delivered yet")
+
+// deliverWithin queues a report if there is room and waits until it is delivered (nil),
+// rejected (ErrRejected), or wait passes (errNotDelivered: it stays queued, and the caller,
+// a ramdisk, posts it again; the control plane takes a report twice). A ramdisk told its
+// progress is in has it recorded by the control plane, so that a site killed at any moment
+// loses none of it.
+func (r *reporter) deliverWithin(wait time.Duration, kind string, payload any) error {
+	done := make(chan error, 1)
+	select {
+	case r.q <- report{kind: kind, payload: payload, done: done}:
+	default:
+		r.log.Warn("report queue full", "kind", kind, "queued", len(r.q))
+		return errNotDelivered
+	}
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(wait):
+		return errNotDelivered
+	}
+}
+
 // send queues a report, waiting for room until ctx ends.
 func (r *reporter) send(ctx context.Context, kind string, payload any) error {
 	select {
-	case r.q <- report{kind, payload}:
+	case r.q <- report{kind: kind, payload: payload}:
 		return nil
 	case <-ctx.Done():
 		r.log.Warn("report not queued: stopping", "kind", kind, "payload", payload)
@@ -81,11 +106,13 @@ func (r *reporter) deliver(ctx context.Context, rep report) bool {
 	wait := r.retryMin
 	for attempt := 1; ; attempt++ {
 		err := r.attempt(ctx, rep, reportAttempt)
-		if err == nil {
-			return true
-		}
-		if errors.Is(err, ErrRejected) {
-			r.log.Error("report rejected by the control plane: dropped", "kind", rep.kind, "payload", rep.payload, "err", err)
+		if err == nil || errors.Is(err, ErrRejected) {
+			if err != nil {
+				r.log.Error("report rejected by the control plane: dropped", "kind", rep.kind, "payload", rep.payload, "err", err)
+			}
+			if rep.done != nil {
+				rep.done <- err
+			}
 			return true
 		}
 		r.log.Warn("report not delivered: retrying", "kind", rep.kind, "attempt", attempt, "in", wait, "err", err)

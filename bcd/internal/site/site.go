@@ -137,6 +137,9 @@ type Server struct {
 	log     *slog.Logger
 	reports *reporter
 	cache   *cache
+	// progressWait bounds how long a progress post waits for the control plane (progressWait;
+	// tests shorten it).
+	progressWait time.Duration
 
 	mu   sync.RWMutex
 	plan *planIndex // nil until the first SetPlan
@@ -159,7 +162,7 @@ func New(cfg Config) (*Server, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	log = log.With("component", "site")
-	s := &Server{cfg: c, log: log, ready: make(chan struct{})}
+	s := &Server{cfg: c, log: log, ready: make(chan struct{}), progressWait: progressWait}
 	s.reports = newReporter(c.Upstream, c.ReportQueue, log)
 	s.cache = newCache(c.CacheDir, c.FetchConcurrency, s.reports, log)
 	if c.DHCP.Mode == DHCPFull {
