@@ -142,8 +142,9 @@ func (a *Agent) nextTask(ctx context.Context) (siteapi.Task, error) {
 }
 
 // postProgress posts one Progress until the site takes it: retried with backoff while the
-// site does not answer, after a new Hello when the token is refused. Only progress the site
-// calls invalid (400) is dropped, with an error logged: posting it again would not help.
+// site does not answer or is not ready (503: the control plane has not recorded it yet), after
+// a new Hello when the token is refused. Only progress the site calls invalid (400) or the
+// control plane refused (409) is dropped, with an error logged.
 func (a *Agent) postProgress(ctx context.Context, p siteapi.Progress) {
 	b := backoff{max: a.cfg.RetryMax}
 	for {
@@ -161,8 +162,10 @@ func (a *Agent) postProgress(ctx context.Context, p siteapi.Progress) {
 				return
 			}
 			continue
-		case status == http.StatusBadRequest:
-			a.log.Error("ramdisk: progress: the site calls it invalid; dropped", "progress", p, "answer", short(body))
+		case status == http.StatusBadRequest || status == http.StatusConflict:
+			// Invalid, or refused for good by the control plane (a task the machine no longer
+			// has): posting it again would not help.
+			a.log.Error("ramdisk: progress: refused for good; dropped", "status", status, "progress", p, "answer", short(body))
 			return
 		default:
 			a.log.Warn("ramdisk: progress: the site refused; retrying", "status", status, "answer", short(body), "phase", p.Phase)
