@@ -177,7 +177,11 @@ func (e *Env) Gateway(t testing.TB, addr string) (gatewayAddr string, stop func(
 	if err != nil {
 		t.Fatalf("computetest: gateway listener: %v", err)
 	}
-	cfg, err := e.Compute.GatewayTLS(ctx, "127.0.0.1", "localhost")
+	hosts := []string{"127.0.0.1", "localhost"}
+	if h, _, err := net.SplitHostPort(addr); err == nil && h != "127.0.0.1" && h != "" {
+		hosts = append(hosts, h) // a gateway on another address (a test's network namespace) is named in its certificate
+	}
+	cfg, err := e.Compute.GatewayTLS(ctx, hosts...)
 	if err != nil {
 		t.Fatalf("computetest: %v", err)
 	}

@@ -73,18 +73,29 @@ func (in ListJoinRequests) Validate() error {
 // ApproveJoinRequest is the input of joinRequests.approve: the request becomes a machine of
 // this name, reached through this BMC, provisioned with this profile, at the site it appeared
 // at, booting from the MACs it reported.
+//
+// Or, with Machine, the request is the machine of that name or id, registered before by its BMC
+// alone (a machine racked and powered on through its BMC, whose ramdisk then asked to join): it
+// is given the request's facts and MACs.
 type ApproveJoinRequest struct {
 	TenantID string   `json:"tenantId,omitempty"`
 	Request  string   `json:"request"`
-	Name     string   `json:"name"`
-	BMC      BMCInput `json:"bmc"`
+	Name     string   `json:"name,omitempty"`
+	BMC      BMCInput `json:"bmc,omitzero"`
 	Profile  string   `json:"profile,omitempty"` // default: pxe-<the BMC's driver>
+	Machine  string   `json:"machine,omitempty"`
 }
 
 // Validate implements the input check.
 func (in ApproveJoinRequest) Validate() error {
 	if uuid.Validate(in.Request) != nil {
 		return api.InvalidField("request", "%q is not a join request's id", in.Request)
+	}
+	if in.Machine != "" {
+		if in.Name != "" || in.BMC != (BMCInput{}) || in.Profile != "" {
+			return api.InvalidField("machine", "an existing machine has its name, BMC and profile: give the machine, or a name and a BMC, not both")
+		}
+		return api.ValidateRef("machine", in.Machine)
 	}
 	if err := api.ValidateName("name", in.Name); err != nil {
 		return err
@@ -180,6 +191,37 @@ func (m *Module) registerJoinRequests(r *modules.Registry) {
 	})
 }
 
+// adopt makes a registered machine the one a join request reported: it is at the request's site
+// and boots from its MACs.
+func adopt(ctx context.Context, c *modules.Call, ref, site string, macs []string) (Machine, error) {
+	t, err := machineTarget(ctx, modules.Lookup{Q: c.Tx, Principal: c.Principal}, MachineRef{TenantID: c.Target.TenantID, Machine: ref})
+	if err != nil || t.TenantID != c.Target.TenantID {
+		return Machine{}, api.InvalidField("machine", "the tenant has no machine %q", ref)
+	}
+	siteID, err := siteID(ctx, c.Tx, c.Target.TenantID, site)
+	if err != nil {
+		return Machine{}, err
+	}
+	var old *string
+	if err := c.Tx.QueryRow(ctx, `SELECT site_id::text FROM (SELECT site_id FROM compute.metal_machines WHERE id = $1 FOR UPDATE) m`, t.ResourceID).Scan(&old); err != nil {
+		return Machine{}, err
+	}
+	if _, err := c.Tx.Exec(ctx, `UPDATE compute.metal_machines SET site_id = $2 WHERE id = $1`, t.ResourceID, siteID); err != nil {
+		return Machine{}, err
+	}
+	if err := setMACs(ctx, c.Tx, t.ResourceID, macs); err != nil {
+		return Machine{}, err
+	}
+	for _, s := range []*string{old, &siteID} {
+		if s != nil {
+			if err := bumpSite(ctx, c.Tx, c.Runtime, *s); err != nil {
+				return Machine{}, err
+			}
+		}
+	}
+	return getMachine(ctx, c.Tx, t.ResourceID)
+}
+
 // idCursor decodes the cursor of a list ordered by id, newest first: the id to list before, or
 // nil for the first page.
 func idCursor(kind, cursor string) (*string, error) {
@@ -236,7 +278,13 @@ func approve(ctx context.Context, c *modules.Call, in ApproveJoinRequest) (Machi
 		return Machine{}, api.Errorf(api.CodeFailedPrecondition, "the join request was %s already", state).With("reason", "decided")
 	}
 	// The machine is the site's where it appeared, and boots from the MACs it reported.
-	m, err := createMachine(ctx, c, CreateMachine{Name: in.Name, BMC: in.BMC, Site: site, Profile: in.Profile, MACs: facts.MACs})
+	var m Machine
+	var err error
+	if in.Machine != "" {
+		m, err = adopt(ctx, c, in.Machine, site, facts.MACs)
+	} else {
+		m, err = createMachine(ctx, c, CreateMachine{Name: in.Name, BMC: in.BMC, Site: site, Profile: in.Profile, MACs: facts.MACs})
+	}
 	if err != nil {
 		return m, err
 	}

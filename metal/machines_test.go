@@ -256,8 +256,25 @@ func TestJoinRequestsAreApprovedIntoMachines(t *testing.T) {
 	if _, err := client.Call(ctx, cl, metal.JoinRequestsApprove, metal.ApproveJoinRequest{Request: first.ID, Name: "twice", BMC: bmc}); api.CodeOf(err) != api.CodeFailedPrecondition {
 		t.Errorf("approving twice: %v, want failed_precondition", err)
 	}
-	if n := count(t, env, `SELECT count(*) FROM compute.metal_machines`); n != 1 {
+	if n := count(t, env, `SELECT count(*) FROM compute.metal_machines WHERE name <> 'racked'`); n != 1 {
 		t.Errorf("%d machines after a refused second approval, want 1: nothing half-written", n)
+	}
+
+	// A machine registered by its BMC alone, powered on, whose ramdisk asked to join: the
+	// request is approved as that machine.
+	if _, err := client.Call(ctx, cl, metal.MachinesCreate, metal.CreateMachine{Name: "racked", BMC: bmc}); err != nil {
+		t.Fatal(err)
+	}
+	third, err := submit(metal.Facts{Serial: "SN-0044", MACs: []string{"52:54:00:12:34:58"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.Call(ctx, cl, metal.JoinRequestsApprove, metal.ApproveJoinRequest{Request: third.ID, Machine: "racked", Name: "racked"}); api.CodeOf(err) != api.CodeInvalidArgument {
+		t.Errorf("approving as a machine and a new name at once: %v, want invalid_argument", err)
+	}
+	racked, err := client.Call(ctx, cl, metal.JoinRequestsApprove, metal.ApproveJoinRequest{Request: third.ID, Machine: "racked"})
+	if err != nil || racked.Name != "racked" || racked.Facts.Serial != "SN-0044" || !slices.Equal(racked.MACs, []string{"52:54:00:12:34:58"}) || racked.Site != mach.Site {
+		t.Fatalf("approve as an existing machine = %+v, %v", racked, err)
 	}
 
 	second, err := submit(metal.Facts{Serial: "SN-0043", MACs: []string{"52:54:00:12:34:57"}})
