@@ -31,6 +31,7 @@ type fakeSystem struct {
 	configErr error
 	configs   []Lease
 	reaped    int
+	noRandom  bool
 	linksCall int
 	// linksAfter hides the links until Links has been called this many times.
 	linksAfter int
@@ -185,6 +186,12 @@ func (f *fakeSystem) Configure(l Lease) error {
 	}
 	f.configs = append(f.configs, l)
 	return nil
+}
+
+func (f *fakeSystem) RandomReady() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return !f.noRandom
 }
 
 func (f *fakeSystem) Reap() int {

@@ -34,6 +34,10 @@ func (in *Init) network(ctx context.Context) (Lease, error) {
 	if len(up) == 0 {
 		return Lease{}, errors.New("no NIC could be brought up")
 	}
+	if !in.sys.RandomReady() {
+		// Else DHCP waits in silence: its transaction ids come from getrandom(2).
+		in.log.Warn("bcd init: the kernel's random number generator is not seeded yet, and DHCP waits for it: a CPU without RDRAND, or a VM without virtio-rng (-device virtio-rng-pci and the virtio_rng module)")
+	}
 	in.log.Info("bcd init: asking for an address by DHCP", "links", up, "for", in.cfg.DHCPTimeout)
 	l, err := in.dhcpAny(ctx, up)
 	if err != nil {

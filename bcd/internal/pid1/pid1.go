@@ -18,8 +18,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/better-compute/compute/bcd/internal/initramfs"
 	"github.com/better-compute/compute/bcd/internal/ramdisk"
+	"github.com/better-compute/compute/internal/initramfs"
 )
 
 // Defaults of Config's zero fields.

@@ -181,6 +181,9 @@ func TestBoot(t *testing.T) {
 			t.Errorf("the console does not say %q:\n%s", s, con)
 		}
 	}
+	if strings.Contains(con, "not seeded") {
+		t.Errorf("a seeded random number generator was reported unseeded:\n%s", con)
+	}
 	r.stop(t)
 	if n := count(f.Calls(), "renew"); n != 0 {
 		t.Errorf("an hour's lease was renewed %d times in a moment", n)
@@ -302,9 +305,11 @@ func TestLinks(t *testing.T) {
 }
 
 // TestDHCP: of several NICs the first lease given is configured (not a NIC that never answers,
-// nor one that fails), and the requests still waiting are stopped before init goes on.
+// nor one that fails), and the requests still waiting are stopped before init goes on. An
+// unseeded random number generator, which DHCP waits for, is reported.
 func TestDHCP(t *testing.T) {
 	f := newFake()
+	f.noRandom = true
 	f.links = []Link{{Name: "eth0", Physical: true}, {Name: "eth1", Physical: true}, {Name: "eth2", Physical: true}}
 	f.dhcp = func(ctx context.Context, link string) (Lease, error) {
 		switch link {
@@ -329,6 +334,9 @@ func TestDHCP(t *testing.T) {
 	}
 	if n := count(calls, "configure "); n != 1 {
 		t.Errorf("%d leases configured, want 1: %q", n, calls)
+	}
+	if !strings.Contains(f.Console(), "random number generator is not seeded yet, and DHCP waits for it") {
+		t.Errorf("the console does not warn of the unseeded generator:\n%s", f.Console())
 	}
 }
 

@@ -32,6 +32,9 @@ type System interface {
 	// Configure gives the lease's interface its address (and no other IPv4 address) and the
 	// default route through its gateway.
 	Configure(l Lease) error
+	// RandomReady says whether the kernel's random number generator is seeded: until it is,
+	// getrandom(2) blocks, and with it the DHCP client's transaction ids and TLS.
+	RandomReady() bool
 	// Reap collects the exit status of every child that has exited, and says how many.
 	Reap() int
 }

@@ -173,6 +173,14 @@ func (linuxSystem) Configure(l Lease) error {
 	return nil
 }
 
+// RandomReady asks getrandom(2) without blocking: EAGAIN means the kernel's generator is not
+// seeded yet.
+func (linuxSystem) RandomReady() bool {
+	var b [1]byte
+	_, err := unix.Getrandom(b[:], unix.GRND_NONBLOCK)
+	return !errors.Is(err, unix.EAGAIN)
+}
+
 func (linuxSystem) Reap() int {
 	n := 0
 	for {

@@ -26,6 +26,7 @@ func (otherSystem) LinkUp(string) error                         { return errNotL
 func (otherSystem) DHCP(context.Context, string) (Lease, error) { return Lease{}, errNotLinux }
 func (otherSystem) Renew(context.Context, Lease) (Lease, error) { return Lease{}, errNotLinux }
 func (otherSystem) Configure(Lease) error                       { return errNotLinux }
+func (otherSystem) RandomReady() bool                           { return true }
 func (otherSystem) Reap() int                                   { return 0 }
 func notifyChildExit() chan os.Signal                           { return make(chan os.Signal) }
 func stopNotify(chan os.Signal)                                 {}

@@ -13,10 +13,12 @@ import (
 
 // DefaultModules are the kernel modules a ramdisk carries unless told otherwise: what reaches
 // the disks and the network of the machines a site is likely to have — virtual machines
-// (virtio), SATA (ahci), NVMe, the common SAS/RAID HBAs, and the common server NICs (Intel,
-// Broadcom, Mellanox). A name the kernel builds in is fine: it needs no file.
+// (virtio, and virtio_rng, which seeds the kernel's random number generator where the CPU
+// has no RDRAND: DHCP waits for it), SATA (ahci), NVMe, the common SAS/RAID HBAs, and the
+// common server NICs (Intel, Broadcom, Mellanox). A name the kernel builds in is fine: it
+// needs no file.
 var DefaultModules = []string{
-	"virtio_pci", "virtio_net", "virtio_blk", "virtio_scsi",
+	"virtio_pci", "virtio_net", "virtio_blk", "virtio_scsi", "virtio_rng",
 	"sd_mod", "ahci", "nvme", "megaraid_sas", "mpt3sas",
 	"e1000", "e1000e", "igb", "ixgbe", "i40e", "ice", "bnxt_en", "tg3", "mlx5_core",
 }
