@@ -28,6 +28,7 @@ const (
 	KindCharDev
 )
 
+// String names the kind: dir, file, symlink, chardev.
 func (k Kind) String() string {
 	switch k {
 	case KindDir:

@@ -48,7 +48,7 @@ const bootLimit = 4 * time.Minute
 // qemu-system-x86_64 or a Debian kernel.
 func TestBootInQEMU(t *testing.T) {
 	if testing.Short() {
-		t.Skip("-short: the QEMU boot takes a minute or more")
+		t.Skip("-short: the QEMU boot takes tens of seconds, and building bcd more")
 	}
 	qemu, err := exec.LookPath("qemu-system-x86_64")
 	if err != nil {
@@ -61,7 +61,7 @@ func TestBootInQEMU(t *testing.T) {
 	} else {
 		f.Close()
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute) // a cold build of bcd, and the boot
 	defer cancel()
 	dir := t.TempDir()
 
