@@ -330,7 +330,11 @@ func (m *Module) planDeploy(ctx context.Context, s *modules.StepRun) (any, error
 	if img.KernelURL != "" {
 		args := []string{img.Cmdline, siteapi.CmdlineHostname + "=" + mach.Name}
 		if in.Pool != "" {
-			args = append(args, siteapi.CmdlineJoinURL+"="+m.joinURL, siteapi.CmdlineJoin+"="+token)
+			pin, err := rt.Fleet.CAHash()
+			if err != nil {
+				return nil, err
+			}
+			args = append(args, siteapi.CmdlineJoinURL+"="+m.joinURL, siteapi.CmdlineJoin+"="+token, siteapi.CmdlineCAHash+"="+pin)
 		}
 		if len(in.SSHKeys) > 0 {
 			keys, _ := json.Marshal(in.SSHKeys)

@@ -302,7 +302,8 @@ func TestADeployAndAReleaseGoThroughTheSiteAgent(t *testing.T) {
 	}
 	token := cmdlineValue(task.Cmdline, "bcd.join")
 	if !strings.HasPrefix(token, metal.DeployPrefix) || cmdlineValue(task.Cmdline, "bcd.hostname") != "rack1-00000" ||
-		cmdlineValue(task.Cmdline, "root") != "/dev/vda" || cmdlineValue(task.Cmdline, "bcd.url") != "http://compute.test" {
+		cmdlineValue(task.Cmdline, "root") != "/dev/vda" || cmdlineValue(task.Cmdline, "bcd.url") != "http://compute.test" ||
+		!strings.HasPrefix(cmdlineValue(task.Cmdline, "bcd.ca_hash"), "sha256:") {
 		t.Fatalf("the deployed system's command line is %q", task.Cmdline)
 	}
 	if _, plan, _ := f.plan.machine(f.machine.ID); len(plan.Images) != 1 || plan.Images[0].SHA256 != tinySHA {

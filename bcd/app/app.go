@@ -44,7 +44,9 @@ var version = "dev"
 // Main runs bcd's command line, with exts carrying out modules' command and desired-state kinds
 // (in bcd node and bcd sim), and exits.
 func Main(exts ...ext.Extension) {
-	if err := newRoot(exts).Execute(); err != nil {
+	root := newRoot(exts)
+	root.SetArgs(pid1Args(os.Getpid(), os.Args))
+	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "bcd:", err)
 		os.Exit(1)
 	}
@@ -149,7 +151,7 @@ token may also come from $BCD_JOIN_TOKEN.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if cmdline != "" {
-				if err := fromCmdline(cmdline, authorizedKeys, &url, &token, &hostname); err != nil {
+				if err := fromCmdline(cmdline, authorizedKeys, &url, &token, &hostname, &caHash); err != nil {
 					return err
 				}
 			}

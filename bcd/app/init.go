@@ -10,17 +10,23 @@ import (
 
 	"github.com/spf13/cobra"
 
+	agentv1 "github.com/better-compute/compute/agent/v1"
+	"github.com/better-compute/compute/bcd/internal/daemon"
+	"github.com/better-compute/compute/bcd/internal/journal"
 	"github.com/better-compute/compute/bcd/internal/pid1"
+	"github.com/better-compute/compute/bcd/internal/ramdisk"
+	"github.com/better-compute/compute/internal/nodeagent"
+	"github.com/better-compute/compute/metal/siteapi"
 )
 
-// When the kernel starts bcd as a ramdisk's /init it gives it no subcommand: its arguments are
-// "/init" and the words of the kernel command line the kernel did not take, if any. bcd as PID
-// 1 under the name init is therefore bcd init, with those words after "--" as init's
-// arguments. This runs before Main parses the command line.
-func init() {
-	if os.Getpid() == 1 && filepath.Base(os.Args[0]) == "init" && (len(os.Args) == 1 || os.Args[1] != "init") {
-		os.Args = append([]string{os.Args[0], "init", "--"}, os.Args[1:]...)
+// pid1Args returns the arguments bcd runs with: as given, except when the kernel started it as a
+// ramdisk's /init, with no subcommand (its arguments are "/init" and the words of the kernel
+// command line the kernel did not take): then it is bcd init, with those words after "--".
+func pid1Args(pid int, args []string) []string {
+	if pid == 1 && len(args) > 0 && filepath.Base(args[0]) == "init" && (len(args) == 1 || args[1] != "init") {
+		return append([]string{"init", "--"}, args[1:]...)
 	}
+	return args[1:]
 }
 
 func initCmd(s *settings) *cobra.Command {
@@ -32,7 +38,11 @@ func initCmd(s *settings) *cobra.Command {
 brings up lo and every NIC and configures the first DHCP lease given on any of them (address,
 default route, /etc/resolv.conf), then runs bcd ramdisk with the kernel command line. It logs to
 /dev/console and never exits: a step that fails is logged and tried again. It runs only as PID 1;
-the kernel starts it as /init, without arguments.`,
+the kernel starts it as /init, without arguments.
+
+Booted by a deploy with the image's kernel and this ramdisk (the command line then carries
+bcd.join=, bcd.url= and bcd.hostname=), it is the deployed system's first process instead: it joins
+its pool with the deploy's credential and runs bcd node.`,
 		Args: cobra.ArbitraryArgs, // the kernel command line's words the kernel did not take
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if os.Getpid() != 1 {
@@ -42,7 +52,16 @@ the kernel starts it as /init, without arguments.`,
 			if err := level.UnmarshalText([]byte(s.LogLevel)); err != nil {
 				level = slog.LevelInfo
 			}
-			in, err := pid1.New(pid1.Config{LogLevel: level})
+			in, err := pid1.New(pid1.Config{LogLevel: level, Ramdisk: func(ctx context.Context, cmdline string, log *slog.Logger) error {
+				if _, deployed := siteapi.ParseCmdline(cmdline)[siteapi.CmdlineJoin]; deployed {
+					return runDeployed(ctx, s, cmdline, log)
+				}
+				site, machine, token, err := ramdisk.ParseCmdline(cmdline)
+				if err != nil {
+					return err
+				}
+				return ramdisk.Run(ctx, ramdisk.Config{Site: site, Machine: machine, Token: token, Logger: log})
+			}})
 			if err == nil {
 				err = in.Run(context.Background()) // returns only when its context ends: never
 			}
@@ -53,4 +72,42 @@ the kernel starts it as /init, without arguments.`,
 			}
 		},
 	}
+}
+
+// The deployed system's state, in the initramfs it runs from.
+const (
+	deployedStateDir      = "/var/lib/bcd"
+	deployedCDIDir        = "/run/cdi"
+	deployedAuthorizedKey = "/root/.ssh/authorized_keys"
+)
+
+// runDeployed is a deployed system's init after the ramdisk's network: it joins with what its
+// deploy put on the kernel command line (once: a restart of the step finds the identity in the
+// journal), writes its lease holder's keys, then runs bcd node until ctx ends.
+func runDeployed(ctx context.Context, s *settings, cmdline string, log *slog.Logger) error {
+	var url, token, hostname, caHash string
+	if err := applyCmdline(cmdline, deployedAuthorizedKey, &url, &token, &hostname, &caHash); err != nil {
+		return err
+	}
+	j, err := journal.Open(deployedStateDir)
+	if err != nil {
+		return err
+	}
+	if _, ok, err := j.Identity(); err != nil || !ok {
+		log.Info("bcd init: joining as the deployed system", "url", url, "hostname", hostname)
+		var id nodeagent.Identity
+		// The deploy's one-use credential reached the machine in the clear already; the pinned
+		// CA keeps anyone on the path from answering for the control plane.
+		id, err = nodeagent.JoinWith(ctx, nodeagent.JoinOptions{URL: url, Token: token, CAHash: caHash, PlainHTTP: true,
+			Facts: &agentv1.MachineFacts{Hostname: hostname, MachineId: machineID(), Os: "linux", AgentVersion: version}})
+		if err == nil {
+			err = j.SetIdentity(id)
+		}
+		if err != nil {
+			j.Close()
+			return err
+		}
+	}
+	j.Close()
+	return daemon.Run(ctx, daemon.Config{StateDir: deployedStateDir, CDIDir: deployedCDIDir, Version: version, Logger: log, Extensions: s.exts})
 }

@@ -44,16 +44,23 @@ the deployed system, reboot or power off. It only ever talks to its site agent.`
 	return c
 }
 
-// fromCmdline fills a join's URL, token and hostname from a deployed system's kernel command line
-// (bcd.url=, bcd.join=, bcd.hostname=, which a deploy puts there), where the flags left them
-// empty, and writes its holder's SSH keys (bcd.ssh_keys=) to authorizedKeys.
-func fromCmdline(path, authorizedKeys string, url, token, hostname *string) error {
+// fromCmdline fills a join's URL, token, hostname and CA pin from a deployed system's kernel
+// command line (bcd.url=, bcd.join=, bcd.hostname=, bcd.ca_hash=, which a deploy puts there),
+// where the flags left them empty, and writes its holder's SSH keys (bcd.ssh_keys=) to
+// authorizedKeys.
+func fromCmdline(path, authorizedKeys string, url, token, hostname, caHash *string) error {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return fmt.Errorf("join: read the kernel command line: %w", err)
 	}
-	p := siteapi.ParseCmdline(string(b))
-	for dst, name := range map[*string]string{url: siteapi.CmdlineJoinURL, token: siteapi.CmdlineJoin, hostname: siteapi.CmdlineHostname} {
+	return applyCmdline(string(b), authorizedKeys, url, token, hostname, caHash)
+}
+
+// applyCmdline is fromCmdline on the command line's text.
+func applyCmdline(cmdline, authorizedKeys string, url, token, hostname, caHash *string) error {
+	p := siteapi.ParseCmdline(cmdline)
+	for dst, name := range map[*string]string{url: siteapi.CmdlineJoinURL, token: siteapi.CmdlineJoin, hostname: siteapi.CmdlineHostname,
+		caHash: siteapi.CmdlineCAHash} {
 		if *dst == "" {
 			*dst = p[name]
 		}

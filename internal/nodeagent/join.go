@@ -72,6 +72,10 @@ type JoinOptions struct {
 	// it proves that this machine is that node, to take it over again. Empty: a new one is made.
 	TakeoverSecret []byte
 	Facts          *agentv1.MachineFacts
+	// PlainHTTP allows a plain http URL to any host, when CAHash pins the CA (so that nobody on
+	// the path can answer with their own): for a one-use credential that reached the machine in
+	// the clear anyway, as a deploy's does on its provisioning network.
+	PlainHTTP bool
 }
 
 // JoinWith is Join with the CA pinned and, for a node joining again, its takeover secret.
@@ -80,7 +84,7 @@ func JoinWith(ctx context.Context, o JoinOptions) (Identity, error) {
 	if client == nil {
 		client = &http.Client{Timeout: 30 * time.Second}
 	}
-	if err := checkJoinURL(url); err != nil {
+	if err := checkJoinURL(url, o.PlainHTTP && o.CAHash != ""); err != nil {
 		return Identity{}, err
 	}
 	var pin []byte
@@ -123,14 +127,15 @@ func JoinWith(ctx context.Context, o JoinOptions) (Identity, error) {
 	return id, nil
 }
 
-// checkJoinURL refuses what is not http(s), and plain http anywhere but loopback: over it the
-// token travels in the clear and anyone on the path could answer with their own CA.
-func checkJoinURL(raw string) error {
+// checkJoinURL refuses what is not http(s), and plain http anywhere but loopback (unless
+// plainOK): over it the token travels in the clear and anyone on the path could answer with
+// their own CA.
+func checkJoinURL(raw string, plainOK bool) error {
 	u, err := neturl.Parse(raw)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return fmt.Errorf("join: --url %q must be the control plane's http(s) URL", raw)
 	}
-	if u.Scheme == "http" && !isLoopback(u.Hostname()) {
+	if u.Scheme == "http" && !isLoopback(u.Hostname()) && !plainOK {
 		return fmt.Errorf("join: --url %q is plain http to a host that is not loopback; use https:// (plain http is only for 127.0.0.1, ::1 or localhost)", raw)
 	}
 	return nil

@@ -144,6 +144,16 @@ func TestJoinPinsTheCA(t *testing.T) {
 			t.Errorf("joining through %q: %v, want a refusal naming --url", bad, err)
 		}
 	}
+	// Plain http to another host is allowed only with the CA pinned and PlainHTTP (a deploy's
+	// one-use credential): without the pin it is still refused.
+	if _, err := nodeagent.JoinWith(p.ctx, nodeagent.JoinOptions{URL: "http://10.0.0.1:8080", Token: jt.Token, PlainHTTP: true, Facts: facts}); err == nil || !strings.Contains(err.Error(), "--url") {
+		t.Errorf("plain http without a pin, even with PlainHTTP: %v, want a refusal naming --url", err)
+	}
+	ctx, cancel := context.WithTimeout(p.ctx, 200*time.Millisecond)
+	defer cancel()
+	if _, err := nodeagent.JoinWith(ctx, nodeagent.JoinOptions{URL: "http://192.0.2.1:1", Token: jt.Token, CAHash: jt.CAHash, PlainHTTP: true, Facts: facts}); err == nil || strings.Contains(err.Error(), "--url") {
+		t.Errorf("plain http with a pin and PlainHTTP: %v, want it tried (and not reached)", err)
+	}
 	// (The refused join above did reach the server: the pin protects the node from trusting a CA
 	// not its own; the token is protected by https, which every non-loopback join must use.)
 	facts.Hostname = "pinned-2"

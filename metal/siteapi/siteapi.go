@@ -369,6 +369,7 @@ const (
 	CmdlineJoin     = "bcd.join"     // the one-use join credential
 	CmdlineHostname = "bcd.hostname" // the node's name: the machine's
 	CmdlineSSHKeys  = "bcd.ssh_keys" // base64url of a JSON list of authorized keys (a lease's holder's)
+	CmdlineCAHash   = "bcd.ca_hash"  // the machine CA's pin, sha256:<hex>
 )
 
 // ParseCmdline reads a kernel command line (the text of /proc/cmdline) as the kernel does:
