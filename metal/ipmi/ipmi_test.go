@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/better-compute/compute/metal/ipmi/ipmisim"
 	"github.com/better-compute/compute/metal/ipmi"
+	"github.com/better-compute/compute/metal/ipmi/ipmisim"
 	"github.com/better-compute/compute/metal/power"
 )
 
