@@ -183,8 +183,14 @@ func commission(t *testing.T) {
 	c, key := env.Compute, env.RootKey
 	for _, call := range []func() error{
 		func() error { _, err := c.API.Sites.Create(ctx, key, api.CreateSite{Name: "dc1"}); return err },
-		func() error { _, err := c.API.Pools.Create(ctx, key, api.CreatePool{Name: "infra", Site: "dc1"}); return err },
-		func() error { _, err := c.API.Pools.Create(ctx, key, api.CreatePool{Name: "gpu", Site: "dc1"}); return err },
+		func() error {
+			_, err := c.API.Pools.Create(ctx, key, api.CreatePool{Name: "infra", Site: "dc1"})
+			return err
+		},
+		func() error {
+			_, err := c.API.Pools.Create(ctx, key, api.CreatePool{Name: "gpu", Site: "dc1"})
+			return err
+		},
 	} {
 		if err := call(); err != nil {
 			t.Fatal(err)
