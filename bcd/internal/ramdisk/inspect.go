@@ -53,9 +53,11 @@ var placeholderSerials = []string{
 	"03000200-0400-0500-0006-000700080009",
 }
 
-// bmcVGAVendors are PCI vendors whose display-class devices on servers are the BMC's or the
-// board's graphics, not GPUs: ASPEED (1a03) and Matrox (102b, Dell's and HPE's iDRAC/iLO VGA).
-var bmcVGAVendors = []string{"1a03", "102b"}
+// bmcVGAVendors are PCI vendors whose display-class devices are a console's graphics, not GPUs:
+// on servers the BMC's or the board's, ASPEED (1a03) and Matrox (102b, Dell's and HPE's
+// iDRAC/iLO VGA); in a virtual machine, the emulated VGA (1234, Bochs/QEMU std-vga) and
+// virtio-gpu (1af4, Red Hat's virtio).
+var bmcVGAVendors = []string{"1a03", "102b", "1234", "1af4"}
 
 // Inspect reads the machine's facts from the sysfs and procfs under root ("/" on the machine;
 // a fake tree in tests): serial, vendor and model from DMI, CPUs, memory, disks, the MACs of
@@ -307,7 +309,7 @@ func gpus(root string, in *Inspection) ([]string, error) {
 		vendor := strings.TrimPrefix(strings.ToLower(readTrim(filepath.Join(dir, addr, "vendor"))), "0x")
 		device := strings.TrimPrefix(strings.ToLower(readTrim(filepath.Join(dir, addr, "device"))), "0x")
 		if slices.Contains(bmcVGAVendors, vendor) {
-			in.note("display device %s:%s at %s left out: it is the BMC's or the board's VGA", vendor, device, addr)
+			in.note("display device %s:%s at %s left out: it is a console's graphics (a BMC's, the board's, a virtual machine's)", vendor, device, addr)
 			continue
 		}
 		out = append(out, printable(vendor+":"+device+" "+addr))

@@ -55,6 +55,7 @@ func server() fakeMachine {
 		pci: []fakePCI{
 			{addr: "0000:17:00.0", class: "0x030200", vendor: "0x10de", device: "0x2330"},
 			{addr: "0000:03:00.0", class: "0x030000", vendor: "0x1a03", device: "0x2000"},
+			{addr: "0000:00:02.0", class: "0x030000", vendor: "0x1234", device: "0x1111"}, // QEMU's std-vga
 			{addr: "0000:00:1f.0", class: "0x060100", vendor: "0x8086", device: "0x1bca"},
 		},
 	}
