@@ -271,6 +271,7 @@ type NodeMessage struct {
 	//	*NodeMessage_Result
 	//	*NodeMessage_Renew
 	//	*NodeMessage_Report
+	//	*NodeMessage_Attested
 	Body          isNodeMessage_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -385,6 +386,15 @@ func (x *NodeMessage) GetReport() *Report {
 	return nil
 }
 
+func (x *NodeMessage) GetAttested() *Attested {
+	if x != nil {
+		if x, ok := x.Body.(*NodeMessage_Attested); ok {
+			return x.Attested
+		}
+	}
+	return nil
+}
+
 type isNodeMessage_Body interface {
 	isNodeMessage_Body()
 }
@@ -421,6 +431,12 @@ type NodeMessage_Report struct {
 	Report *Report `protobuf:"bytes,8,opt,name=report,proto3,oneof"`
 }
 
+type NodeMessage_Attested struct {
+	// A command result or an inventory, signed: the only form in which the gateway takes them
+	// (a bare inventory or result is refused).
+	Attested *Attested `protobuf:"bytes,9,opt,name=attested,proto3,oneof"`
+}
+
 func (*NodeMessage_Hello) isNodeMessage_Body() {}
 
 func (*NodeMessage_Heartbeat) isNodeMessage_Body() {}
@@ -437,6 +453,171 @@ func (*NodeMessage_Renew) isNodeMessage_Body() {}
 
 func (*NodeMessage_Report) isNodeMessage_Body() {}
 
+func (*NodeMessage_Attested) isNodeMessage_Body() {}
+
+// Attested is a report signed with the node's key, the key of its session's certificate: the
+// control plane verifies it before it records anything, and keeps a result's attestation with
+// it, so that who said what can be checked later.
+type Attested struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Body          []byte                 `protobuf:"bytes,1,opt,name=body,proto3" json:"body,omitempty"`           // a serialized AttestedBody
+	Signature     []byte                 `protobuf:"bytes,2,opt,name=signature,proto3" json:"signature,omitempty"` // over SHA-256 of "better-compute attested v1\n" and body: ECDSA (ASN.1) or Ed25519
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Attested) Reset() {
+	*x = Attested{}
+	mi := &file_agent_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Attested) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Attested) ProtoMessage() {}
+
+func (x *Attested) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Attested.ProtoReflect.Descriptor instead.
+func (*Attested) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *Attested) GetBody() []byte {
+	if x != nil {
+		return x.Body
+	}
+	return nil
+}
+
+func (x *Attested) GetSignature() []byte {
+	if x != nil {
+		return x.Signature
+	}
+	return nil
+}
+
+// AttestedBody binds a report to its node and its session, and orders it: a report of another
+// node, of an earlier session, or one replayed within the session is refused.
+type AttestedBody struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	NodeId string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Epoch  int64                  `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"` // the session's, from its Welcome
+	Seq    int64                  `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"`     // from 1, increasing within the session
+	// Types that are valid to be assigned to Report:
+	//
+	//	*AttestedBody_Result
+	//	*AttestedBody_Inventory
+	Report        isAttestedBody_Report `protobuf_oneof:"report"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AttestedBody) Reset() {
+	*x = AttestedBody{}
+	mi := &file_agent_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AttestedBody) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AttestedBody) ProtoMessage() {}
+
+func (x *AttestedBody) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AttestedBody.ProtoReflect.Descriptor instead.
+func (*AttestedBody) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *AttestedBody) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *AttestedBody) GetEpoch() int64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *AttestedBody) GetSeq() int64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *AttestedBody) GetReport() isAttestedBody_Report {
+	if x != nil {
+		return x.Report
+	}
+	return nil
+}
+
+func (x *AttestedBody) GetResult() *CommandResult {
+	if x != nil {
+		if x, ok := x.Report.(*AttestedBody_Result); ok {
+			return x.Result
+		}
+	}
+	return nil
+}
+
+func (x *AttestedBody) GetInventory() *Inventory {
+	if x != nil {
+		if x, ok := x.Report.(*AttestedBody_Inventory); ok {
+			return x.Inventory
+		}
+	}
+	return nil
+}
+
+type isAttestedBody_Report interface {
+	isAttestedBody_Report()
+}
+
+type AttestedBody_Result struct {
+	Result *CommandResult `protobuf:"bytes,4,opt,name=result,proto3,oneof"`
+}
+
+type AttestedBody_Inventory struct {
+	Inventory *Inventory `protobuf:"bytes,5,opt,name=inventory,proto3,oneof"`
+}
+
+func (*AttestedBody_Result) isAttestedBody_Report() {}
+
+func (*AttestedBody_Inventory) isAttestedBody_Report() {}
+
 // Hello is the first message of a session.
 type Hello struct {
 	state             protoimpl.MessageState `protogen:"open.v1"`
@@ -449,7 +630,7 @@ type Hello struct {
 
 func (x *Hello) Reset() {
 	*x = Hello{}
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -461,7 +642,7 @@ func (x *Hello) String() string {
 func (*Hello) ProtoMessage() {}
 
 func (x *Hello) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -474,7 +655,7 @@ func (x *Hello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hello.ProtoReflect.Descriptor instead.
 func (*Hello) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{4}
+	return file_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Hello) GetAgentVersion() string {
@@ -508,7 +689,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -520,7 +701,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -533,7 +714,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{5}
+	return file_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Heartbeat) GetAppliedGeneration() int64 {
@@ -562,7 +743,7 @@ type Inventory struct {
 
 func (x *Inventory) Reset() {
 	*x = Inventory{}
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -574,7 +755,7 @@ func (x *Inventory) String() string {
 func (*Inventory) ProtoMessage() {}
 
 func (x *Inventory) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -587,7 +768,7 @@ func (x *Inventory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Inventory.ProtoReflect.Descriptor instead.
 func (*Inventory) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{6}
+	return file_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Inventory) GetGpus() []*GPU {
@@ -636,7 +817,7 @@ type GPU struct {
 
 func (x *GPU) Reset() {
 	*x = GPU{}
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -648,7 +829,7 @@ func (x *GPU) String() string {
 func (*GPU) ProtoMessage() {}
 
 func (x *GPU) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -661,7 +842,7 @@ func (x *GPU) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPU.ProtoReflect.Descriptor instead.
 func (*GPU) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{7}
+	return file_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GPU) GetIndex() int32 {
@@ -744,7 +925,7 @@ type HealthReport struct {
 
 func (x *HealthReport) Reset() {
 	*x = HealthReport{}
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -756,7 +937,7 @@ func (x *HealthReport) String() string {
 func (*HealthReport) ProtoMessage() {}
 
 func (x *HealthReport) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -769,7 +950,7 @@ func (x *HealthReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthReport.ProtoReflect.Descriptor instead.
 func (*HealthReport) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{8}
+	return file_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *HealthReport) GetGpuEvents() []*GPUEvent {
@@ -800,7 +981,7 @@ type GPUEvent struct {
 
 func (x *GPUEvent) Reset() {
 	*x = GPUEvent{}
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -812,7 +993,7 @@ func (x *GPUEvent) String() string {
 func (*GPUEvent) ProtoMessage() {}
 
 func (x *GPUEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -825,7 +1006,7 @@ func (x *GPUEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUEvent.ProtoReflect.Descriptor instead.
 func (*GPUEvent) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{9}
+	return file_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GPUEvent) GetIndex() int32 {
@@ -881,7 +1062,7 @@ type HostPressure struct {
 
 func (x *HostPressure) Reset() {
 	*x = HostPressure{}
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -893,7 +1074,7 @@ func (x *HostPressure) String() string {
 func (*HostPressure) ProtoMessage() {}
 
 func (x *HostPressure) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -906,7 +1087,7 @@ func (x *HostPressure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostPressure.ProtoReflect.Descriptor instead.
 func (*HostPressure) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{10}
+	return file_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *HostPressure) GetMemoryUsed() float64 {
@@ -940,7 +1121,7 @@ type DesiredStateAck struct {
 
 func (x *DesiredStateAck) Reset() {
 	*x = DesiredStateAck{}
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -952,7 +1133,7 @@ func (x *DesiredStateAck) String() string {
 func (*DesiredStateAck) ProtoMessage() {}
 
 func (x *DesiredStateAck) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -965,7 +1146,7 @@ func (x *DesiredStateAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesiredStateAck.ProtoReflect.Descriptor instead.
 func (*DesiredStateAck) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{11}
+	return file_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DesiredStateAck) GetGeneration() int64 {
@@ -995,7 +1176,7 @@ type CommandResult struct {
 
 func (x *CommandResult) Reset() {
 	*x = CommandResult{}
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1007,7 +1188,7 @@ func (x *CommandResult) String() string {
 func (*CommandResult) ProtoMessage() {}
 
 func (x *CommandResult) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1020,7 +1201,7 @@ func (x *CommandResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandResult.ProtoReflect.Descriptor instead.
 func (*CommandResult) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{12}
+	return file_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CommandResult) GetCommandId() string {
@@ -1067,7 +1248,7 @@ type RenewRequest struct {
 
 func (x *RenewRequest) Reset() {
 	*x = RenewRequest{}
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1079,7 +1260,7 @@ func (x *RenewRequest) String() string {
 func (*RenewRequest) ProtoMessage() {}
 
 func (x *RenewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1092,7 +1273,7 @@ func (x *RenewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
 func (*RenewRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{13}
+	return file_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RenewRequest) GetCsrDer() []byte {
@@ -1117,7 +1298,7 @@ type Report struct {
 
 func (x *Report) Reset() {
 	*x = Report{}
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1129,7 +1310,7 @@ func (x *Report) String() string {
 func (*Report) ProtoMessage() {}
 
 func (x *Report) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1142,7 +1323,7 @@ func (x *Report) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Report.ProtoReflect.Descriptor instead.
 func (*Report) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{14}
+	return file_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Report) GetId() string {
@@ -1185,7 +1366,7 @@ type ServerMessage struct {
 
 func (x *ServerMessage) Reset() {
 	*x = ServerMessage{}
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1197,7 +1378,7 @@ func (x *ServerMessage) String() string {
 func (*ServerMessage) ProtoMessage() {}
 
 func (x *ServerMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1210,7 +1391,7 @@ func (x *ServerMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerMessage.ProtoReflect.Descriptor instead.
 func (*ServerMessage) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{15}
+	return file_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ServerMessage) GetBody() isServerMessage_Body {
@@ -1356,7 +1537,7 @@ type HeartbeatAck struct {
 
 func (x *HeartbeatAck) Reset() {
 	*x = HeartbeatAck{}
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1368,7 +1549,7 @@ func (x *HeartbeatAck) String() string {
 func (*HeartbeatAck) ProtoMessage() {}
 
 func (x *HeartbeatAck) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1381,7 +1562,7 @@ func (x *HeartbeatAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatAck.ProtoReflect.Descriptor instead.
 func (*HeartbeatAck) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{16}
+	return file_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *HeartbeatAck) GetHeartbeatInterval() *durationpb.Duration {
@@ -1402,7 +1583,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1414,7 +1595,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1427,7 +1608,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{17}
+	return file_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Welcome) GetNodeId() string {
@@ -1466,7 +1647,7 @@ type DesiredState struct {
 
 func (x *DesiredState) Reset() {
 	*x = DesiredState{}
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1478,7 +1659,7 @@ func (x *DesiredState) String() string {
 func (*DesiredState) ProtoMessage() {}
 
 func (x *DesiredState) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1491,7 +1672,7 @@ func (x *DesiredState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesiredState.ProtoReflect.Descriptor instead.
 func (*DesiredState) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{18}
+	return file_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DesiredState) GetGeneration() int64 {
@@ -1527,7 +1708,7 @@ type DesiredPart struct {
 
 func (x *DesiredPart) Reset() {
 	*x = DesiredPart{}
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1539,7 +1720,7 @@ func (x *DesiredPart) String() string {
 func (*DesiredPart) ProtoMessage() {}
 
 func (x *DesiredPart) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1552,7 +1733,7 @@ func (x *DesiredPart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesiredPart.ProtoReflect.Descriptor instead.
 func (*DesiredPart) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{19}
+	return file_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *DesiredPart) GetKind() string {
@@ -1589,7 +1770,7 @@ type DeviceHold struct {
 
 func (x *DeviceHold) Reset() {
 	*x = DeviceHold{}
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1601,7 +1782,7 @@ func (x *DeviceHold) String() string {
 func (*DeviceHold) ProtoMessage() {}
 
 func (x *DeviceHold) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1614,7 +1795,7 @@ func (x *DeviceHold) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceHold.ProtoReflect.Descriptor instead.
 func (*DeviceHold) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{20}
+	return file_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DeviceHold) GetHolder() string {
@@ -1658,7 +1839,7 @@ type HeldGPU struct {
 
 func (x *HeldGPU) Reset() {
 	*x = HeldGPU{}
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1670,7 +1851,7 @@ func (x *HeldGPU) String() string {
 func (*HeldGPU) ProtoMessage() {}
 
 func (x *HeldGPU) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1683,7 +1864,7 @@ func (x *HeldGPU) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeldGPU.ProtoReflect.Descriptor instead.
 func (*HeldGPU) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{21}
+	return file_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *HeldGPU) GetIndex() int32 {
@@ -1736,7 +1917,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1748,7 +1929,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1761,7 +1942,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{22}
+	return file_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Command) GetId() string {
@@ -1809,7 +1990,7 @@ type Renewed struct {
 
 func (x *Renewed) Reset() {
 	*x = Renewed{}
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1821,7 +2002,7 @@ func (x *Renewed) String() string {
 func (*Renewed) ProtoMessage() {}
 
 func (x *Renewed) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1834,7 +2015,7 @@ func (x *Renewed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Renewed.ProtoReflect.Descriptor instead.
 func (*Renewed) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{23}
+	return file_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Renewed) GetCertificateDer() []byte {
@@ -1860,7 +2041,7 @@ type ResultAck struct {
 
 func (x *ResultAck) Reset() {
 	*x = ResultAck{}
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1872,7 +2053,7 @@ func (x *ResultAck) String() string {
 func (*ResultAck) ProtoMessage() {}
 
 func (x *ResultAck) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1885,7 +2066,7 @@ func (x *ResultAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResultAck.ProtoReflect.Descriptor instead.
 func (*ResultAck) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{24}
+	return file_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ResultAck) GetCommandId() string {
@@ -1908,7 +2089,7 @@ type ReportAck struct {
 
 func (x *ReportAck) Reset() {
 	*x = ReportAck{}
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1920,7 +2101,7 @@ func (x *ReportAck) String() string {
 func (*ReportAck) ProtoMessage() {}
 
 func (x *ReportAck) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1933,7 +2114,7 @@ func (x *ReportAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportAck.ProtoReflect.Descriptor instead.
 func (*ReportAck) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{25}
+	return file_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ReportAck) GetId() string {
@@ -1959,7 +2140,7 @@ type Goodbye struct {
 
 func (x *Goodbye) Reset() {
 	*x = Goodbye{}
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1971,7 +2152,7 @@ func (x *Goodbye) String() string {
 func (*Goodbye) ProtoMessage() {}
 
 func (x *Goodbye) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1984,7 +2165,7 @@ func (x *Goodbye) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Goodbye.ProtoReflect.Descriptor instead.
 func (*Goodbye) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{26}
+	return file_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Goodbye) GetReason() string {
@@ -2017,7 +2198,7 @@ const file_agent_proto_rawDesc = "" +
 	"\x0fcertificate_der\x18\x03 \x01(\fR\x0ecertificateDer\x12.\n" +
 	"\x13ca_certificates_der\x18\x04 \x03(\fR\x11caCertificatesDer\x127\n" +
 	"\tnot_after\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\bnotAfter\x12+\n" +
-	"\x11gateway_addresses\x18\x06 \x03(\tR\x10gatewayAddresses\"\x98\x03\n" +
+	"\x11gateway_addresses\x18\x06 \x03(\tR\x10gatewayAddresses\"\xca\x03\n" +
 	"\vNodeMessage\x12'\n" +
 	"\x05hello\x18\x01 \x01(\v2\x0f.agent.v1.HelloH\x00R\x05hello\x123\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x13.agent.v1.HeartbeatH\x00R\theartbeat\x123\n" +
@@ -2026,8 +2207,19 @@ const file_agent_proto_rawDesc = "" +
 	"\x03ack\x18\x05 \x01(\v2\x19.agent.v1.DesiredStateAckH\x00R\x03ack\x121\n" +
 	"\x06result\x18\x06 \x01(\v2\x17.agent.v1.CommandResultH\x00R\x06result\x12.\n" +
 	"\x05renew\x18\a \x01(\v2\x16.agent.v1.RenewRequestH\x00R\x05renew\x12*\n" +
-	"\x06report\x18\b \x01(\v2\x10.agent.v1.ReportH\x00R\x06reportB\x06\n" +
-	"\x04body\"\x89\x01\n" +
+	"\x06report\x18\b \x01(\v2\x10.agent.v1.ReportH\x00R\x06report\x120\n" +
+	"\battested\x18\t \x01(\v2\x12.agent.v1.AttestedH\x00R\battestedB\x06\n" +
+	"\x04body\"<\n" +
+	"\bAttested\x12\x12\n" +
+	"\x04body\x18\x01 \x01(\fR\x04body\x12\x1c\n" +
+	"\tsignature\x18\x02 \x01(\fR\tsignature\"\xc1\x01\n" +
+	"\fAttestedBody\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x03R\x05epoch\x12\x10\n" +
+	"\x03seq\x18\x03 \x01(\x03R\x03seq\x121\n" +
+	"\x06result\x18\x04 \x01(\v2\x17.agent.v1.CommandResultH\x00R\x06result\x123\n" +
+	"\tinventory\x18\x05 \x01(\v2\x13.agent.v1.InventoryH\x00R\tinventoryB\b\n" +
+	"\x06report\"\x89\x01\n" +
 	"\x05Hello\x12#\n" +
 	"\ragent_version\x18\x01 \x01(\tR\fagentVersion\x12-\n" +
 	"\x12applied_generation\x18\x02 \x01(\x03R\x11appliedGeneration\x12,\n" +
@@ -2168,83 +2360,88 @@ func file_agent_proto_rawDescGZIP() []byte {
 	return file_agent_proto_rawDescData
 }
 
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_agent_proto_goTypes = []any{
 	(*JoinRequest)(nil),           // 0: agent.v1.JoinRequest
 	(*MachineFacts)(nil),          // 1: agent.v1.MachineFacts
 	(*JoinResponse)(nil),          // 2: agent.v1.JoinResponse
 	(*NodeMessage)(nil),           // 3: agent.v1.NodeMessage
-	(*Hello)(nil),                 // 4: agent.v1.Hello
-	(*Heartbeat)(nil),             // 5: agent.v1.Heartbeat
-	(*Inventory)(nil),             // 6: agent.v1.Inventory
-	(*GPU)(nil),                   // 7: agent.v1.GPU
-	(*HealthReport)(nil),          // 8: agent.v1.HealthReport
-	(*GPUEvent)(nil),              // 9: agent.v1.GPUEvent
-	(*HostPressure)(nil),          // 10: agent.v1.HostPressure
-	(*DesiredStateAck)(nil),       // 11: agent.v1.DesiredStateAck
-	(*CommandResult)(nil),         // 12: agent.v1.CommandResult
-	(*RenewRequest)(nil),          // 13: agent.v1.RenewRequest
-	(*Report)(nil),                // 14: agent.v1.Report
-	(*ServerMessage)(nil),         // 15: agent.v1.ServerMessage
-	(*HeartbeatAck)(nil),          // 16: agent.v1.HeartbeatAck
-	(*Welcome)(nil),               // 17: agent.v1.Welcome
-	(*DesiredState)(nil),          // 18: agent.v1.DesiredState
-	(*DesiredPart)(nil),           // 19: agent.v1.DesiredPart
-	(*DeviceHold)(nil),            // 20: agent.v1.DeviceHold
-	(*HeldGPU)(nil),               // 21: agent.v1.HeldGPU
-	(*Command)(nil),               // 22: agent.v1.Command
-	(*Renewed)(nil),               // 23: agent.v1.Renewed
-	(*ResultAck)(nil),             // 24: agent.v1.ResultAck
-	(*ReportAck)(nil),             // 25: agent.v1.ReportAck
-	(*Goodbye)(nil),               // 26: agent.v1.Goodbye
-	(*timestamppb.Timestamp)(nil), // 27: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 28: google.protobuf.Struct
-	(*durationpb.Duration)(nil),   // 29: google.protobuf.Duration
+	(*Attested)(nil),              // 4: agent.v1.Attested
+	(*AttestedBody)(nil),          // 5: agent.v1.AttestedBody
+	(*Hello)(nil),                 // 6: agent.v1.Hello
+	(*Heartbeat)(nil),             // 7: agent.v1.Heartbeat
+	(*Inventory)(nil),             // 8: agent.v1.Inventory
+	(*GPU)(nil),                   // 9: agent.v1.GPU
+	(*HealthReport)(nil),          // 10: agent.v1.HealthReport
+	(*GPUEvent)(nil),              // 11: agent.v1.GPUEvent
+	(*HostPressure)(nil),          // 12: agent.v1.HostPressure
+	(*DesiredStateAck)(nil),       // 13: agent.v1.DesiredStateAck
+	(*CommandResult)(nil),         // 14: agent.v1.CommandResult
+	(*RenewRequest)(nil),          // 15: agent.v1.RenewRequest
+	(*Report)(nil),                // 16: agent.v1.Report
+	(*ServerMessage)(nil),         // 17: agent.v1.ServerMessage
+	(*HeartbeatAck)(nil),          // 18: agent.v1.HeartbeatAck
+	(*Welcome)(nil),               // 19: agent.v1.Welcome
+	(*DesiredState)(nil),          // 20: agent.v1.DesiredState
+	(*DesiredPart)(nil),           // 21: agent.v1.DesiredPart
+	(*DeviceHold)(nil),            // 22: agent.v1.DeviceHold
+	(*HeldGPU)(nil),               // 23: agent.v1.HeldGPU
+	(*Command)(nil),               // 24: agent.v1.Command
+	(*Renewed)(nil),               // 25: agent.v1.Renewed
+	(*ResultAck)(nil),             // 26: agent.v1.ResultAck
+	(*ReportAck)(nil),             // 27: agent.v1.ReportAck
+	(*Goodbye)(nil),               // 28: agent.v1.Goodbye
+	(*timestamppb.Timestamp)(nil), // 29: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 30: google.protobuf.Struct
+	(*durationpb.Duration)(nil),   // 31: google.protobuf.Duration
 }
 var file_agent_proto_depIdxs = []int32{
 	1,  // 0: agent.v1.JoinRequest.facts:type_name -> agent.v1.MachineFacts
-	27, // 1: agent.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
-	4,  // 2: agent.v1.NodeMessage.hello:type_name -> agent.v1.Hello
-	5,  // 3: agent.v1.NodeMessage.heartbeat:type_name -> agent.v1.Heartbeat
-	6,  // 4: agent.v1.NodeMessage.inventory:type_name -> agent.v1.Inventory
-	8,  // 5: agent.v1.NodeMessage.health:type_name -> agent.v1.HealthReport
-	11, // 6: agent.v1.NodeMessage.ack:type_name -> agent.v1.DesiredStateAck
-	12, // 7: agent.v1.NodeMessage.result:type_name -> agent.v1.CommandResult
-	13, // 8: agent.v1.NodeMessage.renew:type_name -> agent.v1.RenewRequest
-	14, // 9: agent.v1.NodeMessage.report:type_name -> agent.v1.Report
-	1,  // 10: agent.v1.Hello.facts:type_name -> agent.v1.MachineFacts
-	10, // 11: agent.v1.Heartbeat.pressure:type_name -> agent.v1.HostPressure
-	7,  // 12: agent.v1.Inventory.gpus:type_name -> agent.v1.GPU
-	9,  // 13: agent.v1.HealthReport.gpu_events:type_name -> agent.v1.GPUEvent
-	10, // 14: agent.v1.HealthReport.host:type_name -> agent.v1.HostPressure
-	27, // 15: agent.v1.GPUEvent.at:type_name -> google.protobuf.Timestamp
-	28, // 16: agent.v1.CommandResult.output:type_name -> google.protobuf.Struct
-	27, // 17: agent.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
-	17, // 18: agent.v1.ServerMessage.welcome:type_name -> agent.v1.Welcome
-	18, // 19: agent.v1.ServerMessage.desired:type_name -> agent.v1.DesiredState
-	22, // 20: agent.v1.ServerMessage.command:type_name -> agent.v1.Command
-	23, // 21: agent.v1.ServerMessage.renewed:type_name -> agent.v1.Renewed
-	24, // 22: agent.v1.ServerMessage.result_ack:type_name -> agent.v1.ResultAck
-	26, // 23: agent.v1.ServerMessage.goodbye:type_name -> agent.v1.Goodbye
-	16, // 24: agent.v1.ServerMessage.heartbeat_ack:type_name -> agent.v1.HeartbeatAck
-	25, // 25: agent.v1.ServerMessage.report_ack:type_name -> agent.v1.ReportAck
-	29, // 26: agent.v1.HeartbeatAck.heartbeat_interval:type_name -> google.protobuf.Duration
-	29, // 27: agent.v1.Welcome.heartbeat_interval:type_name -> google.protobuf.Duration
-	20, // 28: agent.v1.DesiredState.holds:type_name -> agent.v1.DeviceHold
-	19, // 29: agent.v1.DesiredState.parts:type_name -> agent.v1.DesiredPart
-	21, // 30: agent.v1.DeviceHold.gpus:type_name -> agent.v1.HeldGPU
-	28, // 31: agent.v1.Command.args:type_name -> google.protobuf.Struct
-	27, // 32: agent.v1.Command.deadline:type_name -> google.protobuf.Timestamp
-	27, // 33: agent.v1.Renewed.not_after:type_name -> google.protobuf.Timestamp
-	0,  // 34: agent.v1.JoinService.Join:input_type -> agent.v1.JoinRequest
-	3,  // 35: agent.v1.SessionService.Connect:input_type -> agent.v1.NodeMessage
-	2,  // 36: agent.v1.JoinService.Join:output_type -> agent.v1.JoinResponse
-	15, // 37: agent.v1.SessionService.Connect:output_type -> agent.v1.ServerMessage
-	36, // [36:38] is the sub-list for method output_type
-	34, // [34:36] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	29, // 1: agent.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
+	6,  // 2: agent.v1.NodeMessage.hello:type_name -> agent.v1.Hello
+	7,  // 3: agent.v1.NodeMessage.heartbeat:type_name -> agent.v1.Heartbeat
+	8,  // 4: agent.v1.NodeMessage.inventory:type_name -> agent.v1.Inventory
+	10, // 5: agent.v1.NodeMessage.health:type_name -> agent.v1.HealthReport
+	13, // 6: agent.v1.NodeMessage.ack:type_name -> agent.v1.DesiredStateAck
+	14, // 7: agent.v1.NodeMessage.result:type_name -> agent.v1.CommandResult
+	15, // 8: agent.v1.NodeMessage.renew:type_name -> agent.v1.RenewRequest
+	16, // 9: agent.v1.NodeMessage.report:type_name -> agent.v1.Report
+	4,  // 10: agent.v1.NodeMessage.attested:type_name -> agent.v1.Attested
+	14, // 11: agent.v1.AttestedBody.result:type_name -> agent.v1.CommandResult
+	8,  // 12: agent.v1.AttestedBody.inventory:type_name -> agent.v1.Inventory
+	1,  // 13: agent.v1.Hello.facts:type_name -> agent.v1.MachineFacts
+	12, // 14: agent.v1.Heartbeat.pressure:type_name -> agent.v1.HostPressure
+	9,  // 15: agent.v1.Inventory.gpus:type_name -> agent.v1.GPU
+	11, // 16: agent.v1.HealthReport.gpu_events:type_name -> agent.v1.GPUEvent
+	12, // 17: agent.v1.HealthReport.host:type_name -> agent.v1.HostPressure
+	29, // 18: agent.v1.GPUEvent.at:type_name -> google.protobuf.Timestamp
+	30, // 19: agent.v1.CommandResult.output:type_name -> google.protobuf.Struct
+	29, // 20: agent.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
+	19, // 21: agent.v1.ServerMessage.welcome:type_name -> agent.v1.Welcome
+	20, // 22: agent.v1.ServerMessage.desired:type_name -> agent.v1.DesiredState
+	24, // 23: agent.v1.ServerMessage.command:type_name -> agent.v1.Command
+	25, // 24: agent.v1.ServerMessage.renewed:type_name -> agent.v1.Renewed
+	26, // 25: agent.v1.ServerMessage.result_ack:type_name -> agent.v1.ResultAck
+	28, // 26: agent.v1.ServerMessage.goodbye:type_name -> agent.v1.Goodbye
+	18, // 27: agent.v1.ServerMessage.heartbeat_ack:type_name -> agent.v1.HeartbeatAck
+	27, // 28: agent.v1.ServerMessage.report_ack:type_name -> agent.v1.ReportAck
+	31, // 29: agent.v1.HeartbeatAck.heartbeat_interval:type_name -> google.protobuf.Duration
+	31, // 30: agent.v1.Welcome.heartbeat_interval:type_name -> google.protobuf.Duration
+	22, // 31: agent.v1.DesiredState.holds:type_name -> agent.v1.DeviceHold
+	21, // 32: agent.v1.DesiredState.parts:type_name -> agent.v1.DesiredPart
+	23, // 33: agent.v1.DeviceHold.gpus:type_name -> agent.v1.HeldGPU
+	30, // 34: agent.v1.Command.args:type_name -> google.protobuf.Struct
+	29, // 35: agent.v1.Command.deadline:type_name -> google.protobuf.Timestamp
+	29, // 36: agent.v1.Renewed.not_after:type_name -> google.protobuf.Timestamp
+	0,  // 37: agent.v1.JoinService.Join:input_type -> agent.v1.JoinRequest
+	3,  // 38: agent.v1.SessionService.Connect:input_type -> agent.v1.NodeMessage
+	2,  // 39: agent.v1.JoinService.Join:output_type -> agent.v1.JoinResponse
+	17, // 40: agent.v1.SessionService.Connect:output_type -> agent.v1.ServerMessage
+	39, // [39:41] is the sub-list for method output_type
+	37, // [37:39] is the sub-list for method input_type
+	37, // [37:37] is the sub-list for extension type_name
+	37, // [37:37] is the sub-list for extension extendee
+	0,  // [0:37] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -2261,8 +2458,13 @@ func file_agent_proto_init() {
 		(*NodeMessage_Result)(nil),
 		(*NodeMessage_Renew)(nil),
 		(*NodeMessage_Report)(nil),
+		(*NodeMessage_Attested)(nil),
 	}
-	file_agent_proto_msgTypes[15].OneofWrappers = []any{
+	file_agent_proto_msgTypes[5].OneofWrappers = []any{
+		(*AttestedBody_Result)(nil),
+		(*AttestedBody_Inventory)(nil),
+	}
+	file_agent_proto_msgTypes[17].OneofWrappers = []any{
 		(*ServerMessage_Welcome)(nil),
 		(*ServerMessage_Desired)(nil),
 		(*ServerMessage_Command)(nil),
@@ -2278,7 +2480,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   27,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -28,9 +28,10 @@ import (
 
 // rawNode is a node joined through JoinService whose session the test drives by hand.
 type rawNode struct {
-	id   string
-	st   grpc.BidiStreamingClient[agentv1.NodeMessage, agentv1.ServerMessage]
-	conn *grpc.ClientConn
+	id    string
+	epoch int64 // the session's, from its welcome
+	st    grpc.BidiStreamingClient[agentv1.NodeMessage, agentv1.ServerMessage]
+	conn  *grpc.ClientConn
 }
 
 func (p *plane) rawSession(t *testing.T, host string) *rawNode {
@@ -90,7 +91,7 @@ func (p *plane) rawConnect(t *testing.T, id string, tc *tls.Config, gw string) *
 		if err != nil || first.GetWelcome() == nil {
 			t.Fatalf("first message %v, %v; want a welcome", first, err)
 		}
-		return &rawNode{id: id, st: st, conn: conn}
+		return &rawNode{id: id, epoch: first.GetWelcome().GetEpoch(), st: st, conn: conn}
 	}
 }
 

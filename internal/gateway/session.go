@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"crypto"
 	"crypto/x509"
 	"encoding/json"
 	"errors"
@@ -36,7 +37,9 @@ type session struct {
 	node     string
 	who      nodeInfo // the node's tenant, pool and role, as the session opened
 	epoch    int64
-	serial   string       // of the client certificate the session was opened with
+	serial   string           // of the client certificate the session was opened with
+	pub      crypto.PublicKey // that certificate's key, which signs the node's attested reports
+	seq      int64            // the last attested report's place; only the reader touches it
 	notAfter time.Time    // when that certificate expires, and the session with it
 	told     atomic.Int64 // the heartbeat interval the node was last told, in nanoseconds
 	out      chan *agentv1.ServerMessage
@@ -145,7 +148,7 @@ func (g *Gateway) Serve(ctx context.Context, cert *x509.Certificate, st stream) 
 	if err != nil {
 		return err
 	}
-	s := &session{g: g, node: nodeID, who: who, epoch: epoch, serial: pki.Serial(cert), notAfter: cert.NotAfter,
+	s := &session{g: g, node: nodeID, who: who, epoch: epoch, serial: pki.Serial(cert), pub: cert.PublicKey, notAfter: cert.NotAfter,
 		out: make(chan *agentv1.ServerMessage, 64), kick: make(chan struct{}, 1), done: make(chan struct{}), resend: true, sent: -1}
 	s.told.Store(int64(interval))
 	g.mu.Lock()
@@ -386,12 +389,25 @@ func (s *session) handle(ctx context.Context, m *agentv1.NodeMessage) error {
 		})
 		s.send(ctx, &agentv1.ServerMessage{Body: &agentv1.ServerMessage_HeartbeatAck{HeartbeatAck: &agentv1.HeartbeatAck{
 			HeartbeatInterval: durationpb.New(interval)}}})
-	case *agentv1.NodeMessage_Inventory:
+	case *agentv1.NodeMessage_Attested:
 		g.touch(s.node, s.epoch, nil)
-		if s.who.role != api.RoleNode {
-			return nil // a site agent offers no capacity: its machine's hardware is not the pool's
+		body, why := s.verify(b.Attested)
+		if why != "" {
+			return s.refuseReport(ctx, why, "attested")
 		}
-		return g.inventory(ctx, s.node, b.Inventory)
+		switch r := body.Report.(type) {
+		case *agentv1.AttestedBody_Inventory:
+			if s.who.role != api.RoleNode {
+				return nil // a site agent offers no capacity: its machine's hardware is not the pool's
+			}
+			return g.inventory(ctx, s.node, r.Inventory)
+		case *agentv1.AttestedBody_Result:
+			return s.result(ctx, r.Result, b.Attested)
+		}
+		return s.refuseReport(ctx, "an attested report with nothing in it", "attested")
+	case *agentv1.NodeMessage_Inventory, *agentv1.NodeMessage_Result:
+		// Results and inventories are taken signed only (Attested).
+		return s.refuseReport(ctx, "unsigned", fmt.Sprintf("%T", m.Body))
 	case *agentv1.NodeMessage_Health:
 		g.touch(s.node, s.epoch, nil)
 		if s.who.role != api.RoleNode {
@@ -405,22 +421,7 @@ func (s *session) handle(ctx context.Context, m *agentv1.NodeMessage) error {
 		g.touch(s.node, s.epoch, func(t *touch) {
 			t.applied, t.errText, t.ack = max(t.applied, b.Ack.GetGeneration()), b.Ack.GetError(), true
 		})
-	case *agentv1.NodeMessage_Result:
-		g.touch(s.node, s.epoch, nil)
-		r := b.Result
-		out, _ := r.GetOutput().MarshalJSON()
-		if r.GetOutput() == nil {
-			out = nil
-		}
-		c, recorded, err := nodes.Complete(ctx, g.rt.DB.Pool, s.node, r.GetCommandId(), r.GetOk(), r.GetError(), out)
-		if err != nil {
-			return err
-		}
-		if recorded {
-			g.cfg.Metrics.Command(c.Kind, r.GetOk(), c.RoundTrip)
-		}
-		// Acknowledged whether first or repeated, so the node can forget it.
-		s.send(ctx, &agentv1.ServerMessage{Body: &agentv1.ServerMessage_ResultAck{ResultAck: &agentv1.ResultAck{CommandId: r.GetCommandId()}}})
+
 	case *agentv1.NodeMessage_Renew:
 		return s.renew(ctx, b.Renew.GetCsrDer())
 	case *agentv1.NodeMessage_Hello:

@@ -2,6 +2,7 @@ package nodeagent
 
 import (
 	"context"
+	"crypto"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/better-compute/compute/agent/ext"
 	agentv1 "github.com/better-compute/compute/agent/v1"
+	"github.com/better-compute/compute/internal/attest"
 )
 
 // Config configures an agent.
@@ -196,7 +198,15 @@ func (a *Agent) session(ctx context.Context, id Identity) error {
 	if err != nil {
 		return classify(fmt.Errorf("nodeagent: connect to %s: %w", addr, err))
 	}
-	s := &nodeSession{a: a, id: id, st: st, cancel: cancel}
+	key, err := x509.ParsePKCS8PrivateKey(id.KeyDER)
+	if err != nil {
+		return fmt.Errorf("nodeagent: the node's key: %w", err)
+	}
+	signer, ok := key.(crypto.Signer)
+	if !ok {
+		return fmt.Errorf("nodeagent: the node's key is a %T, which cannot sign", key)
+	}
+	s := &nodeSession{a: a, id: id, st: st, cancel: cancel, key: signer}
 	return s.run(ctx, addr)
 }
 
@@ -209,6 +219,11 @@ type nodeSession struct {
 
 	sendMu sync.Mutex
 	wg     sync.WaitGroup
+	// key is the key of the session's certificate, which signs its attested reports; epoch and
+	// seq bind them to the session and order them (under sendMu).
+	key   crypto.Signer
+	epoch int64
+	seq   int64
 
 	mu       sync.Mutex
 	applied  int64
@@ -221,6 +236,20 @@ func (s *nodeSession) send(m *agentv1.NodeMessage) error {
 	s.sendMu.Lock()
 	defer s.sendMu.Unlock()
 	return s.st.Send(m)
+}
+
+// sendAttested signs a result or an inventory for this session and sends it: numbered, signed
+// and sent under one lock, so that the gateway sees them in order.
+func (s *nodeSession) sendAttested(body *agentv1.AttestedBody) error {
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
+	s.seq++
+	body.NodeId, body.Epoch, body.Seq = s.id.NodeID, s.epoch, s.seq
+	a, err := attest.Sign(s.key, body)
+	if err != nil {
+		return err
+	}
+	return s.st.Send(&agentv1.NodeMessage{Body: &agentv1.NodeMessage_Attested{Attested: a}})
 }
 
 func (s *nodeSession) run(ctx context.Context, addr string) error {
@@ -244,6 +273,7 @@ func (s *nodeSession) run(ctx context.Context, addr string) error {
 	if w == nil {
 		return errors.New("nodeagent: the gateway did not welcome the session")
 	}
+	s.epoch = w.GetEpoch()
 	a.setStatus(func(st *Status) {
 		st.NodeID, st.NodeName, st.Connected, st.Gateway, st.Epoch = s.id.NodeID, s.id.NodeName, true, addr, w.GetEpoch()
 		st.CertNotAfter, st.LastError, st.AppliedGeneration = s.id.NotAfter, "", applied
@@ -258,7 +288,7 @@ func (s *nodeSession) run(ctx context.Context, addr string) error {
 		return err
 	}
 	for _, r := range results {
-		if err := s.send(&agentv1.NodeMessage{Body: &agentv1.NodeMessage_Result{Result: r}}); err != nil {
+		if err := s.sendAttested(&agentv1.AttestedBody{Report: &agentv1.AttestedBody_Result{Result: r}}); err != nil {
 			return s.classify(err)
 		}
 	}
@@ -364,7 +394,7 @@ func (s *nodeSession) sendInventory(ctx context.Context) error {
 	if err != nil {
 		inv = &agentv1.Inventory{GpuStatus: "inventory failed: " + err.Error()}
 	}
-	return s.classify(s.send(&agentv1.NodeMessage{Body: &agentv1.NodeMessage_Inventory{Inventory: inv}}))
+	return s.classify(s.sendAttested(&agentv1.AttestedBody{Report: &agentv1.AttestedBody_Inventory{Inventory: inv}}))
 }
 
 func (s *nodeSession) handle(ctx context.Context, m *agentv1.ServerMessage) error {
@@ -458,7 +488,7 @@ func (s *nodeSession) execute(ctx context.Context, c *agentv1.Command) {
 		return
 	}
 	s.updatePending()
-	_ = s.send(&agentv1.NodeMessage{Body: &agentv1.NodeMessage_Result{Result: r}})
+	_ = s.sendAttested(&agentv1.AttestedBody{Report: &agentv1.AttestedBody_Result{Result: r}})
 }
 
 func (s *nodeSession) carryOut(ctx context.Context, c *agentv1.Command) (map[string]any, error) {

@@ -245,9 +245,10 @@ type Completed struct {
 	RoundTrip time.Duration
 }
 
-// Complete records a command's result. It reports false for a result that comes too late (the
-// command was cancelled or failed its deadline) or a second time: it changes nothing then.
-func Complete(ctx context.Context, q postgres.Querier, nodeID, id string, ok bool, errText string, output []byte) (Completed, bool, error) {
+// Complete records a command's result with its attestation (the node's signed report of it,
+// agent/v1 Attested). It reports false for a result that comes too late (the command was
+// cancelled or failed its deadline) or a second time: it changes nothing then.
+func Complete(ctx context.Context, q postgres.Querier, nodeID, id string, ok bool, errText string, output, attestation []byte) (Completed, bool, error) {
 	state := api.CommandSucceeded
 	if !ok {
 		state = api.CommandFailed
@@ -255,8 +256,8 @@ func Complete(ctx context.Context, q postgres.Querier, nodeID, id string, ok boo
 	if output == nil {
 		output = []byte("{}")
 	}
-	done, err := events.EmitChanged(ctx, q, "command.finished", `UPDATE compute.commands SET state = $3, result = $4, error = $5, finished_at = compute.compute_now(), secret = NULL
-		WHERE id = $1 AND node_id = $2 AND state IN ('pending', 'dispatched') RETURNING `+finishedEvent, id, nodeID, state, output, errText)
+	done, err := events.EmitChanged(ctx, q, "command.finished", `UPDATE compute.commands SET state = $3, result = $4, error = $5, finished_at = compute.compute_now(), secret = NULL,
+		  attestation = $6 WHERE id = $1 AND node_id = $2 AND state IN ('pending', 'dispatched') RETURNING `+finishedEvent, id, nodeID, state, output, errText, attestation)
 	if err != nil || len(done) == 0 {
 		return Completed{}, false, err
 	}

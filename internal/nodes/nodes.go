@@ -73,6 +73,7 @@ func (m *Module) Register(r *modules.Registry) error {
 		modules.EventType{Name: "node.cordoned", Description: "A node takes no new bookings (data: from)."},
 		modules.EventType{Name: "node.draining", Description: "A node's bookings are being ended (data: from)."},
 		modules.EventType{Name: "node.retired", Description: "A node left the fleet for good (data: from)."},
+		modules.EventType{Name: "node.report_refused", Description: "A node's result or inventory was refused: unsigned, not signed by the node's key, of another node or session, or replayed (data: reason, kind)."},
 		modules.EventType{Name: "command.created", Description: "A command was queued for a node (data: node, kind)."},
 		modules.EventType{Name: "command.finished", Description: "A command succeeded, failed (its result, or its deadline) or was cancelled (data: node, kind, state, error, and seconds from its creation for a result or a deadline)."},
 	)
