@@ -40,8 +40,8 @@ type session struct {
 	serial   string           // of the client certificate the session was opened with
 	pub      crypto.PublicKey // that certificate's key, which signs the node's attested reports
 	seq      int64            // the last attested report's place; only the reader touches it
-	notAfter time.Time    // when that certificate expires, and the session with it
-	told     atomic.Int64 // the heartbeat interval the node was last told, in nanoseconds
+	notAfter time.Time        // when that certificate expires, and the session with it
+	told     atomic.Int64     // the heartbeat interval the node was last told, in nanoseconds
 	out      chan *agentv1.ServerMessage
 	kick     chan struct{}
 	done     chan struct{}
