@@ -1640,7 +1640,10 @@ type DesiredState struct {
 	// The parts modules own (a desired-state kind each, registered with the control plane's
 	// modules.Registry), converged by the node's extensions (agent/ext). The core proto never
 	// changes for them.
-	Parts         []*DesiredPart `protobuf:"bytes,3,rep,name=parts,proto3" json:"parts,omitempty"`
+	Parts []*DesiredPart `protobuf:"bytes,3,rep,name=parts,proto3" json:"parts,omitempty"`
+	// The mode of each of the node's GPUs: whole, mig (the node enables MIG mode, and makes the GPU
+	// and compute instances its holds name), or timeslice with its shares.
+	Gpus          []*GPUSetting `protobuf:"bytes,4,rep,name=gpus,proto3" json:"gpus,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1696,6 +1699,82 @@ func (x *DesiredState) GetParts() []*DesiredPart {
 	return nil
 }
 
+func (x *DesiredState) GetGpus() []*GPUSetting {
+	if x != nil {
+		return x.Gpus
+	}
+	return nil
+}
+
+// GPUSetting is how a GPU should be set up, whatever holds it.
+type GPUSetting struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Index         int32                  `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	Uuid          string                 `protobuf:"bytes,2,opt,name=uuid,proto3" json:"uuid,omitempty"`
+	Mode          string                 `protobuf:"bytes,3,opt,name=mode,proto3" json:"mode,omitempty"`      // whole, mig, timeslice
+	Shares        int32                  `protobuf:"varint,4,opt,name=shares,proto3" json:"shares,omitempty"` // timeslice: how many
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GPUSetting) Reset() {
+	*x = GPUSetting{}
+	mi := &file_agent_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GPUSetting) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GPUSetting) ProtoMessage() {}
+
+func (x *GPUSetting) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GPUSetting.ProtoReflect.Descriptor instead.
+func (*GPUSetting) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *GPUSetting) GetIndex() int32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *GPUSetting) GetUuid() string {
+	if x != nil {
+		return x.Uuid
+	}
+	return ""
+}
+
+func (x *GPUSetting) GetMode() string {
+	if x != nil {
+		return x.Mode
+	}
+	return ""
+}
+
+func (x *GPUSetting) GetShares() int32 {
+	if x != nil {
+		return x.Shares
+	}
+	return 0
+}
+
 // DesiredPart is one module's part of a node's desired state.
 type DesiredPart struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1708,7 +1787,7 @@ type DesiredPart struct {
 
 func (x *DesiredPart) Reset() {
 	*x = DesiredPart{}
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1720,7 +1799,7 @@ func (x *DesiredPart) String() string {
 func (*DesiredPart) ProtoMessage() {}
 
 func (x *DesiredPart) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1733,7 +1812,7 @@ func (x *DesiredPart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesiredPart.ProtoReflect.Descriptor instead.
 func (*DesiredPart) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{21}
+	return file_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DesiredPart) GetKind() string {
@@ -1770,7 +1849,7 @@ type DeviceHold struct {
 
 func (x *DeviceHold) Reset() {
 	*x = DeviceHold{}
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1782,7 +1861,7 @@ func (x *DeviceHold) String() string {
 func (*DeviceHold) ProtoMessage() {}
 
 func (x *DeviceHold) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1795,7 +1874,7 @@ func (x *DeviceHold) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceHold.ProtoReflect.Descriptor instead.
 func (*DeviceHold) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{22}
+	return file_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *DeviceHold) GetHolder() string {
@@ -1839,7 +1918,7 @@ type HeldGPU struct {
 
 func (x *HeldGPU) Reset() {
 	*x = HeldGPU{}
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1851,7 +1930,7 @@ func (x *HeldGPU) String() string {
 func (*HeldGPU) ProtoMessage() {}
 
 func (x *HeldGPU) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1864,7 +1943,7 @@ func (x *HeldGPU) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeldGPU.ProtoReflect.Descriptor instead.
 func (*HeldGPU) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{23}
+	return file_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *HeldGPU) GetIndex() int32 {
@@ -1917,7 +1996,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1929,7 +2008,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1942,7 +2021,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{24}
+	return file_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Command) GetId() string {
@@ -1990,7 +2069,7 @@ type Renewed struct {
 
 func (x *Renewed) Reset() {
 	*x = Renewed{}
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2002,7 +2081,7 @@ func (x *Renewed) String() string {
 func (*Renewed) ProtoMessage() {}
 
 func (x *Renewed) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2015,7 +2094,7 @@ func (x *Renewed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Renewed.ProtoReflect.Descriptor instead.
 func (*Renewed) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{25}
+	return file_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Renewed) GetCertificateDer() []byte {
@@ -2041,7 +2120,7 @@ type ResultAck struct {
 
 func (x *ResultAck) Reset() {
 	*x = ResultAck{}
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2053,7 +2132,7 @@ func (x *ResultAck) String() string {
 func (*ResultAck) ProtoMessage() {}
 
 func (x *ResultAck) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2066,7 +2145,7 @@ func (x *ResultAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResultAck.ProtoReflect.Descriptor instead.
 func (*ResultAck) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{26}
+	return file_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ResultAck) GetCommandId() string {
@@ -2089,7 +2168,7 @@ type ReportAck struct {
 
 func (x *ReportAck) Reset() {
 	*x = ReportAck{}
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2101,7 +2180,7 @@ func (x *ReportAck) String() string {
 func (*ReportAck) ProtoMessage() {}
 
 func (x *ReportAck) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2114,7 +2193,7 @@ func (x *ReportAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportAck.ProtoReflect.Descriptor instead.
 func (*ReportAck) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{27}
+	return file_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ReportAck) GetId() string {
@@ -2140,7 +2219,7 @@ type Goodbye struct {
 
 func (x *Goodbye) Reset() {
 	*x = Goodbye{}
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2152,7 +2231,7 @@ func (x *Goodbye) String() string {
 func (*Goodbye) ProtoMessage() {}
 
 func (x *Goodbye) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2165,7 +2244,7 @@ func (x *Goodbye) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Goodbye.ProtoReflect.Descriptor instead.
 func (*Goodbye) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{28}
+	return file_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Goodbye) GetReason() string {
@@ -2301,13 +2380,20 @@ const file_agent_proto_rawDesc = "" +
 	"\aWelcome\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x03R\x05epoch\x12H\n" +
-	"\x12heartbeat_interval\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\"\x87\x01\n" +
+	"\x12heartbeat_interval\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\"\xb1\x01\n" +
 	"\fDesiredState\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x01 \x01(\x03R\n" +
 	"generation\x12*\n" +
 	"\x05holds\x18\x02 \x03(\v2\x14.agent.v1.DeviceHoldR\x05holds\x12+\n" +
-	"\x05parts\x18\x03 \x03(\v2\x15.agent.v1.DesiredPartR\x05parts\"U\n" +
+	"\x05parts\x18\x03 \x03(\v2\x15.agent.v1.DesiredPartR\x05parts\x12(\n" +
+	"\x04gpus\x18\x04 \x03(\v2\x14.agent.v1.GPUSettingR\x04gpus\"b\n" +
+	"\n" +
+	"GPUSetting\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x12\n" +
+	"\x04uuid\x18\x02 \x01(\tR\x04uuid\x12\x12\n" +
+	"\x04mode\x18\x03 \x01(\tR\x04mode\x12\x16\n" +
+	"\x06shares\x18\x04 \x01(\x05R\x06shares\"U\n" +
 	"\vDesiredPart\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\rR\aversion\x12\x18\n" +
@@ -2360,7 +2446,7 @@ func file_agent_proto_rawDescGZIP() []byte {
 	return file_agent_proto_rawDescData
 }
 
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_agent_proto_goTypes = []any{
 	(*JoinRequest)(nil),           // 0: agent.v1.JoinRequest
 	(*MachineFacts)(nil),          // 1: agent.v1.MachineFacts
@@ -2383,21 +2469,22 @@ var file_agent_proto_goTypes = []any{
 	(*HeartbeatAck)(nil),          // 18: agent.v1.HeartbeatAck
 	(*Welcome)(nil),               // 19: agent.v1.Welcome
 	(*DesiredState)(nil),          // 20: agent.v1.DesiredState
-	(*DesiredPart)(nil),           // 21: agent.v1.DesiredPart
-	(*DeviceHold)(nil),            // 22: agent.v1.DeviceHold
-	(*HeldGPU)(nil),               // 23: agent.v1.HeldGPU
-	(*Command)(nil),               // 24: agent.v1.Command
-	(*Renewed)(nil),               // 25: agent.v1.Renewed
-	(*ResultAck)(nil),             // 26: agent.v1.ResultAck
-	(*ReportAck)(nil),             // 27: agent.v1.ReportAck
-	(*Goodbye)(nil),               // 28: agent.v1.Goodbye
-	(*timestamppb.Timestamp)(nil), // 29: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 30: google.protobuf.Struct
-	(*durationpb.Duration)(nil),   // 31: google.protobuf.Duration
+	(*GPUSetting)(nil),            // 21: agent.v1.GPUSetting
+	(*DesiredPart)(nil),           // 22: agent.v1.DesiredPart
+	(*DeviceHold)(nil),            // 23: agent.v1.DeviceHold
+	(*HeldGPU)(nil),               // 24: agent.v1.HeldGPU
+	(*Command)(nil),               // 25: agent.v1.Command
+	(*Renewed)(nil),               // 26: agent.v1.Renewed
+	(*ResultAck)(nil),             // 27: agent.v1.ResultAck
+	(*ReportAck)(nil),             // 28: agent.v1.ReportAck
+	(*Goodbye)(nil),               // 29: agent.v1.Goodbye
+	(*timestamppb.Timestamp)(nil), // 30: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 31: google.protobuf.Struct
+	(*durationpb.Duration)(nil),   // 32: google.protobuf.Duration
 }
 var file_agent_proto_depIdxs = []int32{
 	1,  // 0: agent.v1.JoinRequest.facts:type_name -> agent.v1.MachineFacts
-	29, // 1: agent.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
+	30, // 1: agent.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
 	6,  // 2: agent.v1.NodeMessage.hello:type_name -> agent.v1.Hello
 	7,  // 3: agent.v1.NodeMessage.heartbeat:type_name -> agent.v1.Heartbeat
 	8,  // 4: agent.v1.NodeMessage.inventory:type_name -> agent.v1.Inventory
@@ -2414,34 +2501,35 @@ var file_agent_proto_depIdxs = []int32{
 	9,  // 15: agent.v1.Inventory.gpus:type_name -> agent.v1.GPU
 	11, // 16: agent.v1.HealthReport.gpu_events:type_name -> agent.v1.GPUEvent
 	12, // 17: agent.v1.HealthReport.host:type_name -> agent.v1.HostPressure
-	29, // 18: agent.v1.GPUEvent.at:type_name -> google.protobuf.Timestamp
-	30, // 19: agent.v1.CommandResult.output:type_name -> google.protobuf.Struct
-	29, // 20: agent.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
+	30, // 18: agent.v1.GPUEvent.at:type_name -> google.protobuf.Timestamp
+	31, // 19: agent.v1.CommandResult.output:type_name -> google.protobuf.Struct
+	30, // 20: agent.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
 	19, // 21: agent.v1.ServerMessage.welcome:type_name -> agent.v1.Welcome
 	20, // 22: agent.v1.ServerMessage.desired:type_name -> agent.v1.DesiredState
-	24, // 23: agent.v1.ServerMessage.command:type_name -> agent.v1.Command
-	25, // 24: agent.v1.ServerMessage.renewed:type_name -> agent.v1.Renewed
-	26, // 25: agent.v1.ServerMessage.result_ack:type_name -> agent.v1.ResultAck
-	28, // 26: agent.v1.ServerMessage.goodbye:type_name -> agent.v1.Goodbye
+	25, // 23: agent.v1.ServerMessage.command:type_name -> agent.v1.Command
+	26, // 24: agent.v1.ServerMessage.renewed:type_name -> agent.v1.Renewed
+	27, // 25: agent.v1.ServerMessage.result_ack:type_name -> agent.v1.ResultAck
+	29, // 26: agent.v1.ServerMessage.goodbye:type_name -> agent.v1.Goodbye
 	18, // 27: agent.v1.ServerMessage.heartbeat_ack:type_name -> agent.v1.HeartbeatAck
-	27, // 28: agent.v1.ServerMessage.report_ack:type_name -> agent.v1.ReportAck
-	31, // 29: agent.v1.HeartbeatAck.heartbeat_interval:type_name -> google.protobuf.Duration
-	31, // 30: agent.v1.Welcome.heartbeat_interval:type_name -> google.protobuf.Duration
-	22, // 31: agent.v1.DesiredState.holds:type_name -> agent.v1.DeviceHold
-	21, // 32: agent.v1.DesiredState.parts:type_name -> agent.v1.DesiredPart
-	23, // 33: agent.v1.DeviceHold.gpus:type_name -> agent.v1.HeldGPU
-	30, // 34: agent.v1.Command.args:type_name -> google.protobuf.Struct
-	29, // 35: agent.v1.Command.deadline:type_name -> google.protobuf.Timestamp
-	29, // 36: agent.v1.Renewed.not_after:type_name -> google.protobuf.Timestamp
-	0,  // 37: agent.v1.JoinService.Join:input_type -> agent.v1.JoinRequest
-	3,  // 38: agent.v1.SessionService.Connect:input_type -> agent.v1.NodeMessage
-	2,  // 39: agent.v1.JoinService.Join:output_type -> agent.v1.JoinResponse
-	17, // 40: agent.v1.SessionService.Connect:output_type -> agent.v1.ServerMessage
-	39, // [39:41] is the sub-list for method output_type
-	37, // [37:39] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	28, // 28: agent.v1.ServerMessage.report_ack:type_name -> agent.v1.ReportAck
+	32, // 29: agent.v1.HeartbeatAck.heartbeat_interval:type_name -> google.protobuf.Duration
+	32, // 30: agent.v1.Welcome.heartbeat_interval:type_name -> google.protobuf.Duration
+	23, // 31: agent.v1.DesiredState.holds:type_name -> agent.v1.DeviceHold
+	22, // 32: agent.v1.DesiredState.parts:type_name -> agent.v1.DesiredPart
+	21, // 33: agent.v1.DesiredState.gpus:type_name -> agent.v1.GPUSetting
+	24, // 34: agent.v1.DeviceHold.gpus:type_name -> agent.v1.HeldGPU
+	31, // 35: agent.v1.Command.args:type_name -> google.protobuf.Struct
+	30, // 36: agent.v1.Command.deadline:type_name -> google.protobuf.Timestamp
+	30, // 37: agent.v1.Renewed.not_after:type_name -> google.protobuf.Timestamp
+	0,  // 38: agent.v1.JoinService.Join:input_type -> agent.v1.JoinRequest
+	3,  // 39: agent.v1.SessionService.Connect:input_type -> agent.v1.NodeMessage
+	2,  // 40: agent.v1.JoinService.Join:output_type -> agent.v1.JoinResponse
+	17, // 41: agent.v1.SessionService.Connect:output_type -> agent.v1.ServerMessage
+	40, // [40:42] is the sub-list for method output_type
+	38, // [38:40] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -2480,7 +2568,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   29,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -103,3 +103,41 @@ func TestSiteTokensAdmitSiteAgents(t *testing.T) {
 		t.Fatalf("a node certificate for a site agent's session = %v, %v; want a refusal naming both roles", m, err)
 	}
 }
+
+// TestGPUModesTravelInTheDesiredState: a node's desired state carries its GPUs' modes, and a
+// mode change moves it (the node makes or tears down MIG instances by it); an inventory that
+// changes nothing of the modes does not.
+func TestGPUModesTravelInTheDesiredState(t *testing.T) {
+	p := newPlane(t, nil)
+	f := p.fleet(t, 1, "modes", p.gw)
+	node := f.Nodes[0]
+	modeOf := func(index int32) string {
+		for _, g := range node.Converger.Last().GetGpus() {
+			if g.GetIndex() == index {
+				return g.GetMode()
+			}
+		}
+		return ""
+	}
+	eventually(t, "the GPUs' modes in the desired state", func() bool { return len(node.Converger.Last().GetGpus()) == 8 && modeOf(3) == api.GPUModeWhole })
+	gen := node.Converger.Last().GetGeneration()
+	devs, err := p.Compute.API.Devices.List(p.ctx, p.RootKey, api.ListDevices{Node: node.NodeID()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Compute.API.Devices.SetMode(p.ctx, p.RootKey, api.SetGPUMode{Device: devs[3].UUID, Mode: api.GPUModeMIG}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "GPU 3 in MIG mode in the desired state", func() bool { return modeOf(3) == api.GPUModeMIG })
+	if g := node.Converger.Last().GetGeneration(); g != gen+1 {
+		t.Fatalf("generation %d after one mode change, want %d", g, gen+1)
+	}
+	// The same inventory again: no new generation.
+	if _, err := p.Compute.API.Commands.Create(p.ctx, p.RootKey, api.CreateCommand{NodeRef: api.NodeRef{Node: node.NodeID()}, Kind: api.CommandInventoryRefresh}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	if g := node.Converger.Last().GetGeneration(); g != gen+1 {
+		t.Fatalf("an inventory refresh moved the generation to %d", g)
+	}
+}

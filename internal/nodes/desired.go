@@ -41,6 +41,18 @@ func Desired(ctx context.Context, q postgres.Querier, nodeID string, kinds []mod
 		ds.Holds = append(ds.Holds, h)
 	}
 	sort.Slice(ds.Holds, func(i, j int) bool { return strings.Compare(ds.Holds[i].Holder, ds.Holds[j].Holder) < 0 })
+	// The GPUs' modes (capacity's devices, read): the node sets its GPUs up by them.
+	rows, err := q.Query(ctx, `SELECT index, uuid, mode, shares FROM compute.devices WHERE node_id = $1 ORDER BY index`, nodeID)
+	if err != nil {
+		return nil, err
+	}
+	ds.Gpus, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (*agentv1.GPUSetting, error) {
+		g := &agentv1.GPUSetting{}
+		return g, r.Scan(&g.Index, &g.Uuid, &g.Mode, &g.Shares)
+	})
+	if err != nil {
+		return nil, err
+	}
 	for _, k := range kinds {
 		part, err := k.State(ctx, q, nodeID)
 		if err != nil {
