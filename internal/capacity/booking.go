@@ -113,7 +113,23 @@ func (w *bookingWrite) send(ctx context.Context, tx pgx.Tx, quotas quotaRows) er
 	if len(w.placed) == 0 {
 		return nil
 	}
-	n := len(w.placed)
+	b := &pgx.Batch{}
+	w.queue(b, quotas)
+	err := tx.SendBatch(ctx, b).Close()
+	switch {
+	case err == nil:
+		return nil
+	case isAPIError(err):
+		return err // over quota, counted under the rows' locks
+	case postgres.ErrorCode(err) == postgres.ExclusionViolation:
+		// Someone booked these atoms without the node lock (another path): try again afresh.
+		return modules.Retry(&api.Error{Code: api.CodeConflict, Message: "the capacity chosen was booked concurrently; try again"})
+	}
+	return fmt.Errorf("capacity: write %d placements: %w", len(w.placed), err)
+}
+
+// queue queues send's statements in b.
+func (w *bookingWrite) queue(b *pgx.Batch, quotas quotaRows) {
 	var r struct {
 		ids, states, creators []string
 		spots                 []bool
@@ -164,7 +180,6 @@ func (w *bookingWrite) send(ctx context.Context, tx pgx.Tx, quotas quotaRows) er
 			}
 		}
 	}
-	b := &pgx.Batch{}
 	b.Queue(`INSERT INTO compute.reservations (id, tenant_id, pool_id, state, spot, shape, members, claims, starts_at, ends_at, labels, created_by, created_at, updated_at)
 		SELECT u.id, $1, $2, u.state, u.spot, u.shape, u.members, u.claims, u.starts, u.ends, u.labels, u.creator, $3, $3
 		FROM unnest($4::uuid[], $5::text[], $6::bool[], $7::jsonb[], $8::int[], $9::jsonb[], $10::timestamptz[], $11::timestamptz[], $12::jsonb[], $13::text[])
@@ -182,15 +197,4 @@ func (w *bookingWrite) send(ctx context.Context, tx pgx.Tx, quotas quotaRows) er
 	}
 	quotas.queue(b, w.tenant, w.pool, total) // quotas last
 	events.QueueEmitMany(b, "reservation.created", w.tenant, r.ids, r.created)
-	err := tx.SendBatch(ctx, b).Close()
-	switch {
-	case err == nil:
-		return nil
-	case isAPIError(err):
-		return err // over quota, counted under the rows' locks
-	case postgres.ErrorCode(err) == postgres.ExclusionViolation:
-		// Someone booked these atoms without the node lock (another path): try again afresh.
-		return modules.Retry(&api.Error{Code: api.CodeConflict, Message: "the capacity chosen was booked concurrently; try again"})
-	}
-	return fmt.Errorf("capacity: write %d placements: %w", n, err)
 }
