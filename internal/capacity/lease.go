@@ -40,7 +40,8 @@ type Leases struct {
 	refs  map[string]string      // tenant path and pool name or id → pool id
 	wake  signal
 
-	// test knobs (export_test.go): skip the delta read of each batch.
+	// noDelta (tests: export_test.go) skips the delta reads: memory then learns of other
+	// writers only from refused writes.
 	noDelta atomic.Bool
 
 	stats leaseCounters
@@ -387,7 +388,9 @@ func (l *Leases) catchUp(ctx context.Context, db *postgres.DB, c *poolCache, ful
 			c.committed(x)
 		}
 	}
-	c.applyDelta(d.xmin, d.nodes, d.changed)
+	if !l.noDelta.Load() {
+		c.applyDelta(d.xmin, d.nodes, d.changed)
+	}
 	stale := c.staleNodes()
 	full = full || len(stale) > max(maxInlineReload, len(c.nodes)/4)
 	c.mu.Unlock()

@@ -107,18 +107,25 @@ func (l *Leases) fromMemory(ctx context.Context, tx pgx.Tx, c *poolCache, ref st
 	}
 	for range leaseAttempts {
 		out, write := c.planBatch(calls, *pool, slices.Clone(quotas), d.xid)
-		if len(write.placed) == 0 {
-			return out, nil
-		}
-		err := sendLeaseWrite(ctx, tx, c.pool, write, quotas)
-		if err == nil {
-			l.stats.batches.Add(1)
-			l.stats.placed.Add(int64(len(write.placed)))
+		done := func() {
 			for _, r := range out {
 				if r.Alone {
 					l.stats.notInMemory.Add(1)
 				}
 			}
+		}
+		if len(write.placed) == 0 {
+			done()
+			return out, nil
+		}
+		err := sendLeaseWrite(ctx, tx, c.pool, write, quotas)
+		if err == nil {
+			c.mu.Lock()
+			c.sent(d.xid)
+			c.mu.Unlock()
+			l.stats.batches.Add(1)
+			l.stats.placed.Add(int64(len(write.placed)))
+			done()
 			return out, nil
 		}
 		c.mu.Lock()
@@ -185,7 +192,7 @@ func (c *poolCache) planBatch(calls []*modules.BatchCall[api.CreateReservation],
 			out[i].Err = err
 			continue
 		}
-		n, plan, ok := c.place(in.Shape, w)
+		n, plan, ok := c.place(in.Shape, w, xid)
 		if !ok {
 			out[i].Alone = true
 			continue

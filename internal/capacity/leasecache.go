@@ -53,6 +53,11 @@ type leaseNode struct {
 	// current.
 	stale uint64
 
+	// busy is the transaction of ours whose write to the node is on its way; other batches pass
+	// the node over until it returns, as the database path skips a locked node, so that one of
+	// ours never overtakes another on a node (and is refused for a version it could not know).
+	busy uint64
+
 	windowed bool      // a hold starts later than now: which holds a window overlaps depends on its end
 	free     int       // freeWhole(snap), when not windowed
 	edge     time.Time // the next instant a hold starts or ends; zero: none
@@ -64,7 +69,7 @@ type leaseNode struct {
 }
 
 // maxKnown bounds the versions a node remembers.
-const maxKnown = 8
+const maxKnown = 16
 
 func newPoolCache(pool string, epoch int64) *poolCache {
 	return &poolCache{pool: pool, epoch: epoch, nodes: map[string]*leaseNode{}, models: map[string]*freeIndex{},
@@ -195,7 +200,7 @@ func (c *poolCache) advance(now time.Time) {
 // snapshot of every node of the pool: best fit (the fewest free whole GPUs that still fit, then
 // node order), without preempting. Mixed-model nodes serve only requests of any model, as the
 // candidate query has it.
-func (c *poolCache) place(shape api.Shape, w window) (*leaseNode, MemberPlan, bool) {
+func (c *poolCache) place(shape api.Shape, w window, xid uint64) (*leaseNode, MemberPlan, bool) {
 	c.advance(w.start)
 	idx := &c.all
 	if shape.Model != "" {
@@ -208,7 +213,7 @@ func (c *poolCache) place(shape api.Shape, w window) (*leaseNode, MemberPlan, bo
 	}
 	var wins []fit
 	for n := range c.windowed {
-		if shape.Model != "" && n.model != shape.Model {
+		if (shape.Model != "" && n.model != shape.Model) || (n.busy != 0 && n.busy != xid) {
 			continue
 		}
 		v := during(n.snap, w.start, endOr(w.end))
@@ -235,6 +240,9 @@ func (c *poolCache) place(shape api.Shape, w window) (*leaseNode, MemberPlan, bo
 						return wins[wi].node, plan, true
 					}
 				}
+				if n.busy != 0 && n.busy != xid {
+					continue
+				}
 				if plan, ok := try(n, n.snap); ok {
 					return n, plan, true
 				}
@@ -257,6 +265,7 @@ func (c *poolCache) take(n *leaseNode, picks []Pick, w window, xid uint64) {
 		n.tags = append(n.tags, xid)
 	}
 	n.known = appendKnown(n.known, xid)
+	n.busy = xid
 	if c.writes[xid] == nil {
 		c.writes[xid] = map[*leaseNode]bool{}
 	}
@@ -274,10 +283,23 @@ func appendKnown(known []uint64, v uint64) []uint64 {
 	return append(known, v)
 }
 
+// sent records that transaction xid's write returned: its nodes are free for other batches.
+func (c *poolCache) sent(xid uint64) {
+	for n := range c.writes[xid] {
+		if n.busy == xid {
+			n.busy = 0
+		}
+	}
+}
+
 // drop forgets what transaction xid booked in memory: its write was refused, or it rolled back.
 func (c *poolCache) drop(xid uint64, now time.Time) {
 	for n := range c.writes[xid] {
+		if n.busy == xid {
+			n.busy = 0
+		}
 		c.untag(n, xid, true)
+		n.known = slices.DeleteFunc(n.known, func(k uint64) bool { return k == xid })
 		c.recount(n, now)
 	}
 	delete(c.writes, xid)
@@ -398,9 +420,17 @@ func (c *poolCache) install(l loaded, ids []string, seq uint64) {
 				held, tags = append(held, h), append(tags, x)
 			}
 		}
+		// The versions the state now includes: the one read, and those of our writes it could
+		// not see, which may still commit. Not the versions known before: loads may be installed
+		// out of order, and an older one's state must not claim a newer version.
+		known := []uint64{ln.changed}
+		for _, x := range n.known {
+			if c.writes[x][n] && !l.visible[x] && x != ln.changed {
+				known = append(known, x)
+			}
+		}
 		n.snap = NodeSnapshot{NodeID: ln.id, Name: ln.name, GPUs: ln.gpus, Held: held}
-		n.tags, n.model, n.schedulable = tags, ln.model, ln.schedulable
-		n.known = appendKnown(n.known, ln.changed)
+		n.tags, n.model, n.schedulable, n.known = tags, ln.model, ln.schedulable, known
 		if n.stale != 0 && n.stale <= seq {
 			n.stale = 0
 		}

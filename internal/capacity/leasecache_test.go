@@ -99,7 +99,7 @@ func TestMemoryPlacesAsThePlannerFromScratch(t *testing.T) {
 				}
 			}
 			wj, wplan, wok := fromScratch(cands, shape, w)
-			gn, gplan, gok := c.place(shape, w)
+			gn, gplan, gok := c.place(shape, w, uint64(100+k))
 			want, got := "", ""
 			if wok {
 				want = cands[wj].NodeID
@@ -114,6 +114,7 @@ func TestMemoryPlacesAsThePlannerFromScratch(t *testing.T) {
 				continue
 			}
 			c.take(gn, gplan.Picks, w, uint64(100+k))
+			c.sent(uint64(100 + k))
 			for i := range ref {
 				if ref[i].NodeID == want {
 					for _, p := range wplan.Picks {
@@ -154,11 +155,12 @@ func TestMemoryForgetsAndKeepsItsOwnWrites(t *testing.T) {
 	w := window{start: now}
 	place := func(xid uint64) int {
 		t.Helper()
-		n, plan, ok := c.place(one, w)
+		n, plan, ok := c.place(one, w, xid)
 		if !ok {
 			t.Fatal("no room in memory")
 		}
 		c.take(n, plan.Picks, w, xid)
+		c.sent(xid)
 		return plan.Picks[0].Span.Lo / PositionsPerGPU
 	}
 	if g := place(20); g != 0 {
@@ -185,7 +187,7 @@ func TestMemoryForgetsAndKeepsItsOwnWrites(t *testing.T) {
 	if n.stale == 0 || len(c.staleNodes()) != 1 {
 		t.Fatal("another writer's change did not make the node stale")
 	}
-	if _, _, ok := c.place(one, w); ok {
+	if _, _, ok := c.place(one, w, 99); ok {
 		t.Fatal("placed on a stale node")
 	}
 	if c.since != 31 {
