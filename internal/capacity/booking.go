@@ -81,19 +81,22 @@ type bookingWrite struct {
 	now          time.Time
 	placed       []placement
 	recount      map[string]bool // nodes whose rollups the write recounts
+	stamp        map[string]bool // nodes of placements that start later: their rollups are marked (stampSQL)
 }
 
 func newBookingWrite(tenant, pool string, now time.Time) *bookingWrite {
-	return &bookingWrite{tenant: tenant, pool: pool, now: now, recount: map[string]bool{}}
+	return &bookingWrite{tenant: tenant, pool: pool, now: now, recount: map[string]bool{}, stamp: map[string]bool{}}
 }
 
 // add writes p with the others. A placement that holds now changes its nodes' rollups; a later
-// one does not until it starts (the worker's tick recounts then).
+// one does not until it starts (the worker's tick recounts then), and marks them instead.
 func (w *bookingWrite) add(p placement) {
 	w.placed = append(w.placed, p)
-	if p.active() {
-		for _, m := range p.members {
+	for _, m := range p.members {
+		if p.active() {
 			w.recount[m.node.NodeID] = true
+		} else {
+			w.stamp[m.node.NodeID] = true
 		}
 	}
 }
@@ -194,6 +197,9 @@ func (w *bookingWrite) queue(b *pgx.Batch, quotas quotaRows) {
 	if nodes := sortedKeys(w.recount); len(nodes) > 0 {
 		// Recounted, not decremented: see refreshSQL. The nodes are locked already.
 		b.Queue(refreshSQL, nodes)
+	}
+	if nodes := sortedKeys(w.stamp); len(nodes) > 0 {
+		b.Queue(stampSQL, nodes) // locked already, as the candidates they were
 	}
 	quotas.queue(b, w.tenant, w.pool, total) // quotas last
 	events.QueueEmitMany(b, "reservation.created", w.tenant, r.ids, r.created)

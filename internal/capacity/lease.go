@@ -24,7 +24,7 @@ import (
 // process that places for a pool takes the pool's lease (compute.pool_leases) when no one holds
 // it, loads the pool's placement state into memory, and then places the pool's common requests
 // (the batched shape) from memory: its transactions only write, with the rollups of the nodes
-// they book locked and checked against what memory says (compute.lease_lock), and the exclusion
+// they book locked and checked against what memory says (leaseLockSQL), and the exclusion
 // constraint still the referee. Every other process places as before. Its worker renews the
 // leases every TTL/5, keeps the memory current, and gives the leases up when it stops; a holder
 // that dies loses its lease within the TTL, and the next process that places for the pool takes

@@ -231,7 +231,7 @@ func TestStaleMemoryNeverDoubleBooks(t *testing.T) {
 			refused := s.ConflictsByCode["BCL01"] - before.ConflictsByCode["BCL01"]
 			switch {
 			case !delta && refused == 0:
-				t.Errorf("stats %+v: without the delta read, lease_lock should have refused the write to the cordoned node", s)
+				t.Errorf("stats %+v: without the delta read, leaseLockSQL should have refused the write to the cordoned node", s)
 			case delta && s.Refused != before.Refused:
 				t.Errorf("stats %+v: with the delta read, memory should have known of the cordon before planning", s)
 			}
@@ -247,7 +247,7 @@ func TestStaleMemoryNeverDoubleBooks(t *testing.T) {
 			}
 			next(t, f, b)
 			if s := l.Stats(); !delta && s.ConflictsByCode["BCL01"] == 0 {
-				t.Errorf("stats %+v: without the delta read, lease_lock should have refused the unhealthy GPU", s)
+				t.Errorf("stats %+v: without the delta read, leaseLockSQL should have refused the unhealthy GPU", s)
 			}
 		})
 

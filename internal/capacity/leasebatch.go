@@ -161,7 +161,7 @@ func (l *Leases) fromMemory(ctx context.Context, tx pgx.Tx, c *poolCache, ref st
 	return reserveBatchIn(ctx, tx, *pool, calls)
 }
 
-// leaseWrite is a batch's write from memory: the placements, and for lease_lock the nodes they
+// leaseWrite is a batch's write from memory: the placements, and for leaseLockSQL the nodes they
 // book with the rollup versions each node's memory includes (pairs: knownNodes[i] knew known[i]).
 type leaseWrite struct {
 	*bookingWrite
@@ -220,13 +220,31 @@ func (c *poolCache) planBatch(calls []*modules.BatchCall[api.CreateReservation],
 	return out, lw
 }
 
+// leaseLockSQL is the first statement of a lease holder's write: it locks the rollups of the
+// nodes $2 the write books (in node order, as every placer does, before anything is inserted),
+// then refuses the write (compute.lease_refuse: SQLSTATE BCL01, the nodes in the detail) when one
+// of them is no longer what memory says: its rollup was written by a transaction memory does not
+// know ($3[i] knew $4[i]), it left the pool $1, it was deleted, or it is not schedulable. The
+// exclusion constraint still referees the atoms; this refuses what the constraint cannot see (a
+// cordon, a GPU gone unhealthy or into MIG mode) and what memory missed. Locked rows are read as
+// their latest versions, after the waits.
+const leaseLockSQL = `
+WITH locked AS MATERIALIZED (
+  SELECT nc.node_id, nc.pool_id, nc.schedulable, nc.changed FROM compute.node_capacity nc
+  WHERE nc.node_id = ANY($2::uuid[]) ORDER BY nc.node_id FOR UPDATE
+)
+SELECT compute.lease_refuse(string_agg(u.n::text, ',' ORDER BY u.n))
+FROM unnest($2::uuid[]) u(n) LEFT JOIN locked l ON l.node_id = u.n
+WHERE l.node_id IS NULL OR l.pool_id <> $1 OR NOT l.schedulable
+  OR NOT EXISTS (SELECT 1 FROM unnest($3::uuid[], $4::text[]::xid8[]) k(n, x) WHERE k.n = u.n AND k.x = l.changed)
+HAVING count(*) > 0`
+
 // sendLeaseWrite writes w in one round trip: a savepoint (a refusal goes back to it, and the
-// batch plans again), lease_lock (the nodes' rollups locked in node order and checked against
-// memory), then the booking writer's statements.
+// batch plans again), leaseLockSQL, then the booking writer's statements.
 func sendLeaseWrite(ctx context.Context, tx pgx.Tx, pool string, w leaseWrite, quotas quotaRows) error {
 	b := &pgx.Batch{}
 	b.Queue(`SAVEPOINT lease_write`)
-	b.Queue(`SELECT compute.lease_lock($1, $2::uuid[], $3::uuid[], $4::text[]::xid8[])`, pool, w.nodes, w.knownNodes, xidTexts(w.known))
+	b.Queue(leaseLockSQL, pool, w.nodes, w.knownNodes, xidTexts(w.known))
 	w.queue(b, quotas)
 	err := tx.SendBatch(ctx, b).Close()
 	switch {
@@ -236,7 +254,7 @@ func sendLeaseWrite(ctx context.Context, tx pgx.Tx, pool string, w leaseWrite, q
 	return fmt.Errorf("capacity: write %d placements from memory: %w", len(w.placed), err)
 }
 
-// staleNodesOf lists the nodes a stale write names (lease_lock's detail), or all it booked.
+// staleNodesOf lists the nodes a stale write names (leaseLockSQL's detail), or all it booked.
 func staleNodesOf(err error, nodes []string) []string {
 	var pg *pgconn.PgError
 	if errors.As(err, &pg) && pg.Code == leaseStale && pg.Detail != "" {

@@ -15,7 +15,7 @@ import (
 // schedulable, its GPUs, the whole-GPU holds from now on (read from the database, and those of its
 // own writes), and which versions of the node's rollup row (node_capacity.changed) that state
 // includes. It is a hint, never the truth: the holder's write checks the versions under the rows'
-// locks (compute.lease_lock) and the exclusion constraint referees the atoms; a refusal reloads
+// locks (leaseLockSQL) and the exclusion constraint referees the atoms; a refusal reloads
 // the nodes involved. Every method takes mu: planning from memory is a few microseconds.
 type poolCache struct {
 	mu    sync.Mutex
@@ -23,6 +23,7 @@ type poolCache struct {
 	epoch int64
 
 	nodes    map[string]*leaseNode
+	stale    map[*leaseNode]bool   // nodes out of placement until reloaded
 	all      freeIndex             // every placeable node that is not windowed, for requests of any model
 	models   map[string]*freeIndex // the same by the rollup's gpu_model
 	windowed map[*leaseNode]bool   // placeable nodes whose view depends on the window
@@ -72,7 +73,7 @@ type leaseNode struct {
 const maxKnown = 16
 
 func newPoolCache(pool string, epoch int64) *poolCache {
-	return &poolCache{pool: pool, epoch: epoch, nodes: map[string]*leaseNode{}, models: map[string]*freeIndex{},
+	return &poolCache{pool: pool, epoch: epoch, nodes: map[string]*leaseNode{}, stale: map[*leaseNode]bool{}, models: map[string]*freeIndex{},
 		windowed: map[*leaseNode]bool{}, writes: map[uint64]map[*leaseNode]bool{}}
 }
 
@@ -342,6 +343,7 @@ func (c *poolCache) pending() []uint64 {
 func (c *poolCache) markStale(n *leaseNode) {
 	c.seq++
 	n.stale = c.seq
+	c.stale[n] = true
 	c.reindex(n)
 }
 
@@ -367,10 +369,8 @@ func (c *poolCache) applyDelta(xmin uint64, nodes []string, changed []uint64) {
 // staleNodes lists the nodes waiting for a reload, in id order.
 func (c *poolCache) staleNodes() []string {
 	var out []string
-	for id, n := range c.nodes {
-		if n.stale != 0 {
-			out = append(out, id)
-		}
+	for n := range c.stale {
+		out = append(out, n.snap.NodeID)
 	}
 	slices.Sort(out)
 	return out
@@ -433,6 +433,7 @@ func (c *poolCache) install(l loaded, ids []string, seq uint64) {
 		n.tags, n.model, n.schedulable, n.known = tags, ln.model, ln.schedulable, known
 		if n.stale != 0 && n.stale <= seq {
 			n.stale = 0
+			delete(c.stale, n)
 		}
 		c.recount(n, l.now)
 	}
@@ -440,6 +441,7 @@ func (c *poolCache) install(l loaded, ids []string, seq uint64) {
 		n.schedulable = false
 		c.reindex(n)
 		delete(c.nodes, id)
+		delete(c.stale, n)
 		for _, w := range c.writes {
 			delete(w, n)
 		}
@@ -467,7 +469,7 @@ type cachePlan struct {
 }
 
 // knownOf lists, for the write's nodes, the rollup versions their memory includes: the pairs
-// compute.lease_lock accepts.
+// leaseLockSQL accepts.
 func knownOf(nodes []*leaseNode) (ids []string, known []uint64) {
 	for _, n := range nodes {
 		for _, k := range n.known {

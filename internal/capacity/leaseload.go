@@ -197,12 +197,12 @@ func xidTexts(xids []uint64) []string {
 	return out
 }
 
-// leaseStale is the SQLSTATE of compute.lease_lock's refusal: the holder's memory of the nodes
+// leaseStale is the SQLSTATE of leaseLockSQL's refusal: the holder's memory of the nodes
 // in the error's detail is stale.
 const leaseStale = "BCL01"
 
 // staleWrite reports whether err is a lease holder's write refused because its memory was stale:
-// by compute.lease_lock, or by the exclusion constraint (a booking it had not heard of).
+// by leaseLockSQL, or by the exclusion constraint (a booking it had not heard of).
 func staleWrite(err error) bool {
 	c := postgres.ErrorCode(err)
 	return c == leaseStale || c == postgres.ExclusionViolation

@@ -21,6 +21,24 @@ const refreshSQL = `SELECT compute.refresh_node_capacity($1::uuid[])`
 // then includes every change of the transactions that held the lock before).
 const lockSQL = `SELECT node_id FROM compute.node_capacity WHERE node_id = ANY($1::uuid[]) ORDER BY node_id FOR UPDATE`
 
+// stampSQL marks the rollup rows of nodes $1 as written by this transaction (node_capacity.changed)
+// when what a placer reads of them changed though every count may be equal: devices (a GPU failing
+// as another recovers, a new NVLink topology, a mode), bookings that start later, their
+// cancellation, an extension. A pool lease holder learns from the mark that its memory of the node
+// is stale (docs/capacity.md, "The pool lease"). The caller holds the rows' locks.
+const stampSQL = `UPDATE compute.node_capacity SET changed = pg_catalog.pg_current_xact_id() WHERE node_id = ANY($1::uuid[])`
+
+// refreshStamped is RefreshNodes, then stampSQL: for the writers of devices.
+func refreshStamped(ctx context.Context, q postgres.Querier, nodeIDs ...string) error {
+	if err := RefreshNodes(ctx, q, nodeIDs...); err != nil {
+		return err
+	}
+	if _, err := q.Exec(ctx, stampSQL, nodeIDs); err != nil {
+		return fmt.Errorf("capacity: mark the rollups of %d nodes changed: %w", len(nodeIDs), err)
+	}
+	return nil
+}
+
 // RefreshNodes recomputes the rollups of nodes, in the caller's transaction.
 func RefreshNodes(ctx context.Context, q postgres.Querier, nodeIDs ...string) error {
 	if len(nodeIDs) == 0 {

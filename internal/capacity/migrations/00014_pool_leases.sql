@@ -5,14 +5,13 @@
 -- * compute.pool_leases: who holds each pool's lease, until when, and an epoch that grows at every
 --   handover. Its clock is the database's real one (now()), not compute_now(): a lease measures
 --   whether a process is alive, and a test that travels the booking clock must not expire it.
--- * node_capacity.changed: the transaction that last wrote the rollup row (it is written whenever
---   the node's counts, state or devices change). A holder reads the rows changed since its last
---   read (by transaction id, against the oldest transaction still running then, so that a late
---   commit is never skipped) to learn what other writers did, and compares the value under the
---   row's lock before it writes (compute.lease_lock).
--- * node_capacity.devices: a digest of what a placer reads of the node's GPUs, so that a change of
---   a device that leaves every count equal (one GPU failing as another recovers, a new NVLink
---   topology) still rewrites the row.
+-- * node_capacity.changed: the transaction that last wrote the rollup row. The recount writes it
+--   whenever the node's counts or state change, and the writers of what a placer reads that may
+--   leave every count equal stamp it themselves (capacity's stampSQL: devices, bookings that start
+--   later, their cancellation, an extension). A holder reads the rows changed since its last read
+--   (by transaction id, against the oldest transaction still running then, so that a late commit
+--   is never skipped) to learn what other writers did, and compares the value under the row's
+--   lock before it writes (capacity's leaseLockSQL, which refuses through compute.lease_refuse).
 
 -- +goose Up
 CREATE TABLE compute.pool_leases (
@@ -23,14 +22,11 @@ CREATE TABLE compute.pool_leases (
   expires_at timestamptz NOT NULL
 );
 
-ALTER TABLE compute.node_capacity
-  ADD COLUMN changed xid8 NOT NULL DEFAULT pg_current_xact_id(),
-  ADD COLUMN devices text NOT NULL DEFAULT '';
+ALTER TABLE compute.node_capacity ADD COLUMN changed xid8 NOT NULL DEFAULT pg_current_xact_id();
 CREATE INDEX node_capacity_changed ON compute.node_capacity (pool_id, changed);
 
 -- +goose StatementBegin
--- As 00013, and: the row records the transaction that wrote it (changed) and the digest of its
--- devices, which takes part in the comparison that decides whether the row is written.
+-- As 00013, and: a row written records the transaction that wrote it (changed).
 CREATE OR REPLACE FUNCTION compute.refresh_node_capacity(nodes uuid[]) RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
   as_of timestamptz;
@@ -38,12 +34,12 @@ BEGIN
   PERFORM 1 FROM compute.node_capacity WHERE node_id = ANY(nodes) ORDER BY node_id FOR UPDATE;
   as_of := coalesce(nullif(pg_catalog.current_setting('compute.now', true), '')::timestamptz, pg_catalog.clock_timestamp());
   INSERT INTO compute.node_capacity AS nc (node_id, pool_id, schedulable, gpu_model, gpus_total, gpus_free, gpus_spot, mig_gpus, ts_gpus,
-    vcpus_total, vcpus_used, vcpus_spot, memory_total, memory_used, memory_spot, devices, changed)
+    vcpus_total, vcpus_used, vcpus_spot, memory_total, memory_used, memory_spot, changed)
   SELECT n.id, n.pool_id, n.state = 'active' AND n.status = 'online' AND n.health <> 'unhealthy',
     g.model, g.total, g.free, g.spot, g.mig, g.ts,
     coalesce(r.vcpus, 0), least(u.vcpus_used, coalesce(r.vcpus, 0)), least(u.vcpus_spot, greatest(coalesce(r.vcpus, 0) - u.vcpus_used, 0)),
     coalesce(r.memory_gib, 0), least(u.memory_used, coalesce(r.memory_gib, 0)), least(u.memory_spot, greatest(coalesce(r.memory_gib, 0) - u.memory_used, 0)),
-    g.devices, pg_catalog.pg_current_xact_id()
+    pg_catalog.pg_current_xact_id()
   FROM compute.nodes n
   LEFT JOIN compute.node_resources r ON r.node_id = n.id
   CROSS JOIN LATERAL (
@@ -61,11 +57,9 @@ BEGIN
       count(*) FILTER (WHERE d.whole AND NOT d.held AND NOT d.spot_held) AS free,
       count(*) FILTER (WHERE d.whole AND NOT d.held AND d.spot_held) AS spot,
       count(*) FILTER (WHERE d.mode = 'mig' AND d.ok) AS mig,
-      count(*) FILTER (WHERE d.mode = 'timeslice' AND d.ok) AS ts,
-      coalesce(md5(string_agg(concat_ws('/', d.index, d.uuid, d.model, d.mode, d.shares, d.ok, d.nvlink_domain), ',' ORDER BY d.index)), '') AS devices
+      count(*) FILTER (WHERE d.mode = 'timeslice' AND d.ok) AS ts
     FROM (
-      SELECT d.index, d.uuid, d.model, d.mode, d.shares, d.nvlink_domain, d.health <> 'unhealthy' AS ok,
-        d.mode = 'whole' AND d.health <> 'unhealthy' AS whole,
+      SELECT d.model, d.mode, d.health <> 'unhealthy' AS ok, d.mode = 'whole' AND d.health <> 'unhealthy' AS whole,
         EXISTS (SELECT 1 FROM unnest(u.gpu_held) a WHERE a && int4range(d.index * 64, d.index * 64 + 64)) AS held,
         EXISTS (SELECT 1 FROM unnest(u.gpu_spot) a WHERE a && int4range(d.index * 64, d.index * 64 + 64)) AS spot_held
       FROM compute.devices d WHERE d.node_id = n.id
@@ -77,40 +71,24 @@ BEGIN
     mig_gpus = excluded.mig_gpus, ts_gpus = excluded.ts_gpus,
     vcpus_total = excluded.vcpus_total, vcpus_used = excluded.vcpus_used, vcpus_spot = excluded.vcpus_spot,
     memory_total = excluded.memory_total, memory_used = excluded.memory_used, memory_spot = excluded.memory_spot,
-    devices = excluded.devices, changed = excluded.changed
+    changed = excluded.changed
   WHERE (nc.pool_id, nc.schedulable, nc.gpu_model, nc.gpus_total, nc.gpus_free, nc.gpus_spot, nc.mig_gpus, nc.ts_gpus,
-      nc.vcpus_total, nc.vcpus_used, nc.vcpus_spot, nc.memory_total, nc.memory_used, nc.memory_spot, nc.devices)
+      nc.vcpus_total, nc.vcpus_used, nc.vcpus_spot, nc.memory_total, nc.memory_used, nc.memory_spot)
     IS DISTINCT FROM (excluded.pool_id, excluded.schedulable, excluded.gpu_model, excluded.gpus_total, excluded.gpus_free, excluded.gpus_spot,
       excluded.mig_gpus, excluded.ts_gpus, excluded.vcpus_total, excluded.vcpus_used, excluded.vcpus_spot,
-      excluded.memory_total, excluded.memory_used, excluded.memory_spot, excluded.devices);
+      excluded.memory_total, excluded.memory_used, excluded.memory_spot);
 END $$;
 
--- lease_lock is the first statement of a lease holder's write: it locks the rollups of the nodes
--- the write books (in node order, as every placer does, before it inserts anything), then refuses
--- the write, with SQLSTATE BCL01 and the nodes in the detail, when one of them is no longer what
--- the holder's memory says: its rollup was written by a transaction the holder does not know
--- (known_nodes[i] knew known[i]), it left the pool, it was deleted, or it is not schedulable.
--- The exclusion constraint still referees the atoms; this refuses what it cannot see (a cordon,
--- a GPU gone unhealthy or into MIG mode).
-CREATE FUNCTION compute.lease_lock(pool uuid, nodes uuid[], known_nodes uuid[], known xid8[]) RETURNS void LANGUAGE plpgsql AS $$
-DECLARE
-  stale text;
+-- lease_refuse is how capacity's leaseLockSQL, the first statement of a lease holder's write,
+-- refuses it: with SQLSTATE BCL01 and the nodes whose memory is stale in the detail.
+CREATE FUNCTION compute.lease_refuse(nodes text) RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
-  PERFORM 1 FROM compute.node_capacity WHERE node_id = ANY(nodes) ORDER BY node_id FOR UPDATE;
-  -- A later statement: its snapshot sees the rows as the transactions we waited for left them.
-  SELECT string_agg(u.n::text, ',' ORDER BY u.n) INTO stale
-  FROM unnest(nodes) u(n) LEFT JOIN compute.node_capacity nc ON nc.node_id = u.n
-  WHERE nc.node_id IS NULL OR nc.pool_id <> pool OR NOT nc.schedulable
-    OR NOT EXISTS (SELECT 1 FROM unnest(known_nodes, known) k(n, x) WHERE k.n = u.n AND k.x = nc.changed);
-  IF stale IS NOT NULL THEN
-    RAISE EXCEPTION 'the pool lease holder''s memory of nodes % is stale', stale
-      USING ERRCODE = 'BCL01', DETAIL = stale;
-  END IF;
+  RAISE EXCEPTION 'the pool lease holder''s memory of nodes % is stale', nodes USING ERRCODE = 'BCL01', DETAIL = nodes;
 END $$;
 -- +goose StatementEnd
 
 -- +goose Down
-DROP FUNCTION compute.lease_lock(uuid, uuid[], uuid[], xid8[]);
+DROP FUNCTION compute.lease_refuse(text);
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION compute.refresh_node_capacity(nodes uuid[]) RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
@@ -163,5 +141,5 @@ BEGIN
 END $$;
 -- +goose StatementEnd
 DROP INDEX compute.node_capacity_changed;
-ALTER TABLE compute.node_capacity DROP COLUMN devices, DROP COLUMN changed;
+ALTER TABLE compute.node_capacity DROP COLUMN changed;
 DROP TABLE compute.pool_leases;
