@@ -362,7 +362,11 @@ func (c *poolCache) applyDelta(xmin uint64, nodes []string, changed []uint64) {
 		}
 		if !slices.Contains(n.known, changed[i]) {
 			c.markStale(n)
+			continue
 		}
+		// The row is at a version memory includes: from now on it can only move to a later one,
+		// which is another writer's or one of our writes still on their way.
+		n.known = slices.DeleteFunc(n.known, func(k uint64) bool { return k != changed[i] && !c.writes[k][n] })
 	}
 }
 
