@@ -82,6 +82,15 @@ type bookingWrite struct {
 	placed       []placement
 	recount      map[string]bool // nodes whose rollups the write recounts
 	stamp        map[string]bool // nodes of placements that start later: their rollups are marked (stampSQL)
+	// counted are rollups the writer does not recount: a pool lease holder counted them from its
+	// memory, exact as of the versions its lease check found (leaseRollupSQL).
+	counted []nodeCount
+}
+
+// nodeCount is a node's whole GPUs free and held only by spot now, as a lease holder counts them.
+type nodeCount struct {
+	node       string
+	free, spot int
 }
 
 func newBookingWrite(tenant, pool string, now time.Time) *bookingWrite {
@@ -194,6 +203,14 @@ func (w *bookingWrite) queue(b *pgx.Batch, quotas quotaRows) {
 		  $10::timestamptz[], $11::timestamptz[], $12::bool[])
 		  AS u(r, member, node, resource, kind, model, units, lo, hi, s, e, spot)`,
 		bk.res, bk.members, bk.nodes, bk.resources, bk.kinds, bk.models, bk.units, bk.lo, bk.hi, bk.starts, bk.ends, bk.spots)
+	if len(w.counted) > 0 {
+		ids, free, spot := make([]string, len(w.counted)), make([]int32, len(w.counted)), make([]int32, len(w.counted))
+		for i, c := range w.counted {
+			ids[i], free[i], spot[i] = c.node, int32(c.free), int32(c.spot)
+			delete(w.recount, c.node)
+		}
+		b.Queue(leaseRollupSQL, ids, free, spot)
+	}
 	if nodes := sortedKeys(w.recount); len(nodes) > 0 {
 		// Recounted, not decremented: see refreshSQL. The nodes are locked already.
 		b.Queue(refreshSQL, nodes)

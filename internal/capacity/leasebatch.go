@@ -216,6 +216,8 @@ func (c *poolCache) planBatch(calls []*modules.BatchCall[api.CreateReservation],
 	lw.knownNodes, lw.known = knownOf(touched)
 	for _, n := range touched {
 		lw.nodes = append(lw.nodes, n.snap.NodeID)
+		free, spot := countNow(n.snap, now)
+		lw.counted = append(lw.counted, nodeCount{n.snap.NodeID, free, spot})
 	}
 	return out, lw
 }

@@ -466,10 +466,31 @@ func (c *poolCache) install(l loaded, ids []string, seq uint64) {
 	}
 }
 
-// cachePlan is one call placed from memory.
-type cachePlan struct {
-	node *leaseNode
-	plan MemberPlan
+// countNow counts n's whole, healthy GPUs that nothing holds at now (free) and those only spot
+// bookings hold (spot), as compute.refresh_node_capacity counts gpus_free and gpus_spot.
+func countNow(n NodeSnapshot, now time.Time) (free, spot int) {
+	for _, g := range n.GPUs {
+		if g.Mode != api.GPUModeWhole || !g.Healthy {
+			continue
+		}
+		held, spotHeld := false, false
+		for _, h := range n.Held {
+			if h.Resource == "gpu" && h.Span.Overlaps(GPUSpan(g.Index)) && !h.From.After(now) && (h.To == nil || h.To.After(now)) {
+				if h.Spot {
+					spotHeld = true
+				} else {
+					held = true
+				}
+			}
+		}
+		switch {
+		case !held && !spotHeld:
+			free++
+		case !held:
+			spot++
+		}
+	}
+	return free, spot
 }
 
 // knownOf lists, for the write's nodes, the rollup versions their memory includes: the pairs

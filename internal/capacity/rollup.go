@@ -28,6 +28,15 @@ const lockSQL = `SELECT node_id FROM compute.node_capacity WHERE node_id = ANY($
 // is stale (docs/capacity.md, "The pool lease"). The caller holds the rows' locks.
 const stampSQL = `UPDATE compute.node_capacity SET changed = pg_catalog.pg_current_xact_id() WHERE node_id = ANY($1::uuid[])`
 
+// leaseRollupSQL writes the whole-GPU counts of the rollups $1 (free $2, held only by spot $3) as
+// a pool lease holder counted them from its memory, in place of refreshSQL: its lease check
+// (leaseLockSQL) holds the rows' locks and found each at a version memory includes, and every
+// change to what the counts read marks the row (refreshSQL when a count changes, stampSQL
+// otherwise), so memory's count as of now is the recount's. Its placements change nothing else of
+// a rollup (whole GPUs, no preemption). Drift and the tests' recounts check it.
+const leaseRollupSQL = `UPDATE compute.node_capacity nc SET gpus_free = u.free, gpus_spot = u.spot, changed = pg_catalog.pg_current_xact_id()
+	FROM unnest($1::uuid[], $2::int[], $3::int[]) AS u(n, free, spot) WHERE nc.node_id = u.n`
+
 // refreshStamped is RefreshNodes, then stampSQL: for the writers of devices.
 func refreshStamped(ctx context.Context, q postgres.Querier, nodeIDs ...string) error {
 	if err := RefreshNodes(ctx, q, nodeIDs...); err != nil {
