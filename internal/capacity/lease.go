@@ -70,8 +70,10 @@ const (
 	// it places through the database and the worker catches up.
 	maxInlineReload = 64
 	// leaseAttempts bounds the plans of a batch whose writes memory got wrong; then the batch is
-	// placed through the database.
-	leaseAttempts = 3
+	// placed through the database. Each refusal costs a round trip to go back and read the nodes
+	// again; where memory was wrong twice, the pool is changing faster than memory follows (a
+	// small, full pool under a storm of other writers), and the database path is the better bet.
+	leaseAttempts = 2
 )
 
 // leasedPool is a pool a placement asked for.
