@@ -49,7 +49,7 @@ func main() {
 	nodes := flag.Int("nodes", 1000, "nodes in the pool (8 GPUs each)")
 	n := flag.Int("n", 1000, "placements per measurement (at most half the free GPUs)")
 	clientsFlag := flag.String("clients", "1,8,32", "client counts")
-	live := flag.Int("live", 0, "live one-GPU bookings besides the utilisation's, 8 a node on the first nodes")
+	liveFlag := flag.String("live", "0", "live one-GPU bookings besides the utilisation's, 8 a node on the first nodes (a list: each is measured)")
 	explain := flag.Bool("explain", false, "print EXPLAIN ANALYZE of the best-fit candidate query before each row")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the measurements (not the set-up) to this file")
 	inflight := flag.Int("inflight", envelope.BatchesInFlight, "batches of one key in flight at once")
@@ -150,99 +150,101 @@ func main() {
 		defer pprof.StopCPUProfile()
 	}
 	placers := strings.Split(*leaseFlag, ",")
-	fmt.Printf("| clients | utilisation | placer | placements/s | p50 | p99 | slowest | raw inserts/s | raw p99 | placements ÷ raw |\n")
-	fmt.Printf("| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
-	for _, util := range splitInts(*utilFlag) {
-		for _, cl := range clients {
-			for r := range *repeat {
-				order := slices.Clone(placers)
-				if r%2 == 1 {
-					slices.Reverse(order)
-				}
-				for _, placer := range order {
-					full := min((*live+7)/8, len(ids))
-					if err := fill(ctx, db, pool.ID, ids[:full], ids[full:], *live, util); err != nil {
-						log.Fatal(err)
+	fmt.Printf("| live | clients | utilisation | placer | placements/s | p50 | p99 | slowest | raw inserts/s | raw p99 | placements ÷ raw |\n")
+	fmt.Printf("| ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	for _, live := range splitInts(*liveFlag) {
+		for _, util := range splitInts(*utilFlag) {
+			for _, cl := range clients {
+				for r := range *repeat {
+					order := slices.Clone(placers)
+					if r%2 == 1 {
+						slices.Reverse(order)
 					}
-					if *explain {
-						explainCandidates(ctx, db, pool.ID)
-					}
-					pc := c
-					var leases *capacity.Leases
-					if placer == "on" {
-						pc = newCompute(true)
-						if err := pc.Start(ctx); err != nil {
+					for _, placer := range order {
+						full := min((live+7)/8, len(ids))
+						if err := fill(ctx, db, pool.ID, ids[:full], ids[full:], live, util); err != nil {
 							log.Fatal(err)
 						}
-						leases = pc.Runtime().Capacity.(capacity.Service).Leases
-						wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-						start := time.Now()
-						if err := leases.Await(wctx, pool.ID); err != nil {
+						if *explain {
+							explainCandidates(ctx, db, pool.ID)
+						}
+						pc := c
+						var leases *capacity.Leases
+						if placer == "on" {
+							pc = newCompute(true)
+							if err := pc.Start(ctx); err != nil {
+								log.Fatal(err)
+							}
+							leases = pc.Runtime().Capacity.(capacity.Service).Leases
+							wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+							start := time.Now()
+							if err := leases.Await(wctx, pool.ID); err != nil {
+								log.Fatal(err)
+							}
+							cancel()
+							fmt.Fprintf(os.Stderr, "placebench: lease taken, %d nodes loaded in %s\n", len(ids), time.Since(start).Round(time.Millisecond))
+						}
+						// One placement and its release first, through the control plane measured: a fresh
+						// one (lease on) must not pay its first call's caches in the measurement.
+						r, err := pc.API.Reservations.Create(ctx, key.Token, api.CreateReservation{Pool: "h100", Shape: api.Shape{GPUs: 1, Model: "h100"}})
+						if err != nil {
 							log.Fatal(err)
 						}
-						cancel()
-						fmt.Fprintf(os.Stderr, "placebench: lease taken, %d nodes loaded in %s\n", len(ids), time.Since(start).Round(time.Millisecond))
-					}
-					// One placement and its release first, through the control plane measured: a fresh
-					// one (lease on) must not pay its first call's caches in the measurement.
-					r, err := pc.API.Reservations.Create(ctx, key.Token, api.CreateReservation{Pool: "h100", Shape: api.Shape{GPUs: 1, Model: "h100"}})
-					if err != nil {
-						log.Fatal(err)
-					}
-					if _, err := pc.API.Reservations.Release(ctx, key.Token, api.ReleaseReservation{Reservation: r.ID}); err != nil {
-						log.Fatal(err)
-					}
-					free := (len(ids) - full) * 8 * (100 - util) / 100
-					count := min(*n, free/2)
-					if *statements {
-						if _, err := db.Pool.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements; SELECT pg_stat_statements_reset()`); err != nil {
+						if _, err := pc.API.Reservations.Release(ctx, key.Token, api.ReleaseReservation{Reservation: r.ID}); err != nil {
 							log.Fatal(err)
 						}
-					}
-					rate, p50, p99, slowest, fails := measure(cl, count, func() error {
-						_, err := pc.API.Reservations.Create(ctx, key.Token, api.CreateReservation{Pool: "h100", Shape: api.Shape{GPUs: 1, Model: "h100"}})
-						return err
-					})
-					if fails > 0 {
-						fmt.Fprintf(os.Stderr, "placebench: %d of %d placements failed\n", fails, count)
-					}
-					if *statements {
-						printStatements(ctx, db, count)
-					}
-					if leases != nil {
-						fmt.Fprintf(os.Stderr, "placebench: lease: %+v\n", leases.Stats())
-						if err := pc.Stop(ctx); err != nil {
-							log.Fatal(err)
+						free := (len(ids) - full) * 8 * (100 - util) / 100
+						count := min(*n, free/2)
+						if *statements {
+							if _, err := db.Pool.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements; SELECT pg_stat_statements_reset()`); err != nil {
+								log.Fatal(err)
+							}
 						}
-					}
-					// The raw inserts' first round trips too (each connection's first insert, the table's
-					// first pages) are not what is measured: a few first, on rows of their own.
-					warm := atomic.Int64{}
-					measure(cl, 4*cl, func() error {
-						_, err := db.Pool.Exec(ctx, `INSERT INTO bench.raw (node, resource, atoms, during) VALUES ($1, 'gpu', int4range(0, 64), tstzrange(now(), NULL))`, -1-warm.Add(1))
-						return err
-					})
-					var next atomic.Int64
-					rawRate, _, rawP99, _, _ := measure(cl, count, func() error {
-						i := next.Add(1)
-						_, err := db.Pool.Exec(ctx, `INSERT INTO bench.raw (node, resource, atoms, during)
+						rate, p50, p99, slowest, fails := measure(cl, count, func() error {
+							_, err := pc.API.Reservations.Create(ctx, key.Token, api.CreateReservation{Pool: "h100", Shape: api.Shape{GPUs: 1, Model: "h100"}})
+							return err
+						})
+						if fails > 0 {
+							fmt.Fprintf(os.Stderr, "placebench: %d of %d placements failed\n", fails, count)
+						}
+						if *statements {
+							printStatements(ctx, db, count)
+						}
+						if leases != nil {
+							fmt.Fprintf(os.Stderr, "placebench: lease: %+v\n", leases.Stats())
+							if err := pc.Stop(ctx); err != nil {
+								log.Fatal(err)
+							}
+						}
+						// The raw inserts' first round trips too (each connection's first insert, the table's
+						// first pages) are not what is measured: a few first, on rows of their own.
+						warm := atomic.Int64{}
+						measure(cl, 4*cl, func() error {
+							_, err := db.Pool.Exec(ctx, `INSERT INTO bench.raw (node, resource, atoms, during) VALUES ($1, 'gpu', int4range(0, 64), tstzrange(now(), NULL))`, -1-warm.Add(1))
+							return err
+						})
+						var next atomic.Int64
+						rawRate, _, rawP99, _, _ := measure(cl, count, func() error {
+							i := next.Add(1)
+							_, err := db.Pool.Exec(ctx, `INSERT INTO bench.raw (node, resource, atoms, during)
 					VALUES ($1, 'gpu', int4range($2, $2 + 64), tstzrange(now(), NULL))`, i%int64(*nodes), (i/int64(*nodes))*64)
-						return err
-					})
-					if _, err := db.Pool.Exec(ctx, `TRUNCATE bench.raw`); err != nil {
-						log.Fatal(err)
-					}
-					fmt.Printf("| %d | %d%% | %s | %.0f | %s | %s | %s | %.0f | %s | %.2f |\n", cl, util, placer, rate, ms(p50), ms(p99), ms(slowest), rawRate, ms(rawP99), rate/rawRate)
-					if *trace {
-						tracer.report(count)
-						return
+							return err
+						})
+						if _, err := db.Pool.Exec(ctx, `TRUNCATE bench.raw`); err != nil {
+							log.Fatal(err)
+						}
+						fmt.Printf("| %d | %d | %d%% | %s | %.0f | %s | %s | %s | %.0f | %s | %.2f |\n", live, cl, util, placer, rate, ms(p50), ms(p99), ms(slowest), rawRate, ms(rawP99), rate/rawRate)
+						if *trace {
+							tracer.report(count)
+							return
+						}
 					}
 				}
 			}
 		}
 	}
-	fmt.Printf("\n%d nodes × 8 GPUs, %d live bookings besides the utilisation's; %d placements of 1 GPU per row (fewer where free capacity is short); %s, GOMAXPROCS %d; PostgreSQL in the same machine, fsync off.\n",
-		*nodes, *live, *n, runtime.GOOS+"/"+runtime.GOARCH, runtime.GOMAXPROCS(0))
+	fmt.Printf("\n%d nodes × 8 GPUs, live one-GPU bookings besides the utilisation's as the first column; %d placements of 1 GPU per row (fewer where free capacity is short); %s, GOMAXPROCS %d; PostgreSQL in the same machine, fsync off.\n",
+		*nodes, *n, runtime.GOOS+"/"+runtime.GOARCH, runtime.GOMAXPROCS(0))
 }
 
 // fill empties the pool, books live one-GPU bookings on the full nodes (8 a node, one reservation
