@@ -57,6 +57,7 @@ func main() {
 	leaseFlag := flag.String("lease", "on,off", "placers to measure: on (the pool-lease placer, from memory), off (through the database)")
 	repeat := flag.Int("repeat", 1, "measurements of each row, the placers' order alternating")
 	utilFlag := flag.String("util", "0,50,90", "utilisations, in percent")
+	slow = flag.Duration("slow", 0, "print each operation slower than this, with when it started")
 	statements := flag.Bool("statements", false, "print, for each row, the statements that took the database's time (pg_stat_statements)")
 	flag.Parse()
 	envelope.BatchesInFlight = *inflight
@@ -292,7 +293,12 @@ func fill(ctx context.Context, db *postgres.DB, pool string, full, nodes []strin
 	}
 	// What autovacuum would do after a bulk change, done now rather than during the measurement,
 	// where it would compete for the same cores: dead rows gone, fresh statistics for the planner.
-	_, err := db.Pool.Exec(ctx, `VACUUM (ANALYZE) compute.node_capacity, compute.bookings, compute.reservations, compute.nodes`)
+	if _, err := db.Pool.Exec(ctx, `VACUUM (ANALYZE) compute.node_capacity, compute.bookings, compute.reservations, compute.nodes`); err != nil {
+		return err
+	}
+	// And the checkpoint the fill's WAL would bring on: during the measurement it writes the
+	// fill's pages and makes the first change of every page after it log the whole page.
+	_, err := db.Pool.Exec(ctx, `CHECKPOINT`)
 	return err
 }
 
@@ -314,6 +320,9 @@ func explainCandidates(ctx context.Context, db *postgres.DB, pool string) {
 }
 
 // measure runs count operations from clients goroutines and returns the rate and latencies.
+// slow is -slow: operations slower than it are printed.
+var slow *time.Duration
+
 func measure(clients, count int, op func() error) (rate float64, p50, p99, slowest time.Duration, fails int) {
 	var next atomic.Int64
 	lat := make([]time.Duration, count)
@@ -337,7 +346,7 @@ func measure(clients, count int, op func() error) (rate float64, p50, p99, slowe
 					}
 				}
 				lat[i] = time.Since(t)
-				if os.Getenv("PB_SLOW") != "" && lat[i] > 100*time.Millisecond {
+				if *slow > 0 && lat[i] > *slow {
 					fmt.Fprintf(os.Stderr, "slow: started %s after the start, took %s\n", t.Sub(start).Round(time.Millisecond), lat[i].Round(time.Millisecond))
 				}
 			}
