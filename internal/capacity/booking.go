@@ -82,15 +82,10 @@ type bookingWrite struct {
 	placed       []placement
 	recount      map[string]bool // nodes whose rollups the write recounts
 	stamp        map[string]bool // nodes of placements that start later: their rollups are marked (stampSQL)
-	// counted are rollups the writer does not recount: a pool lease holder counted them from its
-	// memory, exact as of the versions its lease check found (leaseRollupSQL).
-	counted []nodeCount
-}
-
-// nodeCount is a node's whole GPUs free and held only by spot now, as a lease holder counts them.
-type nodeCount struct {
-	node       string
-	free, spot int
+	// counted are rollups the writer does not recount from the tables: a pool lease holder's
+	// memory of the nodes, exact at the versions its lease check found, is counted instead
+	// (leaseRollupSQL).
+	counted []NodeSnapshot
 }
 
 func newBookingWrite(tenant, pool string, now time.Time) *bookingWrite {
@@ -204,12 +199,10 @@ func (w *bookingWrite) queue(b *pgx.Batch, quotas quotaRows) {
 		  AS u(r, member, node, resource, kind, model, units, lo, hi, s, e, spot)`,
 		bk.res, bk.members, bk.nodes, bk.resources, bk.kinds, bk.models, bk.units, bk.lo, bk.hi, bk.starts, bk.ends, bk.spots)
 	if len(w.counted) > 0 {
-		ids, free, spot := make([]string, len(w.counted)), make([]int32, len(w.counted)), make([]int32, len(w.counted))
-		for i, c := range w.counted {
-			ids[i], free[i], spot[i] = c.node, int32(c.free), int32(c.spot)
-			delete(w.recount, c.node)
+		queueLeaseRollups(b, w.counted)
+		for _, n := range w.counted {
+			delete(w.recount, n.NodeID)
 		}
-		b.Queue(leaseRollupSQL, ids, free, spot)
 	}
 	if nodes := sortedKeys(w.recount); len(nodes) > 0 {
 		// Recounted, not decremented: see refreshSQL. The nodes are locked already.

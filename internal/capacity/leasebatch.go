@@ -216,8 +216,7 @@ func (c *poolCache) planBatch(calls []*modules.BatchCall[api.CreateReservation],
 	lw.knownNodes, lw.known = knownOf(touched)
 	for _, n := range touched {
 		lw.nodes = append(lw.nodes, n.snap.NodeID)
-		free, spot := countNow(n.snap, now)
-		lw.counted = append(lw.counted, nodeCount{n.snap.NodeID, free, spot})
+		lw.counted = append(lw.counted, NodeSnapshot{NodeID: n.snap.NodeID, GPUs: n.snap.GPUs, Held: slices.Clone(n.snap.Held)})
 	}
 	return out, lw
 }

@@ -50,6 +50,10 @@ type leaseNode struct {
 	// known are the rollup versions whose effects the state includes: the one read last, and
 	// those of our own writes since (a transaction id each; the newest last, a few kept).
 	known []uint64
+	// superseded are versions a write of ours that returned (by) has taken out of known: once it
+	// commits, the row can no longer be at them, and if it rolled back they come back. A delta
+	// that still shows one of them read the row before the commit, and is passed over.
+	superseded []superseded
 	// stale is the seq of the mark that took the node out of placement until it is reloaded; 0:
 	// current.
 	stale uint64
@@ -284,13 +288,60 @@ func appendKnown(known []uint64, v uint64) []uint64 {
 	return append(known, v)
 }
 
-// sent records that transaction xid's write returned: its nodes are free for other batches.
+// superseded is what one write of ours took out of a node's versions.
+type superseded struct {
+	by       uint64
+	versions []uint64
+}
+
+// sent records that transaction xid's write returned: its nodes are free for other batches, and
+// their rows will be at xid's version once it commits, so the versions before it are no longer
+// accepted: a batch planned from here on that finds the row still at one of them (xid rolled
+// back, its bookings still in memory) is refused and reads the node again.
 func (c *poolCache) sent(xid uint64) {
 	for n := range c.writes[xid] {
 		if n.busy == xid {
 			n.busy = 0
 		}
+		var keep, gone []uint64
+		for _, k := range n.known {
+			if k == xid || c.writes[k][n] {
+				keep = append(keep, k)
+			} else {
+				gone = append(gone, k)
+			}
+		}
+		if len(gone) > 0 {
+			n.known = keep
+			n.superseded = append(n.superseded, superseded{xid, gone})
+		}
 	}
+}
+
+// unsupersede forgets what xid took out of n's versions, and puts it back (restore) when xid
+// rolled back.
+func (n *leaseNode) unsupersede(xid uint64, restore bool) {
+	n.superseded = slices.DeleteFunc(n.superseded, func(s superseded) bool {
+		if s.by != xid {
+			return false
+		}
+		if restore {
+			for _, v := range s.versions {
+				n.known = appendKnown(n.known, v)
+			}
+		}
+		return true
+	})
+}
+
+// isSuperseded reports whether v is a version a write of ours still on its way took out of n's.
+func (n *leaseNode) isSuperseded(v uint64) bool {
+	for _, s := range n.superseded {
+		if slices.Contains(s.versions, v) {
+			return true
+		}
+	}
+	return false
 }
 
 // drop forgets what transaction xid booked in memory: its write was refused, or it rolled back.
@@ -301,6 +352,7 @@ func (c *poolCache) drop(xid uint64, now time.Time) {
 		}
 		c.untag(n, xid, true)
 		n.known = slices.DeleteFunc(n.known, func(k uint64) bool { return k == xid })
+		n.unsupersede(xid, true)
 		c.recount(n, now)
 	}
 	delete(c.writes, xid)
@@ -310,6 +362,7 @@ func (c *poolCache) drop(xid uint64, now time.Time) {
 func (c *poolCache) committed(xid uint64) {
 	for n := range c.writes[xid] {
 		c.untag(n, xid, false)
+		n.unsupersede(xid, false)
 	}
 	delete(c.writes, xid)
 }
@@ -361,7 +414,9 @@ func (c *poolCache) applyDelta(xmin uint64, nodes []string, changed []uint64) {
 			continue
 		}
 		if !slices.Contains(n.known, changed[i]) {
-			c.markStale(n)
+			if !n.isSuperseded(changed[i]) {
+				c.markStale(n)
+			}
 			continue
 		}
 		// The row is at a version memory includes: from now on it can only move to a later one,
@@ -394,6 +449,7 @@ type loaded struct {
 	xmin    uint64          // the oldest transaction running then
 	now     time.Time       // compute_now()
 	visible map[uint64]bool // which of our pending transactions it saw committed
+	aborted map[uint64]bool // which of them had rolled back
 	nodes   []loadedNode
 }
 
@@ -404,6 +460,9 @@ type loaded struct {
 func (c *poolCache) install(l loaded, ids []string, seq uint64) {
 	if l.now.After(c.now) {
 		c.now = l.now
+	}
+	for x := range l.aborted {
+		c.drop(x, c.now)
 	}
 	found := make(map[string]bool, len(l.nodes))
 	for _, ln := range l.nodes {
@@ -434,7 +493,7 @@ func (c *poolCache) install(l loaded, ids []string, seq uint64) {
 			}
 		}
 		n.snap = NodeSnapshot{NodeID: ln.id, Name: ln.name, GPUs: ln.gpus, Held: held}
-		n.tags, n.model, n.schedulable, n.known = tags, ln.model, ln.schedulable, known
+		n.tags, n.model, n.schedulable, n.known, n.superseded = tags, ln.model, ln.schedulable, known, nil
 		if n.stale != 0 && n.stale <= seq {
 			n.stale = 0
 			delete(c.stale, n)
@@ -464,33 +523,6 @@ func (c *poolCache) install(l loaded, ids []string, seq uint64) {
 			forget(id, n)
 		}
 	}
-}
-
-// countNow counts n's whole, healthy GPUs that nothing holds at now (free) and those only spot
-// bookings hold (spot), as compute.refresh_node_capacity counts gpus_free and gpus_spot.
-func countNow(n NodeSnapshot, now time.Time) (free, spot int) {
-	for _, g := range n.GPUs {
-		if g.Mode != api.GPUModeWhole || !g.Healthy {
-			continue
-		}
-		held, spotHeld := false, false
-		for _, h := range n.Held {
-			if h.Resource == "gpu" && h.Span.Overlaps(GPUSpan(g.Index)) && !h.From.After(now) && (h.To == nil || h.To.After(now)) {
-				if h.Spot {
-					spotHeld = true
-				} else {
-					held = true
-				}
-			}
-		}
-		switch {
-		case !held && !spotHeld:
-			free++
-		case !held:
-			spot++
-		}
-	}
-	return free, spot
 }
 
 // knownOf lists, for the write's nodes, the rollup versions their memory includes: the pairs

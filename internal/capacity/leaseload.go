@@ -20,9 +20,10 @@ import (
 const loadSQL = `
 WITH s AS (
   SELECT pg_snapshot_xmin(pg_current_snapshot())::text AS xmin, compute.compute_now() AS now,
-    coalesce((SELECT array_agg(x) FROM unnest(@mine::text[]) x WHERE pg_visible_in_snapshot(x::xid8, pg_current_snapshot())), '{}') AS visible
+    coalesce((SELECT array_agg(x) FROM unnest(@mine::text[]) x WHERE pg_visible_in_snapshot(x::xid8, pg_current_snapshot())), '{}') AS visible,
+    coalesce((SELECT array_agg(x) FROM unnest(@mine::text[]) x WHERE pg_xact_status(x::xid8) = 'aborted'), '{}') AS aborted
 )
-SELECT s.xmin, s.now, s.visible, n.id, n.name, n.schedulable, n.gpu_model, n.changed,
+SELECT s.xmin, s.now, s.visible, s.aborted, n.id, n.name, n.schedulable, n.gpu_model, n.changed,
   d.idx, d.uuid, d.model, d.domain, d.mode, d.shares, d.ok,
   b.lo, b.hi, b.spot, b.res, b.from_us, b.to_us
 FROM s
@@ -62,7 +63,7 @@ func queueLoad(b *pgx.Batch, pool string, nodes []string, mine []uint64, out *lo
 	b.Queue(sql, args).Query(func(rows pgx.Rows) error {
 		var (
 			xmin                  string
-			visible               []string
+			visible, aborted      []string
 			id, name, model, chg  *string
 			sched                 *bool
 			idx, shares, lo, hi   []int32
@@ -72,7 +73,7 @@ func queueLoad(b *pgx.Batch, pool string, nodes []string, mine []uint64, out *lo
 			from, to              []int64
 		)
 		first := true
-		_, err := pgx.ForEachRow(rows, []any{&xmin, &out.now, &visible, &id, &name, &sched, &model, &chg,
+		_, err := pgx.ForEachRow(rows, []any{&xmin, &out.now, &visible, &aborted, &id, &name, &sched, &model, &chg,
 			&idx, &uuid, &models, &domains, &modes, &shares, &ok, &lo, &hi, &spot, &res, &from, &to}, func() error {
 			if first {
 				first = false
@@ -80,13 +81,20 @@ func queueLoad(b *pgx.Batch, pool string, nodes []string, mine []uint64, out *lo
 				if err != nil {
 					return err
 				}
-				out.xmin, out.visible = x, map[uint64]bool{}
+				out.xmin, out.visible, out.aborted = x, map[uint64]bool{}, map[uint64]bool{}
 				for _, v := range visible {
 					x, err := parseXid(v)
 					if err != nil {
 						return err
 					}
 					out.visible[x] = true
+				}
+				for _, v := range aborted {
+					x, err := parseXid(v)
+					if err != nil {
+						return err
+					}
+					out.aborted[x] = true
 				}
 			}
 			if id == nil {
