@@ -110,15 +110,15 @@ func (l *Leases) Holder() string { return l.holder }
 
 // LeaseStats counts what the placer did since it was made.
 type LeaseStats struct {
-	Taken, Lost     int64 // leases taken (or taken back), lost
-	Loads           int64 // whole pools read into memory
-	Batches         int64 // batches placed from memory
-	Placed          int64 // calls placed from memory
-	NotInMemory     int64 // calls memory had no room for, sent to the database path
-	Refused         int64 // writes refused because memory was stale (then reloaded, planned again)
-	Fallbacks       int64 // batches placed through the database after all (memory too stale, attempts spent)
-	ReloadedNodes   int64 // nodes read again after another writer changed them
-	ConflictsByCode map[string]int64
+	Taken, Lost     int64            // leases taken (or taken back), lost
+	Loads           int64            // whole pools read into memory
+	Batches         int64            // batches placed from memory
+	Placed          int64            // calls placed from memory
+	NotInMemory     int64            // calls memory had no room for, sent to the database path
+	Refused         int64            // writes refused because memory was stale (then reloaded, planned again)
+	Fallbacks       int64            // batches placed through the database after all (memory too stale, attempts spent)
+	ReloadedNodes   int64            // nodes read again after another writer changed them
+	ConflictsByCode map[string]int64 // the refused writes by SQLSTATE: BCL01 (the lease check), 23P01 (the exclusion constraint)
 }
 
 type leaseCounters struct {
