@@ -108,12 +108,13 @@ func New(opts Options) (*Compute, error) {
 		return nil, &OptionError{Field: "JobRescueAfter", Problem: fmt.Sprintf("(%s) must exceed a webhook attempt's timeout and its bookkeeping (%s)", o.JobRescueAfter, t)}
 	}
 	jm := &jobsModule{}
-	reg, err := registry(ev, append([]Module{nm, jointokens.Module{}, wh, gatewayModule{gw}, iamEvents{cache}, jm}, o.Modules...))
+	leases := capacity.NewLeases(capacity.LeaseConfig{TTL: o.PoolLeaseTTL, Logger: o.Logger})
+	reg, err := registry(ev, capacity.Module{Leases: leases}, append([]Module{nm, jointokens.Module{}, wh, gatewayModule{gw}, iamEvents{cache}, jm}, o.Modules...))
 	if err != nil {
 		return nil, err
 	}
 	c := &Compute{opts: o, reg: reg, nodes: nm, gateway: gw, metrics: m}
-	c.rt = newRuntime(o, reg, nm)
+	c.rt = newRuntime(o, reg, nm, leases)
 	if jm.client, err = newJobs(o, reg, c.rt); err != nil {
 		return nil, err
 	}
@@ -214,10 +215,11 @@ func (m gatewayModule) Register(r *modules.Registry) error {
 	return nil
 }
 
-// registry registers the core (with ev, the event log), then mods, and checks the whole.
-func registry(ev *events.Module, mods []Module) (*modules.Registry, error) {
+// registry registers the core (with ev, the event log, and capm, capacity), then mods, and
+// checks the whole.
+func registry(ev *events.Module, capm capacity.Module, mods []Module) (*modules.Registry, error) {
 	reg := modules.NewRegistry()
-	for _, m := range append([]Module{coreModule{}, fleet.Module{}, ev, audit.Module{}, capacity.Module{}, workflow.Module{}}, mods...) {
+	for _, m := range append([]Module{coreModule{}, fleet.Module{}, ev, audit.Module{}, capm, workflow.Module{}}, mods...) {
 		if err := reg.Add(m); err != nil {
 			return nil, fmt.Errorf("compute: %w", err)
 		}
@@ -235,7 +237,7 @@ func MigrationSets(mods ...Module) ([]postgres.MigrationSet, error) {
 	if err != nil {
 		return nil, err
 	}
-	reg, err := registry(&events.Module{}, append([]Module{nodes.New(nodes.Config{}), jointokens.Module{}, wh}, mods...))
+	reg, err := registry(&events.Module{}, capacity.Module{}, append([]Module{nodes.New(nodes.Config{}), jointokens.Module{}, wh}, mods...))
 	if err != nil {
 		return nil, err
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/better-compute/compute/iam"
+	"github.com/better-compute/compute/internal/capacity"
 	"github.com/better-compute/compute/internal/envelope"
 	"github.com/better-compute/compute/modules"
 	"github.com/better-compute/compute/postgres"
@@ -33,6 +34,7 @@ const (
 	DefaultMaxBodyBytes     = envelope.DefaultMaxBodyBytes
 	DefaultDecisionCacheTTL = 2 * time.Second
 	DefaultDecisionCacheMax = 100_000
+	DefaultPoolLeaseTTL     = capacity.LeaseTTLDefault
 	// MinSecretLength is the shortest Secret accepted.
 	MinSecretLength = 32
 )
@@ -73,6 +75,12 @@ type Options struct {
 
 	// Webhooks tunes the delivery of events to webhook endpoints.
 	Webhooks WebhookOptions
+	// PoolLeaseTTL is the lease time of the pool-lease placer: an api-mode process that places
+	// for a pool takes its lease when no one holds it and places the pool's common requests
+	// (whole GPUs now, batched) from memory, the database still the referee
+	// (docs/capacity.md). A holder that dies is replaced within about this time. Default
+	// DefaultPoolLeaseTTL; at least a second; negative turns the placer off.
+	PoolLeaseTTL time.Duration
 	// JobRescueAfter is how long a durable job (a webhook attempt, a workflow step) may have been
 	// running before it is taken for lost with its process and worked again elsewhere. It must
 	// exceed every workflow step's Timeout (plus 5 s of bookkeeping). Default 1h.
@@ -161,6 +169,12 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.DecisionCacheTTL == 0 {
 		o.DecisionCacheTTL = DefaultDecisionCacheTTL
+	}
+	switch {
+	case o.PoolLeaseTTL == 0:
+		o.PoolLeaseTTL = DefaultPoolLeaseTTL
+	case o.PoolLeaseTTL > 0 && o.PoolLeaseTTL < time.Second:
+		return bad("PoolLeaseTTL", "must be at least 1s (or negative, to turn the pool-lease placer off), got %s", o.PoolLeaseTTL)
 	}
 	for i, a := range o.GatewayAddresses {
 		if _, _, err := net.SplitHostPort(a); err != nil {

@@ -23,10 +23,10 @@ import (
 
 // newRuntime is what modules get of the core (modules.Runtime): the database, IAM and the
 // core's services, each a thin adapter over the package that owns what it writes.
-func newRuntime(o Options, reg *modules.Registry, nm *nodes.Module) *modules.Runtime {
+func newRuntime(o Options, reg *modules.Registry, nm *nodes.Module, leases *capacity.Leases) *modules.Runtime {
 	rt := &modules.Runtime{
 		DB: o.Database, IAM: o.IAM, Logger: o.Logger, Secret: o.Secret,
-		Capacity: capacity.Service{},
+		Capacity: capacity.Service{Leases: leases},
 		Nodes:    nodeService{reg},
 		Fleet:    fleetService{nm},
 		Events:   eventService{reg},

@@ -29,16 +29,28 @@ func batchKey(t modules.Target, in api.CreateReservation) string {
 // them, those nodes' snapshots with the quotas, the plans made in Go, and one pipelined write. A call that does not fit the locked nodes, or
 // would preempt, is sent back to be placed alone; an error of its own (quota) is its answer.
 func reserveBatch(ctx context.Context, tx pgx.Tx, rt *modules.Runtime, calls []*modules.BatchCall[api.CreateReservation]) ([]modules.BatchResult[api.Reservation], error) {
+	first := calls[0]
+	pool, err := resolvePool(ctx, tx, first.Target.TenantPath, first.In.Pool)
+	if err != nil {
+		return failAll(calls, err), nil
+	}
+	return reserveBatchIn(ctx, tx, pool, calls)
+}
+
+// failAll answers err to every call.
+func failAll(calls []*modules.BatchCall[api.CreateReservation], err error) []modules.BatchResult[api.Reservation] {
+	out := make([]modules.BatchResult[api.Reservation], len(calls))
+	for i := range out {
+		out[i].Err = err
+	}
+	return out
+}
+
+// reserveBatchIn is reserveBatch once the pool is resolved.
+func reserveBatchIn(ctx context.Context, tx pgx.Tx, pool poolRef, calls []*modules.BatchCall[api.CreateReservation]) ([]modules.BatchResult[api.Reservation], error) {
 	out := make([]modules.BatchResult[api.Reservation], len(calls))
 	first := calls[0]
 	tenant := first.Target.TenantID
-	pool, err := resolvePool(ctx, tx, first.Target.TenantPath, first.In.Pool)
-	if err != nil {
-		for i := range out {
-			out[i].Err = err
-		}
-		return out, nil
-	}
 	now := pool.Now
 	smallest := first.In.GPUs
 	for _, c := range calls {

@@ -81,19 +81,26 @@ type bookingWrite struct {
 	now          time.Time
 	placed       []placement
 	recount      map[string]bool // nodes whose rollups the write recounts
+	stamp        map[string]bool // nodes of placements that start later: their rollups are marked (stampSQL)
+	// counted are rollups the writer does not recount from the tables: a pool lease holder's
+	// memory of the nodes, exact at the versions its lease check found, is counted instead
+	// (leaseRollupSQL).
+	counted []NodeSnapshot
 }
 
 func newBookingWrite(tenant, pool string, now time.Time) *bookingWrite {
-	return &bookingWrite{tenant: tenant, pool: pool, now: now, recount: map[string]bool{}}
+	return &bookingWrite{tenant: tenant, pool: pool, now: now, recount: map[string]bool{}, stamp: map[string]bool{}}
 }
 
 // add writes p with the others. A placement that holds now changes its nodes' rollups; a later
-// one does not until it starts (the worker's tick recounts then).
+// one does not until it starts (the worker's tick recounts then), and marks them instead.
 func (w *bookingWrite) add(p placement) {
 	w.placed = append(w.placed, p)
-	if p.active() {
-		for _, m := range p.members {
+	for _, m := range p.members {
+		if p.active() {
 			w.recount[m.node.NodeID] = true
+		} else {
+			w.stamp[m.node.NodeID] = true
 		}
 	}
 }
@@ -113,7 +120,23 @@ func (w *bookingWrite) send(ctx context.Context, tx pgx.Tx, quotas quotaRows) er
 	if len(w.placed) == 0 {
 		return nil
 	}
-	n := len(w.placed)
+	b := &pgx.Batch{}
+	w.queue(b, quotas)
+	err := tx.SendBatch(ctx, b).Close()
+	switch {
+	case err == nil:
+		return nil
+	case isAPIError(err):
+		return err // over quota, counted under the rows' locks
+	case postgres.ErrorCode(err) == postgres.ExclusionViolation:
+		// Someone booked these atoms without the node lock (another path): try again afresh.
+		return modules.Retry(&api.Error{Code: api.CodeConflict, Message: "the capacity chosen was booked concurrently; try again"})
+	}
+	return fmt.Errorf("capacity: write %d placements: %w", len(w.placed), err)
+}
+
+// queue queues send's statements in b.
+func (w *bookingWrite) queue(b *pgx.Batch, quotas quotaRows) {
 	var r struct {
 		ids, states, creators []string
 		spots                 []bool
@@ -164,7 +187,6 @@ func (w *bookingWrite) send(ctx context.Context, tx pgx.Tx, quotas quotaRows) er
 			}
 		}
 	}
-	b := &pgx.Batch{}
 	b.Queue(`INSERT INTO compute.reservations (id, tenant_id, pool_id, state, spot, shape, members, claims, starts_at, ends_at, labels, created_by, created_at, updated_at)
 		SELECT u.id, $1, $2, u.state, u.spot, u.shape, u.members, u.claims, u.starts, u.ends, u.labels, u.creator, $3, $3
 		FROM unnest($4::uuid[], $5::text[], $6::bool[], $7::jsonb[], $8::int[], $9::jsonb[], $10::timestamptz[], $11::timestamptz[], $12::jsonb[], $13::text[])
@@ -176,21 +198,19 @@ func (w *bookingWrite) send(ctx context.Context, tx pgx.Tx, quotas quotaRows) er
 		  $10::timestamptz[], $11::timestamptz[], $12::bool[])
 		  AS u(r, member, node, resource, kind, model, units, lo, hi, s, e, spot)`,
 		bk.res, bk.members, bk.nodes, bk.resources, bk.kinds, bk.models, bk.units, bk.lo, bk.hi, bk.starts, bk.ends, bk.spots)
+	if len(w.counted) > 0 {
+		queueLeaseRollups(b, w.counted)
+		for _, n := range w.counted {
+			delete(w.recount, n.NodeID)
+		}
+	}
 	if nodes := sortedKeys(w.recount); len(nodes) > 0 {
 		// Recounted, not decremented: see refreshSQL. The nodes are locked already.
 		b.Queue(refreshSQL, nodes)
 	}
+	if nodes := sortedKeys(w.stamp); len(nodes) > 0 {
+		b.Queue(stampSQL, nodes) // locked already, as the candidates they were
+	}
 	quotas.queue(b, w.tenant, w.pool, total) // quotas last
 	events.QueueEmitMany(b, "reservation.created", w.tenant, r.ids, r.created)
-	err := tx.SendBatch(ctx, b).Close()
-	switch {
-	case err == nil:
-		return nil
-	case isAPIError(err):
-		return err // over quota, counted under the rows' locks
-	case postgres.ErrorCode(err) == postgres.ExclusionViolation:
-		// Someone booked these atoms without the node lock (another path): try again afresh.
-		return modules.Retry(&api.Error{Code: api.CodeConflict, Message: "the capacity chosen was booked concurrently; try again"})
-	}
-	return fmt.Errorf("capacity: write %d placements: %w", n, err)
 }

@@ -29,6 +29,9 @@ type Module struct {
 	Tick time.Duration
 	// BillingEvery is how often reserved time is handed to billing; zero is BillingEveryDefault.
 	BillingEvery time.Duration
+	// Leases is the control plane's pool-lease placer; nil (or off) places everything through
+	// the database. Its worker runs in the api mode.
+	Leases *Leases
 }
 
 // The defaults of Module's fields.
@@ -74,7 +77,12 @@ func (m Module) Register(r *modules.Registry) error {
 		return t, err
 	}
 
-	modules.HandleBatched(r, api.ReservationsCreate, nil, reserve, batchKey, reserveBatch)
+	batch := reserveBatch
+	if m.Leases.On() {
+		batch = m.Leases.reserveBatch
+		r.Worker(modules.Worker{Name: "pool-lease", Modes: []string{"api"}, Run: m.Leases.run})
+	}
+	modules.HandleBatched(r, api.ReservationsCreate, nil, reserve, batchKey, batch)
 	modules.Handle(r, api.ReservationsGet,
 		func(ctx context.Context, l modules.Lookup, in api.GetReservation) (modules.Target, error) {
 			return reservationTarget(ctx, l, in.Reservation)

@@ -104,5 +104,5 @@ func setGPUMode(ctx context.Context, tx pgx.Tx, deviceID string, in api.SetGPUMo
 	if err != nil {
 		return d, err
 	}
-	return d, RefreshNodes(ctx, tx, node)
+	return d, refreshStamped(ctx, tx, node)
 }

@@ -3,9 +3,11 @@ package capacity_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"testing"
 	"time"
 
+	"github.com/better-compute/compute"
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/computetest"
 	"github.com/better-compute/compute/internal/capacity"
@@ -13,7 +15,13 @@ import (
 	"github.com/better-compute/compute/postgres/pgtest"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) {
+	if url := os.Getenv(leaseChildEnv); url != "" {
+		leaseChild(url, os.Getenv(leaseChildPoolEnv)) // a lease holder to be killed (lease_kill_test.go)
+		return
+	}
+	pgtest.Main(m)
+}
 
 // t0 is where the tests' clocks stand.
 var t0 = time.Date(2030, 3, 4, 10, 0, 0, 0, time.UTC)
@@ -25,6 +33,10 @@ type fleetSpec struct {
 	model       string // GPU name as hardware reports it; default an H100
 	vcpus, mem  int
 	maxConns    int32 // the connection pool's size; 0: computetest's default
+	// lease: the control plane runs in the api mode, started, holding the pool's lease (TTL
+	// leaseTTL) before the test begins. leaseTTL: the same with this lease time, not started.
+	lease    bool
+	leaseTTL time.Duration
 }
 
 type testFleet struct {
@@ -36,7 +48,15 @@ type testFleet struct {
 
 func newFleet(t *testing.T, s fleetSpec) *testFleet {
 	t.Helper()
-	env := computetest.New(t, computetest.Options{MaxConns: s.maxConns})
+	opts := computetest.Options{MaxConns: s.maxConns}
+	if s.lease && s.leaseTTL == 0 {
+		s.leaseTTL = leaseTTL
+	}
+	if s.leaseTTL != 0 {
+		opts.Mode = compute.ModeAPI
+		opts.Configure = func(o *compute.Options) { o.PoolLeaseTTL = s.leaseTTL }
+	}
+	env := computetest.New(t, opts)
 	env.DB.SetNow(t0)
 	ctx := context.Background()
 	if s.model == "" {
@@ -53,7 +73,31 @@ func newFleet(t *testing.T, s fleetSpec) *testFleet {
 	for i := range s.nodes {
 		f.addNode(t, fmt.Sprintf("node-%03d", i), s)
 	}
+	if s.lease {
+		if err := env.Compute.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		awaitLease(t, env.Compute, pool.ID)
+	}
 	return f
+}
+
+// leaseTTL is the lease time of the tests' lease holders.
+const leaseTTL = time.Second
+
+// leasesOf is c's pool-lease placer.
+func leasesOf(c *compute.Compute) *capacity.Leases {
+	return c.Runtime().Capacity.(capacity.Service).Leases
+}
+
+// awaitLease waits until c holds pool's lease with the pool in memory.
+func awaitLease(t *testing.T, c *compute.Compute, pool string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := leasesOf(c).Await(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func (f *testFleet) addNode(t *testing.T, name string, s fleetSpec) api.Node {

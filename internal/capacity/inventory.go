@@ -113,7 +113,7 @@ func SetInventory(ctx context.Context, q postgres.Querier, nodeID string, inv In
 	if err != nil {
 		return fmt.Errorf("capacity: inventory: %w", err)
 	}
-	return RefreshNodes(ctx, q, nodeID)
+	return refreshStamped(ctx, q, nodeID)
 }
 
 // SetGPUHealth changes one GPU's health (the gateway reports XIDs, ECC and thermal events through
@@ -130,5 +130,5 @@ func SetGPUHealth(ctx context.Context, q postgres.Querier, nodeID string, index 
 	if tag.RowsAffected() == 0 {
 		return nil
 	}
-	return RefreshNodes(ctx, q, nodeID)
+	return refreshStamped(ctx, q, nodeID)
 }

@@ -363,8 +363,11 @@ func cancel(ctx context.Context, tx pgx.Tx, id, tenant string) error {
 	b.Queue(`DELETE FROM compute.bookings WHERE reservation_id = $1`, r.ID)
 	b.Queue(`UPDATE compute.reservations SET state = 'cancelled', ended_at = $2, updated_at = $2 WHERE id = $1`, r.ID, r.Now)
 	// A pending reservation whose start the worker has not yet seen pass holds its nodes now:
-	// their rollups are recounted like any other change's.
+	// their rollups are recounted like any other change's. They are marked changed either way.
 	queueFinish(b, r, "reservation.cancelled", nodes)
+	if len(nodes) > 0 {
+		b.Queue(stampSQL, nodes)
+	}
 	return tx.SendBatch(ctx, b).Close()
 }
 
@@ -387,7 +390,8 @@ func notLive(r liveReservation, verb, hint string) error {
 // extend moves a reservation's end later. The spot bookings in the way are preempted; a normal
 // booking in the way makes the database refuse it.
 func extend(ctx context.Context, tx pgx.Tx, in api.ExtendReservation, tenant string) error {
-	if _, err := lockNodesOf(ctx, tx, []string{in.Reservation}); err != nil {
+	nodes, err := lockNodesOf(ctx, tx, []string{in.Reservation})
+	if err != nil {
 		return err
 	}
 	r, err := lockReservation(ctx, tx, in.Reservation, tenant)
@@ -467,6 +471,11 @@ func extend(ctx context.Context, tx pgx.Tx, in api.ExtendReservation, tenant str
 	}
 	if _, err := tx.Exec(ctx, `UPDATE compute.reservations SET ends_at = $2, updated_at = $3 WHERE id = $1`, r.ID, newEnd, now); err != nil {
 		return err
+	}
+	if len(nodes) > 0 {
+		if _, err := tx.Exec(ctx, stampSQL, nodes); err != nil { // the end moved: a pool lease holder reads the nodes again
+			return err
+		}
 	}
 	return events.Emit(ctx, tx, "reservation.extended", r.TenantID, r.ID, map[string]any{"from": oldEnd, "to": newEnd})
 }

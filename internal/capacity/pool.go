@@ -45,16 +45,32 @@ func lookupPool(ctx context.Context, l modules.Lookup, tenant, ref string) (pool
 // inside a transaction.
 func resolvePool(ctx context.Context, q postgres.Querier, path []string, ref string) (poolRef, error) {
 	var p poolRef
-	var err error
-	if fleet.IsID(ref) {
-		err = q.QueryRow(ctx, `SELECT id::text, tenant_id, name, compute.compute_now() FROM compute.pools WHERE id = $1 AND tenant_id = ANY($2)`, ref, path).
-			Scan(&p.ID, &p.TenantID, &p.Name, &p.Now)
-	} else {
-		err = q.QueryRow(ctx, `SELECT id::text, tenant_id, name, compute.compute_now() FROM compute.pools WHERE name = $1 AND tenant_id = ANY($2)
-			ORDER BY array_position($2, tenant_id) LIMIT 1`, ref, path).Scan(&p.ID, &p.TenantID, &p.Name, &p.Now)
-	}
+	sql, args := resolvePoolSQL(path, ref)
+	err := q.QueryRow(ctx, sql, args...).Scan(&p.ID, &p.TenantID, &p.Name, &p.Now)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return p, api.NotFound("pool", ref)
 	}
 	return p, err
+}
+
+// resolvePoolSQL is resolvePool's query.
+func resolvePoolSQL(path []string, ref string) (string, []any) {
+	if fleet.IsID(ref) {
+		return `SELECT id::text, tenant_id, name, compute.compute_now() FROM compute.pools WHERE id = $1 AND tenant_id = ANY($2)`, []any{ref, path}
+	}
+	return `SELECT id::text, tenant_id, name, compute.compute_now() FROM compute.pools WHERE name = $1 AND tenant_id = ANY($2)
+			ORDER BY array_position($2, tenant_id) LIMIT 1`, []any{ref, path}
+}
+
+// queueResolvePool queues resolvePool in b: the pool into out, or not_found into errOut.
+func queueResolvePool(b *pgx.Batch, path []string, ref string, out *poolRef, errOut *error) {
+	sql, args := resolvePoolSQL(path, ref)
+	b.Queue(sql, args...).QueryRow(func(row pgx.Row) error {
+		err := row.Scan(&out.ID, &out.TenantID, &out.Name, &out.Now)
+		if errors.Is(err, pgx.ErrNoRows) {
+			*errOut = api.NotFound("pool", ref)
+			return nil
+		}
+		return err
+	})
 }

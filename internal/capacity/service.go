@@ -13,7 +13,11 @@ import (
 
 // Service is capacity's part of modules.Runtime: booking for another module's call, in that
 // call's transaction, under the decision its own method made.
-type Service struct{}
+type Service struct {
+	// Leases is the control plane's pool-lease placer (nil when off), for its tests and
+	// benchmarks to watch.
+	Leases *Leases
+}
 
 // Reserve implements modules.Capacity: in is checked as reservations.create's input would be.
 func (Service) Reserve(ctx context.Context, c *modules.Call, in api.CreateReservation) (api.Reservation, error) {

@@ -120,6 +120,11 @@ func TestStorm(t *testing.T) {
 	pct := func(p float64) time.Duration { return all[min(len(all)-1, int(p*float64(len(all))))] }
 	t.Logf("storm: %d clients for %s: %d calls (%.0f/s), %d answered no room; latency p50 %s p99 %s max %s",
 		len(stats), *stormFor, calls, float64(calls)/stormFor.Seconds(), noRoom, pct(0.5), pct(0.99), all[len(all)-1])
+	// The devserver holds its pool's lease (the pool-lease placer is on by default): what it
+	// placed from memory, what memory had no room for, and what the database refused of memory.
+	if l := s.Compute.Runtime().Capacity.(capacity.Service).Leases; l.On() {
+		t.Logf("storm: pool lease: %+v", l.Stats())
+	}
 	for i, f := range failures {
 		if i == 20 {
 			t.Errorf("… and %d more", len(failures)-20)

@@ -6,7 +6,13 @@
 // table. -live books that many more one-GPU bookings first, filling whole nodes (8 a node), so that
 // placements/s can be compared from 0 to tens of thousands of live bookings.
 //
-//	go run ./internal/cmd/placebench [-nodes 1000] [-n 1000] [-live 0]
+// -lease names the placers measured, in turn for each row: "on", a control plane in the api mode
+// that holds the pool's lease and places from memory (a fresh one per row, started after the fill,
+// so that it loads the pool as it stands), and "off", one that places through the database. With
+// -repeat N each row is measured N times, the placers' order alternating, so that the machine's
+// drift falls on both.
+//
+//	go run ./internal/cmd/placebench [-nodes 1000] [-n 1000] [-live 0] [-lease on,off] [-repeat 1]
 package main
 
 import (
@@ -19,7 +25,9 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -41,17 +49,27 @@ func main() {
 	nodes := flag.Int("nodes", 1000, "nodes in the pool (8 GPUs each)")
 	n := flag.Int("n", 1000, "placements per measurement (at most half the free GPUs)")
 	clientsFlag := flag.String("clients", "1,8,32", "client counts")
-	live := flag.Int("live", 0, "live one-GPU bookings besides the utilisation's, 8 a node on the first nodes")
+	liveFlag := flag.String("live", "0", "live one-GPU bookings besides the utilisation's, 8 a node on the first nodes (a list: each is measured)")
 	explain := flag.Bool("explain", false, "print EXPLAIN ANALYZE of the best-fit candidate query before each row")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the measurements (not the set-up) to this file")
 	inflight := flag.Int("inflight", envelope.BatchesInFlight, "batches of one key in flight at once")
 	traceFlag := flag.Bool("trace", false, "print where the time of each statement goes, then exit after the first row")
+	leaseFlag := flag.String("lease", "on,off", "placers to measure: on (the pool-lease placer, from memory), off (through the database)")
+	repeat := flag.Int("repeat", 1, "measurements of each row, the placers' order alternating")
+	utilFlag := flag.String("util", "0,50,90", "utilisations, in percent")
+	slow = flag.Duration("slow", 0, "print each operation slower than this, with when it started")
+	statements := flag.Bool("statements", false, "print, for each row, the statements that took the database's time (pg_stat_statements)")
 	flag.Parse()
 	envelope.BatchesInFlight = *inflight
 	trace = traceFlag
 	ctx := context.Background()
 
-	cluster, err := embedded.Start(ctx, embedded.Options{DataDir: os.Getenv("PB_DIR"), Settings: map[string]string{"max_connections": "200", "session_preload_libraries": os.Getenv("PB_PRELOAD"), "auto_explain.log_min_duration": "2ms", "auto_explain.log_analyze": "on"}})
+	settings := map[string]string{"max_connections": "200", "session_preload_libraries": os.Getenv("PB_PRELOAD"), "auto_explain.log_min_duration": "2ms", "auto_explain.log_analyze": "on"}
+	if *statements {
+		settings["shared_preload_libraries"] = "pg_stat_statements"
+		settings["pg_stat_statements.track"] = "all"
+	}
+	cluster, err := embedded.Start(ctx, embedded.Options{DataDir: os.Getenv("PB_DIR"), Settings: settings})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -67,14 +85,23 @@ func main() {
 	}
 	defer db.Close()
 	port, _ := iam.Embedded(db, iam.EmbeddedOptions{RootTenantID: "root"})
-	c, err := compute.New(compute.Options{Database: db, Secret: "placebench-secret-0123456789abcdef", BaseURL: "http://bench.test",
-		RootTenantID: "root", IAM: port, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		log.Fatal(err)
+	// newCompute is a control plane on the database: lease on (api mode; Start it) or off.
+	newCompute := func(lease bool) *compute.Compute {
+		o := compute.Options{Database: db, Secret: "placebench-secret-0123456789abcdef", BaseURL: "http://bench.test",
+			RootTenantID: "root", IAM: port, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), PoolLeaseTTL: -1}
+		if lease {
+			o.Mode, o.PoolLeaseTTL = compute.ModeAPI, 0
+		}
+		c, err := compute.New(o)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if err := c.Initialize(ctx); err != nil {
+			log.Fatal(err)
+		}
+		return c
 	}
-	if err := c.Initialize(ctx); err != nil {
-		log.Fatal(err)
-	}
+	c := newCompute(false)
 	key, _ := port.CreateAdminKey(ctx, "root", "bench")
 	pool, err := c.API.Pools.Create(ctx, key.Token, api.CreatePool{Name: "h100"})
 	if err != nil {
@@ -123,45 +150,102 @@ func main() {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	fmt.Printf("| clients | utilisation | placements/s | p50 | p99 | slowest | raw inserts/s | raw p99 | placements ÷ raw |\n")
-	fmt.Printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
-	for _, util := range []int{0, 50, 90} {
-		for _, cl := range clients {
-			full := min((*live+7)/8, len(ids))
-			if err := fill(ctx, db, pool.ID, ids[:full], ids[full:], *live, util); err != nil {
-				log.Fatal(err)
-			}
-			if *explain {
-				explainCandidates(ctx, db, pool.ID)
-			}
-			free := (len(ids) - full) * 8 * (100 - util) / 100
-			count := min(*n, free/2)
-			rate, p50, p99, slowest, fails := measure(cl, count, func() error {
-				_, err := c.API.Reservations.Create(ctx, key.Token, api.CreateReservation{Pool: "h100", Shape: api.Shape{GPUs: 1, Model: "h100"}})
-				return err
-			})
-			if fails > 0 {
-				fmt.Fprintf(os.Stderr, "placebench: %d of %d placements failed\n", fails, count)
-			}
-			var next atomic.Int64
-			rawRate, _, rawP99, _, _ := measure(cl, count, func() error {
-				i := next.Add(1)
-				_, err := db.Pool.Exec(ctx, `INSERT INTO bench.raw (node, resource, atoms, during)
+	placers := strings.Split(*leaseFlag, ",")
+	fmt.Printf("| live | clients | utilisation | placer | placements/s | p50 | p99 | slowest | raw inserts/s | raw p99 | placements ÷ raw |\n")
+	fmt.Printf("| ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	for _, live := range splitInts(*liveFlag) {
+		for _, util := range splitInts(*utilFlag) {
+			for _, cl := range clients {
+				for r := range *repeat {
+					order := slices.Clone(placers)
+					if r%2 == 1 {
+						slices.Reverse(order)
+					}
+					for _, placer := range order {
+						full := min((live+7)/8, len(ids))
+						if err := fill(ctx, db, pool.ID, ids[:full], ids[full:], live, util); err != nil {
+							log.Fatal(err)
+						}
+						if *explain {
+							explainCandidates(ctx, db, pool.ID)
+						}
+						pc := c
+						var leases *capacity.Leases
+						if placer == "on" {
+							pc = newCompute(true)
+							if err := pc.Start(ctx); err != nil {
+								log.Fatal(err)
+							}
+							leases = pc.Runtime().Capacity.(capacity.Service).Leases
+							wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+							start := time.Now()
+							if err := leases.Await(wctx, pool.ID); err != nil {
+								log.Fatal(err)
+							}
+							cancel()
+							fmt.Fprintf(os.Stderr, "placebench: lease taken, %d nodes loaded in %s\n", len(ids), time.Since(start).Round(time.Millisecond))
+						}
+						// One placement and its release first, through the control plane measured: a fresh
+						// one (lease on) must not pay its first call's caches in the measurement.
+						r, err := pc.API.Reservations.Create(ctx, key.Token, api.CreateReservation{Pool: "h100", Shape: api.Shape{GPUs: 1, Model: "h100"}})
+						if err != nil {
+							log.Fatal(err)
+						}
+						if _, err := pc.API.Reservations.Release(ctx, key.Token, api.ReleaseReservation{Reservation: r.ID}); err != nil {
+							log.Fatal(err)
+						}
+						free := (len(ids) - full) * 8 * (100 - util) / 100
+						count := min(*n, free/2)
+						if *statements {
+							if _, err := db.Pool.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements; SELECT pg_stat_statements_reset()`); err != nil {
+								log.Fatal(err)
+							}
+						}
+						rate, p50, p99, slowest, fails := measure(cl, count, func() error {
+							_, err := pc.API.Reservations.Create(ctx, key.Token, api.CreateReservation{Pool: "h100", Shape: api.Shape{GPUs: 1, Model: "h100"}})
+							return err
+						})
+						if fails > 0 {
+							fmt.Fprintf(os.Stderr, "placebench: %d of %d placements failed\n", fails, count)
+						}
+						if *statements {
+							printStatements(ctx, db, count)
+						}
+						if leases != nil {
+							fmt.Fprintf(os.Stderr, "placebench: lease: %+v\n", leases.Stats())
+							if err := pc.Stop(ctx); err != nil {
+								log.Fatal(err)
+							}
+						}
+						// The raw inserts' first round trips too (each connection's first insert, the table's
+						// first pages) are not what is measured: a few first, on rows of their own.
+						warm := atomic.Int64{}
+						measure(cl, 4*cl, func() error {
+							_, err := db.Pool.Exec(ctx, `INSERT INTO bench.raw (node, resource, atoms, during) VALUES ($1, 'gpu', int4range(0, 64), tstzrange(now(), NULL))`, -1-warm.Add(1))
+							return err
+						})
+						var next atomic.Int64
+						rawRate, _, rawP99, _, _ := measure(cl, count, func() error {
+							i := next.Add(1)
+							_, err := db.Pool.Exec(ctx, `INSERT INTO bench.raw (node, resource, atoms, during)
 					VALUES ($1, 'gpu', int4range($2, $2 + 64), tstzrange(now(), NULL))`, i%int64(*nodes), (i/int64(*nodes))*64)
-				return err
-			})
-			if _, err := db.Pool.Exec(ctx, `TRUNCATE bench.raw`); err != nil {
-				log.Fatal(err)
-			}
-			fmt.Printf("| %d | %d%% | %.0f | %s | %s | %s | %.0f | %s | %.2f |\n", cl, util, rate, ms(p50), ms(p99), ms(slowest), rawRate, ms(rawP99), rate/rawRate)
-			if *trace {
-				tracer.report(count)
-				return
+							return err
+						})
+						if _, err := db.Pool.Exec(ctx, `TRUNCATE bench.raw`); err != nil {
+							log.Fatal(err)
+						}
+						fmt.Printf("| %d | %d | %d%% | %s | %.0f | %s | %s | %s | %.0f | %s | %.2f |\n", live, cl, util, placer, rate, ms(p50), ms(p99), ms(slowest), rawRate, ms(rawP99), rate/rawRate)
+						if *trace {
+							tracer.report(count)
+							return
+						}
+					}
+				}
 			}
 		}
 	}
-	fmt.Printf("\n%d nodes × 8 GPUs, %d live bookings besides the utilisation's; %d placements of 1 GPU per row (fewer where free capacity is short); %s, GOMAXPROCS %d; PostgreSQL in the same machine, fsync off.\n",
-		*nodes, *live, *n, runtime.GOOS+"/"+runtime.GOARCH, runtime.GOMAXPROCS(0))
+	fmt.Printf("\n%d nodes × 8 GPUs, live one-GPU bookings besides the utilisation's as the first column; %d placements of 1 GPU per row (fewer where free capacity is short); %s, GOMAXPROCS %d; PostgreSQL in the same machine, fsync off.\n",
+		*nodes, *n, runtime.GOOS+"/"+runtime.GOARCH, runtime.GOMAXPROCS(0))
 }
 
 // fill empties the pool, books live one-GPU bookings on the full nodes (8 a node, one reservation
@@ -209,7 +293,12 @@ func fill(ctx context.Context, db *postgres.DB, pool string, full, nodes []strin
 	}
 	// What autovacuum would do after a bulk change, done now rather than during the measurement,
 	// where it would compete for the same cores: dead rows gone, fresh statistics for the planner.
-	_, err := db.Pool.Exec(ctx, `VACUUM (ANALYZE) compute.node_capacity, compute.bookings, compute.reservations, compute.nodes`)
+	if _, err := db.Pool.Exec(ctx, `VACUUM (ANALYZE) compute.node_capacity, compute.bookings, compute.reservations, compute.nodes`); err != nil {
+		return err
+	}
+	// And the checkpoint the fill's WAL would bring on: during the measurement it writes the
+	// fill's pages and makes the first change of every page after it log the whole page.
+	_, err := db.Pool.Exec(ctx, `CHECKPOINT`)
 	return err
 }
 
@@ -231,6 +320,9 @@ func explainCandidates(ctx context.Context, db *postgres.DB, pool string) {
 }
 
 // measure runs count operations from clients goroutines and returns the rate and latencies.
+// slow is -slow: operations slower than it are printed.
+var slow *time.Duration
+
 func measure(clients, count int, op func() error) (rate float64, p50, p99, slowest time.Duration, fails int) {
 	var next atomic.Int64
 	lat := make([]time.Duration, count)
@@ -254,6 +346,9 @@ func measure(clients, count int, op func() error) (rate float64, p50, p99, slowe
 					}
 				}
 				lat[i] = time.Since(t)
+				if *slow > 0 && lat[i] > *slow {
+					fmt.Fprintf(os.Stderr, "slow: started %s after the start, took %s\n", t.Sub(start).Round(time.Millisecond), lat[i].Round(time.Millisecond))
+				}
 			}
 		}()
 	}
@@ -279,4 +374,24 @@ func splitInts(s string) []int {
 		cur, has = 0, false
 	}
 	return out
+}
+
+// printStatements prints the statements that took the most of the database's time since the last
+// reset, per placement.
+func printStatements(ctx context.Context, db *postgres.DB, placements int) {
+	rows, err := db.Pool.Query(ctx, `SELECT total_exec_time, calls, left(regexp_replace(query, '\s+', ' ', 'g'), 100)
+		FROM pg_stat_statements WHERE query NOT LIKE '%pg_stat_statements%' ORDER BY total_exec_time DESC LIMIT 16`)
+	if err != nil {
+		log.Fatal(err)
+	}
+	var total float64
+	var calls int64
+	var q string
+	_, err = pgx.ForEachRow(rows, []any{&total, &calls, &q}, func() error {
+		fmt.Fprintf(os.Stderr, "%8.3f ms/placement %7d calls  %s\n", total/float64(placements), calls, q)
+		return nil
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
 }
