@@ -1,7 +1,9 @@
 // Package cdi is bcd's devices converger: for every holder of the node's desired state it keeps
 // one Container Device Interface spec in the CDI spec directory, so that a container runtime given
-// the device "better-compute.dev/gpu=<holder>" sees exactly the GPUs held, and nothing once the
-// hold ends. Specs are written atomically (a temporary file renamed over the old one).
+// the device "better-compute.dev/gpu=<holder>" sees exactly the GPUs held (a MIG slice as its own
+// MIG device, made by the MIG converger first), and nothing once the hold ends; and so that the
+// hold's cpuset and memory are enforced on the container's cgroup by an OCI hook (bcd
+// cgroup-hook). Specs are written atomically (a temporary file renamed over the old one).
 package cdi
 
 import (
@@ -15,10 +17,13 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 
 	agentv1 "github.com/better-compute/compute/agent/v1"
 	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/bcd/internal/hardware"
+	"github.com/better-compute/compute/bcd/internal/mig"
 )
 
 // Kind is the CDI kind of the devices bcd writes.
@@ -48,6 +53,16 @@ type Device struct {
 type ContainerEdits struct {
 	Env         []string     `json:"env,omitempty"`
 	DeviceNodes []DeviceNode `json:"deviceNodes,omitempty"`
+	Hooks       []Hook       `json:"hooks,omitempty"`
+}
+
+// Hook is an OCI hook a runtime runs for the container (CDI's containerEdits.hooks).
+type Hook struct {
+	HookName string   `json:"hookName"`
+	Path     string   `json:"path"`
+	Args     []string `json:"args,omitempty"`
+	Env      []string `json:"env,omitempty"`
+	Timeout  *int     `json:"timeout,omitempty"` // seconds
 }
 
 // DeviceNode is a device file given to the container.
@@ -63,16 +78,36 @@ type Converger struct {
 	// Devices returns the node's GPUs as its inventory reads them. A hold may name only these
 	// (by index and UUID together); nil means the node has none.
 	Devices func() []*agentv1.GPU
+	// MIG sets the GPUs' MIG modes and makes the MIG slices holds name, before their specs are
+	// written. Nil means this node makes none: a hold of a MIG slice is refused.
+	MIG *mig.Converger
+	// MIGMinors is the driver's table of MIG capability devices, which a container given a MIG
+	// device needs too; default "/proc/driver/nvidia-caps/mig-minors". Where it does not exist
+	// the specs name none.
+	MIGMinors string
+	// Hook is the path of the bcd binary whose cgroup-hook enforces a hold's cpuset and memory
+	// on the container's cgroup (cgroup v2). "" means no hook: the cpuset and memory are only
+	// annotations, and nothing enforces them.
+	Hook string
 	// Logger reports refused holds; default slog.Default().
 	Logger *slog.Logger
 }
+
+// HookName is the OCI stage at which the cgroup hook runs: createRuntime, in the runtime's
+// namespaces once the container's cgroup exists and before its process starts. (createContainer
+// and startContainer hooks run in the container's namespaces, where a cgroup namespace hides
+// the container's cgroup path.)
+const HookName = "createRuntime"
+
+// HookTimeout is how long a runtime lets the cgroup hook run, in seconds.
+const HookTimeout = 10
 
 // MaxHolderLength bounds a holder's name, which becomes part of a file name.
 const MaxHolderLength = 200
 
 var (
 	nameRE   = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.:-]*$`)
-	migRE    = regexp.MustCompile(`^[0-9]+g\.[0-9]+gb(\+me)?$`)
+	migRE    = regexp.MustCompile(`^[0-9]+g\.[0-9]+gb(\+me|\+gfx|-me|\+me\.all)?$`)
 	cpusetRE = regexp.MustCompile(`^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$`)
 )
 
@@ -115,8 +150,9 @@ func (c *Converger) known() map[int32]string {
 	return out
 }
 
-// Apply implements nodeagent.Converger: a spec for each hold, none for anything else.
-func (c *Converger) Apply(_ context.Context, ds *agentv1.DesiredState) error {
+// Apply implements nodeagent.Converger: the GPUs' MIG modes and slices, then a spec for each
+// hold, none for anything else.
+func (c *Converger) Apply(ctx context.Context, ds *agentv1.DesiredState) error {
 	if err := os.MkdirAll(c.Dir, 0o755); err != nil {
 		return fmt.Errorf("cdi: spec directory: %w", err)
 	}
@@ -127,15 +163,28 @@ func (c *Converger) Apply(_ context.Context, ds *agentv1.DesiredState) error {
 	if log == nil {
 		log = slog.Default()
 	}
+	var holds []*agentv1.DeviceHold
 	for _, h := range ds.GetHolds() {
 		if err := checkHold(h, gpus); err != nil {
 			log.Warn("cdi: refused a device hold of the desired state; the others converge", "generation", ds.GetGeneration(), "error", err)
 			errs = append(errs, err)
 			continue
 		}
+		holds = append(holds, h)
+	}
+	slices, err := c.migSlices(ctx, ds, gpus, holds)
+	if err != nil {
+		log.Warn("cdi: MIG did not converge fully; the holds it did not refuse converge", "generation", ds.GetGeneration(), "error", err)
+		errs = append(errs, err)
+	}
+	minors := readMIGMinors(c.MIGMinors)
+	for _, h := range holds {
+		if slices.Refused[h.GetHolder()] != nil {
+			continue // its error is among errs already
+		}
 		name := prefix + h.GetHolder() + ".json"
 		want[name] = true
-		b, err := json.MarshalIndent(c.spec(h), "", "  ")
+		b, err := json.MarshalIndent(c.spec(h, slices, minors), "", "  ")
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -175,30 +224,51 @@ func Holders(dir string) ([]string, error) {
 	return out, nil
 }
 
-func (c *Converger) spec(h *agentv1.DeviceHold) Spec {
+func (c *Converger) spec(h *agentv1.DeviceHold, slices mig.Result, minors map[string]int) Spec {
 	root := c.DeviceRoot
 	if root == "" {
 		root = "/dev"
 	}
-	var uuids []string
+	var visible []string
 	var nodes []DeviceNode
 	var parts []string
+	seen := map[string]bool{}
+	node := func(path string) {
+		if !seen[path] {
+			seen[path] = true
+			nodes = append(nodes, DeviceNode{Path: path})
+		}
+	}
 	for _, g := range h.GetGpus() {
-		uuids = append(uuids, g.GetUuid())
-		nodes = append(nodes, DeviceNode{Path: fmt.Sprintf("%s/nvidia%d", root, g.GetIndex())})
-		switch {
-		case g.GetMigProfile() != "":
+		node(fmt.Sprintf("%s/nvidia%d", root, g.GetIndex()))
+		if k, ok := mig.KeyOf(g); ok {
+			// The MIG device, not its parent: NVIDIA's runtime and CUDA read MIG-… as that slice.
+			in := slices.Devices[k]
+			visible = append(visible, in.UUID)
 			parts = append(parts, fmt.Sprintf("%s:mig=%s@%d", g.GetUuid(), g.GetMigProfile(), g.GetMigStart()))
-		case g.GetShare() >= 0:
+			// A process opens its MIG device through the capability devices of its GPU and
+			// compute instances (the driver's mig-minors table).
+			for _, c := range []string{fmt.Sprintf("gpu%d/gi%d/access", k.GPU, in.GI), fmt.Sprintf("gpu%d/gi%d/ci%d/access", k.GPU, in.GI, in.CI)} {
+				if m, ok := minors[c]; ok {
+					node(fmt.Sprintf("%s/nvidia-caps/nvidia-cap%d", root, m))
+				}
+			}
+			continue
+		}
+		visible = append(visible, g.GetUuid())
+		if g.GetShare() >= 0 {
 			parts = append(parts, fmt.Sprintf("%s:share=%d", g.GetUuid(), g.GetShare()))
 		}
 	}
 	edits := ContainerEdits{DeviceNodes: nodes}
-	if len(uuids) > 0 {
-		edits.Env = append(edits.Env, "NVIDIA_VISIBLE_DEVICES="+strings.Join(uuids, ","))
+	if len(visible) > 0 {
+		edits.Env = append(edits.Env, "NVIDIA_VISIBLE_DEVICES="+strings.Join(visible, ","))
 	}
 	if len(parts) > 0 {
 		edits.Env = append(edits.Env, "BETTER_COMPUTE_GPU_PARTS="+strings.Join(parts, ";"))
+	}
+	if hook, ok := c.cgroupHook(h); ok {
+		edits.Hooks = []Hook{hook}
 	}
 	s := Spec{
 		CDIVersion: Version, Kind: Kind,
@@ -216,6 +286,88 @@ func (c *Converger) spec(h *agentv1.DeviceHold) Spec {
 		s.ContainerEdits.DeviceNodes = []DeviceNode{{Path: root + "/nvidiactl"}, {Path: root + "/nvidia-uvm"}, {Path: root + "/nvidia-uvm-tools"}}
 	}
 	return s
+}
+
+// cgroupHook is the OCI hook that enforces a hold's cpuset and memory, when it has either and
+// the converger has a bcd to run.
+func (c *Converger) cgroupHook(h *agentv1.DeviceHold) (Hook, bool) {
+	if c.Hook == "" || (h.GetCpuset() == "" && h.GetMemoryGib() <= 0) {
+		return Hook{}, false
+	}
+	args := []string{"bcd", "cgroup-hook", "--holder", h.GetHolder()}
+	if h.GetCpuset() != "" {
+		args = append(args, "--cpuset", h.GetCpuset())
+	}
+	if h.GetMemoryGib() > 0 {
+		args = append(args, "--memory-gib", fmt.Sprint(h.GetMemoryGib()))
+	}
+	timeout := HookTimeout
+	return Hook{HookName: HookName, Path: c.Hook, Args: args, Timeout: &timeout}, true
+}
+
+// migSlices runs the MIG converger over the GPU settings that name GPUs of this node and the
+// holds that passed their checks, and refuses every hold whose slices it did not all make.
+// Without a MIG converger a hold of a MIG slice is refused.
+func (c *Converger) migSlices(ctx context.Context, ds *agentv1.DesiredState, gpus map[int32]string, holds []*agentv1.DeviceHold) (mig.Result, error) {
+	var errs []error
+	var settings []*agentv1.GPUSetting
+	for _, s := range ds.GetGpus() {
+		if uuid, ok := gpus[s.GetIndex()]; !ok || uuid != s.GetUuid() {
+			errs = append(errs, fmt.Errorf("cdi: the mode of GPU %d (%q) names no GPU of this node: ignored", s.GetIndex(), s.GetUuid()))
+			continue
+		}
+		settings = append(settings, s)
+	}
+	res := mig.Result{Devices: map[mig.Key]hardware.MIGInstance{}, Refused: map[string]error{}}
+	if c.MIG != nil {
+		var err error
+		if res, err = c.MIG.Apply(ctx, settings, holds); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, h := range holds {
+		if res.Refused[h.GetHolder()] != nil {
+			continue
+		}
+		for i, g := range h.GetGpus() {
+			k, ok := mig.KeyOf(g)
+			if !ok || res.Devices[k].UUID != "" {
+				continue
+			}
+			why := "this node makes no MIG slices (no NVML)"
+			if c.MIG != nil {
+				why = "the MIG converger made no MIG device of it"
+			}
+			err := fmt.Errorf("cdi: holder %s: gpus[%d]: GPU %d (%s): a %s slice at %d, but %s", h.GetHolder(), i, k.GPU, g.GetUuid(), k.Profile, k.Start, why)
+			res.Refused[h.GetHolder()] = err
+			errs = append(errs, err)
+			break
+		}
+	}
+	return res, errors.Join(errs...)
+}
+
+// readMIGMinors reads the driver's table of MIG capability minors ("gpu0/gi1/access 12"); a
+// machine without it (no driver, no MIG) has none.
+func readMIGMinors(path string) map[string]int {
+	if path == "" {
+		path = "/proc/driver/nvidia-caps/mig-minors"
+	}
+	out := map[string]int{}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return out
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) != 2 {
+			continue
+		}
+		if n, err := strconv.Atoi(f[1]); err == nil && n >= 0 {
+			out[f[0]] = n
+		}
+	}
+	return out
 }
 
 // writeAtomic replaces path with b: a reader sees the old file or the new one, never half.

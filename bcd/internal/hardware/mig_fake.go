@@ -21,9 +21,9 @@ var H100MIGProfiles = []MIGProfile{
 // (unless ResetRequired), instances refuse to overlap, as NVML's do, and MIG devices get UUIDs.
 // Its zero value has no GPUs; NewFakeMIG makes one with some.
 type FakeMIG struct {
-	mu   sync.Mutex
-	gpus []*fakeMIGGPU
-	next int // GPU instance ids and UUIDs are never reused, as NVML's UUIDs are not
+	mu    sync.Mutex
+	gpus  []*fakeMIGGPU
+	next  int // GPU instance ids and UUIDs are never reused, as NVML's UUIDs are not
 	calls map[string]int
 	// ResetRequired makes mode changes wait for a reset that never comes.
 	ResetRequired bool

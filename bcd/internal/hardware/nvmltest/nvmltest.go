@@ -13,7 +13,8 @@
 //     instances, and leaves MIG mode with instances in it; NVML refuses all of these;
 //   - a mode change that waits for a GPU reset (ResetRequired): the mock's pending mode is
 //     always its current one;
-//   - ErrorString, which the mock leaves unset.
+//   - ErrorString, which the mock leaves unset, and what an inventory reads that it leaves
+//     unset or empty: temperature (41 C), power (95 W), the PCI bus id, NVLinks (none up).
 //
 // Still not covered, by the mock or here: profile names from the driver
 // (nvmlDeviceGetGpuInstanceProfileInfoV, whose handler only the real library answers), a GPU
@@ -87,6 +88,16 @@ func (m *Machine) Reset(i int) {
 }
 
 func (m *Machine) fill(index int, d *server.Device) {
+	d.GetTemperatureFunc = func(nvml.TemperatureSensors) (uint32, nvml.Return) { return 41, nvml.SUCCESS }
+	d.GetPowerUsageFunc = func() (uint32, nvml.Return) { return 95_000, nvml.SUCCESS }
+	d.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) {
+		var p nvml.PciInfo
+		for i, c := range d.PciBusID {
+			p.BusId[i] = int8(c)
+		}
+		return p, nvml.SUCCESS
+	}
+	d.GetNvLinkStateFunc = func(int) (nvml.EnableState, nvml.Return) { return nvml.FEATURE_DISABLED, nvml.SUCCESS }
 	d.GetMigModeFunc = func() (int, int, nvml.Return) {
 		d.RLock()
 		cur := d.MigMode
