@@ -87,7 +87,7 @@ object with stateDir, cdiDir, gateway, logLevel and fake {gpus, model, commandDe
 	pf.StringVar(&configPath, "config", "", "config file (default "+defaultConfig+" when it exists)")
 	pf.StringVar(&s.StateDir, "state-dir", s.StateDir, "where the journal (identity, desired state, pending results) is kept")
 	pf.StringVar(&s.LogLevel, "log-level", s.LogLevel, "debug, info, warn or error")
-	root.AddCommand(joinCmd(s), nodeCmd(s), statusCmd(s), doctorCmd(s), versionCmd(), simCmd(s), ramdiskCmd(s), siteCmd(s), initCmd(s))
+	root.AddCommand(joinCmd(s), nodeCmd(s), statusCmd(s), doctorCmd(s), versionCmd(), simCmd(s), ramdiskCmd(s), siteCmd(s), initCmd(s), cgroupHookCmd())
 	return root
 }
 
