@@ -188,10 +188,15 @@ func TestBCDEndToEnd(t *testing.T) {
 
 	// doctor, against the running node (fake hardware: NVML is not checked).
 	out, err = exec.Command(bin, "doctor", "--state-dir", state, "--cdi-dir", cdiDir, "--gateway", gw, "--json", "--config", writeFakeConfig(t)).Output()
-	var checks []struct{ Name, Status, Detail string }
-	if jerr := json.Unmarshal(out, &checks); jerr != nil {
+	var report struct {
+		Version int
+		OK      bool
+		Checks  []struct{ Name, Status, Detail string }
+	}
+	if jerr := json.Unmarshal(out, &report); jerr != nil || report.Version != 1 || !report.OK {
 		t.Fatalf("doctor: %v %v\n%s", err, jerr, out)
 	}
+	checks := report.Checks
 	for _, c := range checks {
 		if c.Status == "fail" {
 			t.Errorf("doctor: %s failed: %s", c.Name, c.Detail)

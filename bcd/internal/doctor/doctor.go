@@ -1,5 +1,6 @@
 // Package doctor checks what a node needs to work, and says what to fix: its identity and
-// certificate, its clock, the gateway, NVML, the CDI directory and its disk.
+// certificate, its clock, the gateway, NVML, MIG, cgroup v2, the CDI directory and its disk.
+// Report is its machine-readable form (bcd doctor --json), a stable shape that scripts may read.
 package doctor
 
 import (
@@ -12,20 +13,81 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"syscall"
 	"time"
 
+	agentv1 "github.com/better-compute/compute/agent/v1"
+	"github.com/better-compute/compute/bcd/internal/cgroup"
 	"github.com/better-compute/compute/bcd/internal/hardware"
 	"github.com/better-compute/compute/bcd/internal/journal"
 	"github.com/better-compute/compute/internal/nodeagent"
 )
 
-// Check is one finding.
+// Check is one finding: its name (identity, certificate, clock, gateway, nvml, mig, cgroup, cdi,
+// disk), its status, what was found and, unless it is ok, what to do about it.
 type Check struct {
 	Name   string `json:"name"`
-	Status string `json:"status"` // ok, warn, fail
+	Status string `json:"status"` // ok, warn, fail, or skip (does not apply here)
 	Detail string `json:"detail"`
-	Fix    string `json:"fix,omitempty"`
+	Fix    string `json:"fix,omitempty"` // the advice
+	// Data is what the check read, for the checks that read more than a sentence says: mig
+	// ([]MIGGPU) and cgroup (Cgroup).
+	Data any `json:"data,omitempty"`
+}
+
+// Check statuses.
+const (
+	OK   = "ok"
+	Warn = "warn"
+	Fail = "fail"
+	Skip = "skip"
+)
+
+// ReportVersion is the version of Report's shape; it changes only when a field changes meaning
+// or goes away.
+const ReportVersion = 1
+
+// Report is bcd doctor --json: whether the node is fit (no check failed) and every check, in a
+// fixed order.
+type Report struct {
+	Version int     `json:"version"`
+	OK      bool    `json:"ok"`
+	Checks  []Check `json:"checks"`
+}
+
+// NewReport is the report of checks.
+func NewReport(checks []Check) Report {
+	return Report{Version: ReportVersion, OK: !Failed(checks), Checks: checks}
+}
+
+// MIGGPU is what the mig check read of one GPU.
+type MIGGPU struct {
+	Index          int           `json:"index"`
+	UUID           string        `json:"uuid"`
+	Capable        bool          `json:"capable"`
+	Enabled        bool          `json:"enabled"`
+	PendingEnabled bool          `json:"pendingEnabled"`
+	Instances      []MIGInstance `json:"instances"`
+	Error          string        `json:"error,omitempty"`
+}
+
+// MIGInstance is one MIG instance the mig check found.
+type MIGInstance struct {
+	Profile string `json:"profile"`
+	Start   int    `json:"start"`
+	GI      int    `json:"gi"`
+	CI      int    `json:"ci"`
+	UUID    string `json:"uuid,omitempty"`
+}
+
+// Cgroup is what the cgroup check read.
+type Cgroup struct {
+	Root           string   `json:"root"`
+	V2             bool     `json:"v2"`
+	Controllers    []string `json:"controllers"`
+	SubtreeControl []string `json:"subtreeControl"`
 }
 
 // Options say where to look.
@@ -37,6 +99,10 @@ type Options struct {
 	Running *Running
 	// SkipGPUs leaves NVML alone (fake hardware).
 	SkipGPUs bool
+	// OpenGPUs opens the machine's GPUs; default hardware.OpenSystemGPUs.
+	OpenGPUs func() (hardware.GPUs, error)
+	// Cgroup is the cgroup v2 hierarchy to check; the zero value is the machine's.
+	Cgroup cgroup.Tree
 }
 
 // Running is what a running node's status file says.
@@ -49,7 +115,7 @@ type Running struct {
 // Failed reports whether any check failed.
 func Failed(cs []Check) bool {
 	for _, c := range cs {
-		if c.Status == "fail" {
+		if c.Status == Fail {
 			return true
 		}
 	}
@@ -67,12 +133,20 @@ func Run(ctx context.Context, o Options) []Check {
 		out = append(out, idCheck)
 		if id != nil {
 			out = append(out, certificate(id), clock(ctx, id.URL), gateway(ctx, id, o.Gateway))
+		} else {
+			// Every check has its place in every report, so that a script finds it there.
+			for _, name := range []string{"certificate", "clock", "gateway"} {
+				out = append(out, Check{Name: name, Status: Skip, Detail: "the node has no identity to check it with"})
+			}
 		}
 	}
-	if !o.SkipGPUs {
-		out = append(out, gpus())
+	if o.SkipGPUs {
+		out = append(out, Check{Name: "nvml", Status: Skip, Detail: "fake hardware: NVML is not read"},
+			Check{Name: "mig", Status: Skip, Detail: "fake hardware: NVML is not read"})
+	} else {
+		out = append(out, gpus(o.OpenGPUs)...)
 	}
-	out = append(out, cdiDir(o.CDIDir), disk(o.StateDir))
+	out = append(out, cgroupCheck(o.Cgroup), cdiDir(o.CDIDir), disk(o.StateDir))
 	return out
 }
 
@@ -218,22 +292,113 @@ func gateway(ctx context.Context, id *nodeagent.Identity, override string) Check
 	return c
 }
 
-func gpus() Check {
+// gpus is the nvml and mig checks, over the GPUs open opens.
+func gpus(open func() (hardware.GPUs, error)) []Check {
 	c := Check{Name: "nvml"}
-	g, err := hardware.OpenSystemGPUs()
+	if open == nil {
+		open = hardware.OpenSystemGPUs
+	}
+	g, err := open()
 	if err != nil {
-		c.Status, c.Detail, c.Fix = "fail", err.Error(), "check the NVIDIA driver (nvidia-smi should list the GPUs)"
-		return c
+		c.Status, c.Detail, c.Fix = Fail, err.Error(), "check the NVIDIA driver (nvidia-smi should list the GPUs)"
+		return []Check{c, {Name: "mig", Status: Skip, Detail: "NVML did not open"}}
 	}
 	if cl, ok := g.(interface{ Close() }); ok {
 		defer cl.Close()
 	}
 	inv, why := g.Inventory()
 	if len(inv) == 0 {
-		c.Status, c.Detail, c.Fix = "warn", why, "install the NVIDIA driver on a GPU machine; without it the node offers CPUs and memory only"
+		c.Status, c.Detail, c.Fix = Warn, why, "install the NVIDIA driver on a GPU machine; without it the node offers CPUs and memory only"
+		return []Check{c, {Name: "mig", Status: Skip, Detail: "no GPUs"}}
+	}
+	c.Status, c.Detail = OK, fmt.Sprintf("%d GPUs (%s)", len(inv), inv[0].GetName())
+	m, ok := g.(hardware.MIG)
+	if !ok {
+		return []Check{c, {Name: "mig", Status: Skip, Detail: "these GPUs are not read through NVML"}}
+	}
+	return []Check{c, migCheck(m, inv)}
+}
+
+// migCheck reads each GPU's MIG mode and instances.
+func migCheck(m hardware.MIG, inv []*agentv1.GPU) Check {
+	c := Check{Name: "mig", Status: OK}
+	var gpus []MIGGPU
+	capable, enabled, instances := 0, 0, 0
+	var problems []string
+	for _, g := range inv {
+		i := int(g.GetIndex())
+		st, err := m.MIGState(i)
+		r := MIGGPU{Index: i, UUID: g.GetUuid(), Capable: st.Capable, Enabled: st.Enabled, PendingEnabled: st.PendingEnabled, Instances: []MIGInstance{}}
+		if err != nil {
+			r.Error = err.Error()
+			problems = append(problems, fmt.Sprintf("GPU %d: %v", i, err))
+		}
+		if st.Capable {
+			capable++
+		}
+		if st.Enabled {
+			enabled++
+		}
+		if st.Enabled != st.PendingEnabled {
+			problems = append(problems, fmt.Sprintf("GPU %d: a MIG mode change waits for a GPU reset", i))
+		}
+		for _, in := range st.Instances {
+			instances++
+			r.Instances = append(r.Instances, MIGInstance{Profile: in.Profile, Start: in.Start, GI: in.GI, CI: in.CI, UUID: in.UUID})
+			if !in.Usable() {
+				problems = append(problems, fmt.Sprintf("GPU %d: %s is no MIG device (%d compute instances)", i, in, in.ComputeInstances))
+			}
+		}
+		gpus = append(gpus, r)
+	}
+	c.Data = gpus
+	c.Detail = fmt.Sprintf("%d of %d GPUs can do MIG, %d in MIG mode, %d MIG instances", capable, len(inv), enabled, instances)
+	if len(problems) > 0 {
+		c.Status = Warn
+		c.Detail += "; " + strings.Join(problems, "; ")
+		c.Fix = "a pending mode needs a GPU reset (the gpu.reset command, or nvidia-smi -r) or a reboot; bcd node destroys instances no hold names and makes the missing ones"
+	}
+	return c
+}
+
+// cgroupCheck says whether the hold's cpuset and memory can be enforced: cgroup v2 with the
+// cpuset and memory controllers.
+func cgroupCheck(t cgroup.Tree) Check {
+	c := Check{Name: "cgroup"}
+	root := t.Root
+	if root == "" {
+		root = cgroup.DefaultRoot
+	}
+	data := Cgroup{Root: root, Controllers: []string{}, SubtreeControl: []string{}}
+	c.Data = &data
+	ctls, err := t.Controllers()
+	if err != nil {
+		c.Status, c.Detail = Warn, err.Error()
+		if errors.Is(err, cgroup.ErrV1) {
+			c.Detail = "cgroup v1: " + root + " is not a cgroup v2 hierarchy"
+		}
+		c.Detail += "; a container given a hold with a cpuset or a memory limit will not start (bcd cgroup-hook refuses)"
+		c.Fix = "boot with systemd.unified_cgroup_hierarchy=1 (cgroup v2), or give such holds to workloads that do not run through CDI"
 		return c
 	}
-	c.Status, c.Detail = "ok", fmt.Sprintf("%d GPUs (%s)", len(inv), inv[0].GetName())
+	data.V2, data.Controllers = true, ctls
+	if b, err := os.ReadFile(filepath.Join(root, "cgroup.subtree_control")); err == nil {
+		data.SubtreeControl = strings.Fields(string(b))
+	}
+	var missing []string
+	for _, ctl := range []string{"cpuset", "memory"} {
+		if !slices.Contains(data.Controllers, ctl) || !slices.Contains(data.SubtreeControl, ctl) {
+			missing = append(missing, ctl)
+		}
+	}
+	if len(missing) > 0 {
+		c.Status = Warn
+		c.Detail = fmt.Sprintf("cgroup v2 at %s, but %s not enabled for its children: bcd cgroup-hook refuses a container whose cgroup lacks them",
+			root, strings.Join(missing, " and "))
+		c.Fix = "enable them: echo '+cpuset +memory' > " + filepath.Join(root, "cgroup.subtree_control") + " (and in the slices your runtime's cgroups live in)"
+		return c
+	}
+	c.Status, c.Detail = OK, "cgroup v2 at "+root+" with cpuset and memory: holds' cpusets and memory limits are enforced on containers"
 	return c
 }
 
