@@ -25,7 +25,7 @@ type FakeMIG struct {
 	gpus  []*fakeMIGGPU
 	next  int // GPU instance ids and UUIDs are never reused, as NVML's UUIDs are not
 	calls map[string]int
-	// ResetRequired makes mode changes wait for a reset that never comes.
+	// ResetRequired makes mode changes wait for a reset that never comes. Set it before use.
 	ResetRequired bool
 }
 

@@ -119,6 +119,9 @@ func (g *NVML) MIGState(gpu int) (MIGState, error) {
 	uuids := g.migDevices(d)
 	for _, p := range profiles {
 		gis, ret := d.GetGpuInstances(&p.info)
+		if ret == nvml.ERROR_NOT_SUPPORTED {
+			continue // a profile that cannot have instances now has none
+		}
 		if ret != nvml.SUCCESS {
 			return st, fmt.Errorf("nvml: GPU %d: list the %s instances: %s", gpu, p.Name, g.lib.ErrorString(ret))
 		}
@@ -166,6 +169,9 @@ func (g *NVML) computeInstances(gi nvml.GpuInstance) ([]nvml.ComputeInstance, er
 			continue
 		}
 		cis, ret := gi.GetComputeInstances(&info)
+		if ret == nvml.ERROR_NOT_SUPPORTED {
+			continue
+		}
 		if ret != nvml.SUCCESS {
 			return nil, fmt.Errorf("list the compute instances: %s", g.lib.ErrorString(ret))
 		}
