@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -120,8 +121,9 @@ func TestBCDEndToEnd(t *testing.T) {
 		return err == nil && json.Unmarshal(out, &st) == nil && st.Running && st.Connected && st.GPUs == 8
 	})
 
-	// A reservation makes a CDI spec appear; its release removes it.
-	r, err := a.Reservations.Create(ctx, env.RootKey, api.CreateReservation{Pool: "h100", Shape: api.Shape{GPUs: 4}})
+	// A reservation makes a CDI spec appear, with the cgroup hook (this bcd) for its vCPUs;
+	// its release removes it.
+	r, err := a.Reservations.Create(ctx, env.RootKey, api.CreateReservation{Pool: "h100", Shape: api.Shape{GPUs: 4, VCPUs: 8}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,10 +132,45 @@ func TestBCDEndToEnd(t *testing.T) {
 		b, err := os.ReadFile(spec)
 		return err == nil && strings.Contains(string(b), r.Allocations[0].GPUs[0].UUID)
 	})
+	var s cdi.Spec
+	if b, err := os.ReadFile(spec); err != nil || json.Unmarshal(b, &s) != nil {
+		t.Fatalf("the spec: %v", err)
+	}
+	resolved, _ := filepath.EvalSymlinks(bin)
+	if h := s.Devices[0].ContainerEdits.Hooks; len(h) != 1 || h[0].Path != resolved || !slices.Contains(h[0].Args, "--cpuset") ||
+		!slices.Contains(h[0].Args, r.Allocations[0].CPUSet) {
+		t.Fatalf("the spec's hooks %+v (cpuset %q)", h, r.Allocations[0].CPUSet)
+	}
 	if _, err := a.Reservations.Release(ctx, env.RootKey, api.ReleaseReservation{Reservation: r.ID}); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "the CDI spec removed", func() bool {
+		holders, _ := cdi.Holders(cdiDir)
+		return len(holders) == 0
+	})
+
+	// A GPU switched to MIG and a 3g slice of it booked: the spec names the MIG device bcd
+	// made (fake hardware's MIG), not the GPU.
+	devs, err := a.Devices.List(ctx, env.RootKey, api.ListDevices{Node: nodeID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Devices.SetMode(ctx, env.RootKey, api.SetGPUMode{Device: devs[7].ID, Mode: api.GPUModeMIG}); err != nil {
+		t.Fatal(err)
+	}
+	r, err = a.Reservations.Create(ctx, env.RootKey, api.CreateReservation{Pool: "h100", Shape: api.Shape{Model: "h100", MIGProfile: "3g.40gb"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec = filepath.Join(cdiDir, "better-compute-"+r.ID+".json")
+	eventually(t, "the CDI spec of the MIG slice", func() bool {
+		b, err := os.ReadFile(spec)
+		return err == nil && strings.Contains(string(b), "NVIDIA_VISIBLE_DEVICES=MIG-fake-7-") && !strings.Contains(string(b), "NVIDIA_VISIBLE_DEVICES="+devs[7].UUID)
+	})
+	if _, err := a.Reservations.Release(ctx, env.RootKey, api.ReleaseReservation{Reservation: r.ID}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the MIG slice's spec removed", func() bool {
 		holders, _ := cdi.Holders(cdiDir)
 		return len(holders) == 0
 	})
@@ -188,10 +225,15 @@ func TestBCDEndToEnd(t *testing.T) {
 
 	// doctor, against the running node (fake hardware: NVML is not checked).
 	out, err = exec.Command(bin, "doctor", "--state-dir", state, "--cdi-dir", cdiDir, "--gateway", gw, "--json", "--config", writeFakeConfig(t)).Output()
-	var checks []struct{ Name, Status, Detail string }
-	if jerr := json.Unmarshal(out, &checks); jerr != nil {
+	var report struct {
+		Version int
+		OK      bool
+		Checks  []struct{ Name, Status, Detail string }
+	}
+	if jerr := json.Unmarshal(out, &report); jerr != nil || report.Version != 1 || !report.OK {
 		t.Fatalf("doctor: %v %v\n%s", err, jerr, out)
 	}
+	checks := report.Checks
 	for _, c := range checks {
 		if c.Status == "fail" {
 			t.Errorf("doctor: %s failed: %s", c.Name, c.Detail)

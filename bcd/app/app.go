@@ -87,7 +87,7 @@ object with stateDir, cdiDir, gateway, logLevel and fake {gpus, model, commandDe
 	pf.StringVar(&configPath, "config", "", "config file (default "+defaultConfig+" when it exists)")
 	pf.StringVar(&s.StateDir, "state-dir", s.StateDir, "where the journal (identity, desired state, pending results) is kept")
 	pf.StringVar(&s.LogLevel, "log-level", s.LogLevel, "debug, info, warn or error")
-	root.AddCommand(joinCmd(s), nodeCmd(s), statusCmd(s), doctorCmd(s), versionCmd(), simCmd(s), ramdiskCmd(s), siteCmd(s), initCmd(s))
+	root.AddCommand(joinCmd(s), nodeCmd(s), statusCmd(s), doctorCmd(s), versionCmd(), simCmd(s), ramdiskCmd(s), siteCmd(s), initCmd(s), cgroupHookCmd())
 	return root
 }
 
@@ -289,9 +289,11 @@ func doctorCmd(s *settings) *cobra.Command {
 	var asJSON bool
 	c := &cobra.Command{
 		Use:   "doctor",
-		Short: "Check the clock, the certificate, the gateway, NVML, the CDI directory and the disk",
-		Long:  "doctor checks what a node needs and says what to fix. It exits non-zero when a check fails.",
-		Args:  cobra.NoArgs,
+		Short: "Check the clock, the certificate, the gateway, NVML, MIG, cgroup v2, the CDI directory and the disk",
+		Long: `doctor checks what a node needs and says what to fix. It exits non-zero when a check fails.
+With --json it prints a report of a stable shape: {"version": 1, "ok": bool, "checks": [{"name",
+"status" (ok, warn, fail or skip), "detail", "fix", "data"}]}, the checks always in the same order.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o := doctor.Options{StateDir: s.StateDir, CDIDir: s.CDIDir, Gateway: s.Gateway, SkipGPUs: s.Fake != nil}
 			if st, running, err := daemon.ReadStatus(s.StateDir); err == nil && running {
@@ -301,15 +303,17 @@ func doctorCmd(s *settings) *cobra.Command {
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			checks := doctor.Run(ctx, o)
+			report := doctor.NewReport(doctor.Run(ctx, o))
 			out := cmd.OutOrStdout()
 			if asJSON {
-				if err := json.NewEncoder(out).Encode(checks); err != nil {
+				e := json.NewEncoder(out)
+				e.SetIndent("", "  ")
+				if err := e.Encode(report); err != nil {
 					return err
 				}
 			} else {
 				w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-				for _, c := range checks {
+				for _, c := range report.Checks {
 					fmt.Fprintf(w, "%s\t%s\t%s\n", strings.ToUpper(c.Status), c.Name, c.Detail)
 					if c.Fix != "" {
 						fmt.Fprintf(w, "\t\tfix: %s\n", c.Fix)
@@ -317,7 +321,7 @@ func doctorCmd(s *settings) *cobra.Command {
 				}
 				w.Flush()
 			}
-			if doctor.Failed(checks) {
+			if !report.OK {
 				return errors.New("some checks failed")
 			}
 			return nil

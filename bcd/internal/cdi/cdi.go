@@ -1,7 +1,9 @@
 // Package cdi is bcd's devices converger: for every holder of the node's desired state it keeps
 // one Container Device Interface spec in the CDI spec directory, so that a container runtime given
-// the device "better-compute.dev/gpu=<holder>" sees exactly the GPUs held, and nothing once the
-// hold ends. Specs are written atomically (a temporary file renamed over the old one).
+// the device "better-compute.dev/gpu=<holder>" sees exactly the GPUs held (a MIG slice as its own
+// MIG device, made by the MIG converger first), and nothing once the hold ends; and so that the
+// hold's cpuset and memory are enforced on the container's cgroup by an OCI hook (bcd
+// cgroup-hook). Specs are written atomically (a temporary file renamed over the old one).
 package cdi
 
 import (
@@ -19,6 +21,7 @@ import (
 
 	agentv1 "github.com/better-compute/compute/agent/v1"
 	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/bcd/internal/mig"
 )
 
 // Kind is the CDI kind of the devices bcd writes.
@@ -48,6 +51,16 @@ type Device struct {
 type ContainerEdits struct {
 	Env         []string     `json:"env,omitempty"`
 	DeviceNodes []DeviceNode `json:"deviceNodes,omitempty"`
+	Hooks       []Hook       `json:"hooks,omitempty"`
+}
+
+// Hook is an OCI hook a runtime runs for the container (CDI's containerEdits.hooks).
+type Hook struct {
+	HookName string   `json:"hookName"`
+	Path     string   `json:"path"`
+	Args     []string `json:"args,omitempty"`
+	Env      []string `json:"env,omitempty"`
+	Timeout  *int     `json:"timeout,omitempty"` // seconds
 }
 
 // DeviceNode is a device file given to the container.
@@ -63,16 +76,36 @@ type Converger struct {
 	// Devices returns the node's GPUs as its inventory reads them. A hold may name only these
 	// (by index and UUID together); nil means the node has none.
 	Devices func() []*agentv1.GPU
+	// MIG sets the GPUs' MIG modes and makes the MIG slices holds name, before their specs are
+	// written. Nil means this node makes none: a hold of a MIG slice is refused.
+	MIG *mig.Converger
+	// MIGMinors is the driver's table of MIG capability devices, which a container given a MIG
+	// device needs too; default "/proc/driver/nvidia-caps/mig-minors". Where it does not exist
+	// the specs name none.
+	MIGMinors string
+	// Hook is the path of the bcd binary whose cgroup-hook enforces a hold's cpuset and memory
+	// on the container's cgroup (cgroup v2). "" means no hook: the cpuset and memory are only
+	// annotations, and nothing enforces them.
+	Hook string
 	// Logger reports refused holds; default slog.Default().
 	Logger *slog.Logger
 }
+
+// HookName is the OCI stage at which the cgroup hook runs: createRuntime, in the runtime's
+// namespaces once the container's cgroup exists and before its process starts. (createContainer
+// and startContainer hooks run in the container's namespaces, where a cgroup namespace hides
+// the container's cgroup path.)
+const HookName = "createRuntime"
+
+// HookTimeout is how long a runtime lets the cgroup hook run, in seconds.
+const HookTimeout = 10
 
 // MaxHolderLength bounds a holder's name, which becomes part of a file name.
 const MaxHolderLength = 200
 
 var (
 	nameRE   = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.:-]*$`)
-	migRE    = regexp.MustCompile(`^[0-9]+g\.[0-9]+gb(\+me)?$`)
+	migRE    = regexp.MustCompile(`^[0-9]+g\.[0-9]+gb(\+me|\+gfx|-me|\+me\.all)?$`)
 	cpusetRE = regexp.MustCompile(`^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$`)
 )
 
@@ -115,8 +148,9 @@ func (c *Converger) known() map[int32]string {
 	return out
 }
 
-// Apply implements nodeagent.Converger: a spec for each hold, none for anything else.
-func (c *Converger) Apply(_ context.Context, ds *agentv1.DesiredState) error {
+// Apply implements nodeagent.Converger: the GPUs' MIG modes and slices, then a spec for each
+// hold, none for anything else.
+func (c *Converger) Apply(ctx context.Context, ds *agentv1.DesiredState) error {
 	if err := os.MkdirAll(c.Dir, 0o755); err != nil {
 		return fmt.Errorf("cdi: spec directory: %w", err)
 	}
@@ -127,15 +161,28 @@ func (c *Converger) Apply(_ context.Context, ds *agentv1.DesiredState) error {
 	if log == nil {
 		log = slog.Default()
 	}
+	var holds []*agentv1.DeviceHold
 	for _, h := range ds.GetHolds() {
 		if err := checkHold(h, gpus); err != nil {
 			log.Warn("cdi: refused a device hold of the desired state; the others converge", "generation", ds.GetGeneration(), "error", err)
 			errs = append(errs, err)
 			continue
 		}
+		holds = append(holds, h)
+	}
+	slices, err := c.migSlices(ctx, ds, gpus, holds)
+	if err != nil {
+		log.Warn("cdi: MIG did not converge fully; the holds it did not refuse converge", "generation", ds.GetGeneration(), "error", err)
+		errs = append(errs, err)
+	}
+	minors := readMIGMinors(c.MIGMinors)
+	for _, h := range holds {
+		if slices.Refused[h.GetHolder()] != nil {
+			continue // its error is among errs already
+		}
 		name := prefix + h.GetHolder() + ".json"
 		want[name] = true
-		b, err := json.MarshalIndent(c.spec(h), "", "  ")
+		b, err := json.MarshalIndent(c.spec(h, slices, minors), "", "  ")
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -175,30 +222,51 @@ func Holders(dir string) ([]string, error) {
 	return out, nil
 }
 
-func (c *Converger) spec(h *agentv1.DeviceHold) Spec {
+func (c *Converger) spec(h *agentv1.DeviceHold, slices mig.Result, minors map[string]int) Spec {
 	root := c.DeviceRoot
 	if root == "" {
 		root = "/dev"
 	}
-	var uuids []string
+	var visible []string
 	var nodes []DeviceNode
 	var parts []string
+	seen := map[string]bool{}
+	node := func(path string) {
+		if !seen[path] {
+			seen[path] = true
+			nodes = append(nodes, DeviceNode{Path: path})
+		}
+	}
 	for _, g := range h.GetGpus() {
-		uuids = append(uuids, g.GetUuid())
-		nodes = append(nodes, DeviceNode{Path: fmt.Sprintf("%s/nvidia%d", root, g.GetIndex())})
-		switch {
-		case g.GetMigProfile() != "":
+		node(fmt.Sprintf("%s/nvidia%d", root, g.GetIndex()))
+		if k, ok := mig.KeyOf(g); ok {
+			// The MIG device, not its parent: NVIDIA's runtime and CUDA read MIG-… as that slice.
+			in := slices.Devices[k]
+			visible = append(visible, in.UUID)
 			parts = append(parts, fmt.Sprintf("%s:mig=%s@%d", g.GetUuid(), g.GetMigProfile(), g.GetMigStart()))
-		case g.GetShare() >= 0:
+			// A process opens its MIG device through the capability devices of its GPU and
+			// compute instances (the driver's mig-minors table).
+			for _, c := range []string{fmt.Sprintf("gpu%d/gi%d/access", k.GPU, in.GI), fmt.Sprintf("gpu%d/gi%d/ci%d/access", k.GPU, in.GI, in.CI)} {
+				if m, ok := minors[c]; ok {
+					node(fmt.Sprintf("%s/nvidia-caps/nvidia-cap%d", root, m))
+				}
+			}
+			continue
+		}
+		visible = append(visible, g.GetUuid())
+		if g.GetShare() >= 0 {
 			parts = append(parts, fmt.Sprintf("%s:share=%d", g.GetUuid(), g.GetShare()))
 		}
 	}
 	edits := ContainerEdits{DeviceNodes: nodes}
-	if len(uuids) > 0 {
-		edits.Env = append(edits.Env, "NVIDIA_VISIBLE_DEVICES="+strings.Join(uuids, ","))
+	if len(visible) > 0 {
+		edits.Env = append(edits.Env, "NVIDIA_VISIBLE_DEVICES="+strings.Join(visible, ","))
 	}
 	if len(parts) > 0 {
 		edits.Env = append(edits.Env, "BETTER_COMPUTE_GPU_PARTS="+strings.Join(parts, ";"))
+	}
+	if hook, ok := c.cgroupHook(h); ok {
+		edits.Hooks = []Hook{hook}
 	}
 	s := Spec{
 		CDIVersion: Version, Kind: Kind,

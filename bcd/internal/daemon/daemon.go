@@ -1,6 +1,6 @@
 // Package daemon runs bcd's node mode: the node agent over the journal, the machine's hardware
-// (or fake hardware) and the CDI converger, writing a status file that `bcd status` reads while
-// the journal is held.
+// (or fake hardware) and the devices converger (MIG, then CDI specs with their cgroup hook),
+// writing a status file that `bcd status` reads while the journal is held.
 package daemon
 
 import (
@@ -19,6 +19,7 @@ import (
 	"github.com/better-compute/compute/bcd/internal/cdi"
 	"github.com/better-compute/compute/bcd/internal/hardware"
 	"github.com/better-compute/compute/bcd/internal/journal"
+	"github.com/better-compute/compute/bcd/internal/mig"
 	"github.com/better-compute/compute/internal/nodeagent"
 )
 
@@ -72,7 +73,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if !ok {
 		return errors.New("this node has not joined: run bcd join --url URL --token TOKEN first")
 	}
-	hw, closeHW, err := openHardware(cfg, id.NodeName)
+	hw, migGPUs, closeHW, err := openHardware(cfg, id.NodeName)
 	if err != nil {
 		return err
 	}
@@ -82,9 +83,13 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("read the machine: %w", err)
 	}
 	host, _ := os.Hostname()
-	var conv nodeagent.Converger = &cdi.Converger{Dir: cfg.CDIDir, Devices: inv.GetGpus, Logger: cfg.Logger}
-	if cfg.CDIDir == "" {
-		conv = &nodeagent.RecordingConverger{} // no devices to hand out: a site agent
+	var conv nodeagent.Converger = &nodeagent.RecordingConverger{} // no devices to hand out: a site agent
+	if cfg.CDIDir != "" {
+		devices, err := devicesConverger(cfg, inv, migGPUs)
+		if err != nil {
+			return err
+		}
+		conv = devices
 	}
 	a, err := nodeagent.New(nodeagent.Config{
 		Store: j, Hardware: hw, Converger: conv, Logger: cfg.Logger, Version: cfg.Version,
@@ -125,7 +130,9 @@ func Run(ctx context.Context, cfg Config) error {
 	return err
 }
 
-func openHardware(cfg Config, name string) (nodeagent.Hardware, func(), error) {
+// openHardware opens the machine (or fakes one) and its MIG, nil where its GPUs cannot be read
+// through NVML.
+func openHardware(cfg Config, name string) (nodeagent.Hardware, hardware.MIG, func(), error) {
 	if cfg.Fake != nil {
 		model := cfg.Fake.Model
 		if model == "" {
@@ -133,17 +140,42 @@ func openHardware(cfg Config, name string) (nodeagent.Hardware, func(), error) {
 		}
 		hw := nodeagent.NewFakeHardware(name, cfg.Fake.GPUs, model)
 		hw.SlowCommands(cfg.Fake.CommandDelay)
-		return hw, func() {}, nil
+		return hw, hardware.NewFakeMIG(cfg.Fake.GPUs), func() {}, nil
 	}
 	gpus, err := hardware.OpenSystemGPUs()
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	closeFn := func() {}
 	if c, ok := gpus.(interface{ Close() }); ok {
 		closeFn = c.Close
 	}
-	return &hardware.Machine{Host: hardware.Host{Disk: cfg.StateDir}, GPUs: gpus}, closeFn, nil
+	m, _ := gpus.(hardware.MIG) // NoGPUs has none: never touch NVML after a failed Init
+	return &hardware.Machine{Host: hardware.Host{Disk: cfg.StateDir}, GPUs: gpus}, m, closeFn, nil
+}
+
+// devicesConverger is the CDI converger with the MIG converger over gpus (if any), its specs'
+// cgroup hook running this bcd.
+func devicesConverger(cfg Config, inv *agentv1.Inventory, gpus hardware.MIG) (*cdi.Converger, error) {
+	c := &cdi.Converger{Dir: cfg.CDIDir, Devices: inv.GetGpus, Logger: cfg.Logger}
+	if gpus != nil {
+		m, err := mig.New(gpus, cfg.Logger)
+		if err != nil {
+			return nil, err
+		}
+		c.MIG = m
+	}
+	// The runtime runs the hook by this path: the binary that runs now, links resolved.
+	self, err := os.Executable()
+	if err == nil {
+		self, err = filepath.EvalSymlinks(self)
+	}
+	if err != nil {
+		cfg.Logger.Warn("bcd: cannot find its own binary: CDI specs get no cgroup hook, and holds' cpusets and memory are not enforced", "error", err)
+		return c, nil
+	}
+	c.Hook = self
+	return c, nil
 }
 
 func machineID() string {

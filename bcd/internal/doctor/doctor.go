@@ -1,5 +1,6 @@
 // Package doctor checks what a node needs to work, and says what to fix: its identity and
-// certificate, its clock, the gateway, NVML, the CDI directory and its disk.
+// certificate, its clock, the gateway, NVML, MIG, cgroup v2, the CDI directory and its disk.
+// Report is its machine-readable form (bcd doctor --json), a stable shape that scripts may read.
 package doctor
 
 import (
@@ -15,17 +16,47 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/better-compute/compute/bcd/internal/cgroup"
 	"github.com/better-compute/compute/bcd/internal/hardware"
 	"github.com/better-compute/compute/bcd/internal/journal"
 	"github.com/better-compute/compute/internal/nodeagent"
 )
 
-// Check is one finding.
+// Check is one finding: its name (identity, certificate, clock, gateway, nvml, mig, cgroup, cdi,
+// disk), its status, what was found and, unless it is ok, what to do about it.
 type Check struct {
 	Name   string `json:"name"`
-	Status string `json:"status"` // ok, warn, fail
+	Status string `json:"status"` // ok, warn, fail, or skip (does not apply here)
 	Detail string `json:"detail"`
-	Fix    string `json:"fix,omitempty"`
+	Fix    string `json:"fix,omitempty"` // the advice
+	// Data is what the check read, for the checks that read more than a sentence says: mig
+	// ([]MIGGPU) and cgroup (Cgroup).
+	Data any `json:"data,omitempty"`
+}
+
+// Check statuses.
+const (
+	OK   = "ok"
+	Warn = "warn"
+	Fail = "fail"
+	Skip = "skip"
+)
+
+// ReportVersion is the version of Report's shape; it changes only when a field changes meaning
+// or goes away.
+const ReportVersion = 1
+
+// Report is bcd doctor --json: whether the node is fit (no check failed) and every check, in a
+// fixed order.
+type Report struct {
+	Version int     `json:"version"`
+	OK      bool    `json:"ok"`
+	Checks  []Check `json:"checks"`
+}
+
+// NewReport is the report of checks.
+func NewReport(checks []Check) Report {
+	return Report{Version: ReportVersion, OK: !Failed(checks), Checks: checks}
 }
 
 // Options say where to look.
@@ -37,6 +68,10 @@ type Options struct {
 	Running *Running
 	// SkipGPUs leaves NVML alone (fake hardware).
 	SkipGPUs bool
+	// OpenGPUs opens the machine's GPUs; default hardware.OpenSystemGPUs.
+	OpenGPUs func() (hardware.GPUs, error)
+	// Cgroup is the cgroup v2 hierarchy to check; the zero value is the machine's.
+	Cgroup cgroup.Tree
 }
 
 // Running is what a running node's status file says.
@@ -49,7 +84,7 @@ type Running struct {
 // Failed reports whether any check failed.
 func Failed(cs []Check) bool {
 	for _, c := range cs {
-		if c.Status == "fail" {
+		if c.Status == Fail {
 			return true
 		}
 	}
@@ -67,12 +102,20 @@ func Run(ctx context.Context, o Options) []Check {
 		out = append(out, idCheck)
 		if id != nil {
 			out = append(out, certificate(id), clock(ctx, id.URL), gateway(ctx, id, o.Gateway))
+		} else {
+			// Every check has its place in every report, so that a script finds it there.
+			for _, name := range []string{"certificate", "clock", "gateway"} {
+				out = append(out, Check{Name: name, Status: Skip, Detail: "the node has no identity to check it with"})
+			}
 		}
 	}
-	if !o.SkipGPUs {
-		out = append(out, gpus())
+	if o.SkipGPUs {
+		out = append(out, Check{Name: "nvml", Status: Skip, Detail: "fake hardware: NVML is not read"},
+			Check{Name: "mig", Status: Skip, Detail: "fake hardware: NVML is not read"})
+	} else {
+		out = append(out, gpus(o.OpenGPUs)...)
 	}
-	out = append(out, cdiDir(o.CDIDir), disk(o.StateDir))
+	out = append(out, cgroupCheck(o.Cgroup), cdiDir(o.CDIDir), disk(o.StateDir))
 	return out
 }
 
@@ -215,25 +258,6 @@ func gateway(ctx context.Context, id *nodeagent.Identity, override string) Check
 	}
 	c.Status, c.Detail = "fail", errors.Join(errs...).Error()
 	c.Fix = "check the address and the firewall (bcd dials out to the gateway); a refused certificate means the node was retired or its certificate revoked: join again"
-	return c
-}
-
-func gpus() Check {
-	c := Check{Name: "nvml"}
-	g, err := hardware.OpenSystemGPUs()
-	if err != nil {
-		c.Status, c.Detail, c.Fix = "fail", err.Error(), "check the NVIDIA driver (nvidia-smi should list the GPUs)"
-		return c
-	}
-	if cl, ok := g.(interface{ Close() }); ok {
-		defer cl.Close()
-	}
-	inv, why := g.Inventory()
-	if len(inv) == 0 {
-		c.Status, c.Detail, c.Fix = "warn", why, "install the NVIDIA driver on a GPU machine; without it the node offers CPUs and memory only"
-		return c
-	}
-	c.Status, c.Detail = "ok", fmt.Sprintf("%d GPUs (%s)", len(inv), inv[0].GetName())
 	return c
 }
 

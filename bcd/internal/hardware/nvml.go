@@ -21,11 +21,16 @@ var criticalXIDs = map[uint64]bool{48: true, 63: true, 64: true, 74: true, 79: t
 // NVML is the GPUs of a machine, read through NVML. After a failed Init it is never touched
 // again: a call into a library that did not load ends the process.
 type NVML struct {
-	lib     nvml.Interface
-	devices []nvml.Device
-	events  chan *agentv1.GPUEvent
-	stop    chan struct{}
-	wg      sync.WaitGroup
+	lib    nvml.Interface
+	events chan *agentv1.GPUEvent
+	stop   chan struct{}
+	wg     sync.WaitGroup
+	// driverNames takes MIG profiles' names from the driver (nvmlDeviceGetGpuInstanceProfileInfoV),
+	// which only the real library answers; a mock's are derived from the profiles' sizes.
+	driverNames bool
+
+	devMu   sync.RWMutex
+	devices []nvml.Device // by index; a MIG mode change may replace a handle
 
 	mu     sync.Mutex
 	faults map[int]string // health set by events, until a reset
@@ -36,7 +41,9 @@ func SystemNVML() nvml.Interface { return nvml.New() }
 
 // OpenNVML initializes lib. Without NVML (no library, no driver, no GPU) it returns NoGPUs with
 // the reason, and lib is left alone from then on.
-func OpenNVML(lib nvml.Interface) (GPUs, error) {
+func OpenNVML(lib nvml.Interface) (GPUs, error) { return openNVML(lib, false) }
+
+func openNVML(lib nvml.Interface, driverNames bool) (GPUs, error) {
 	if ret := lib.Init(); ret != nvml.SUCCESS {
 		why := "NVML not found: no NVIDIA driver (libnvidia-ml.so.1) on this machine"
 		if ret != nvml.ERROR_LIBRARY_NOT_FOUND {
@@ -48,7 +55,7 @@ func OpenNVML(lib nvml.Interface) (GPUs, error) {
 	if ret != nvml.SUCCESS {
 		return nil, fmt.Errorf("nvml: device count: %s", lib.ErrorString(ret))
 	}
-	g := &NVML{lib: lib, faults: map[int]string{}, stop: make(chan struct{})}
+	g := &NVML{lib: lib, faults: map[int]string{}, stop: make(chan struct{}), driverNames: driverNames}
 	for i := range n {
 		d, ret := lib.DeviceGetHandleByIndex(i)
 		if ret != nvml.SUCCESS {
@@ -70,7 +77,8 @@ func (g *NVML) Close() {
 // Inventory implements GPUs.
 func (g *NVML) Inventory() ([]*agentv1.GPU, string) {
 	var out []*agentv1.GPU
-	for i, d := range g.devices {
+	devices := g.handles()
+	for i, d := range devices {
 		gpu := &agentv1.GPU{Index: int32(i), Health: "healthy"}
 		if v, ret := d.GetName(); ret == nvml.SUCCESS {
 			gpu.Name = v
@@ -100,7 +108,7 @@ func (g *NVML) Inventory() ([]*agentv1.GPU, string) {
 		g.mu.Unlock()
 		out = append(out, gpu)
 	}
-	domains := g.nvlinkDomains()
+	domains := g.nvlinkDomains(devices)
 	for _, gpu := range out {
 		gpu.NvlinkDomain = domains[int(gpu.Index)]
 	}
@@ -129,16 +137,16 @@ func busID(p nvml.PciInfo) string {
 
 // nvlinkDomains groups GPUs connected by NVLink, directly or through NVSwitches: each group is
 // named after its lowest PCI address. A GPU without active links has no domain.
-func (g *NVML) nvlinkDomains() map[int]string {
+func (g *NVML) nvlinkDomains(devices []nvml.Device) map[int]string {
 	bus := map[string]int{}
-	addr := make([]string, len(g.devices))
-	for i, d := range g.devices {
+	addr := make([]string, len(devices))
+	for i, d := range devices {
 		if p, ret := d.GetPciInfo(); ret == nvml.SUCCESS {
 			addr[i] = busID(p)
 			bus[addr[i]] = i
 		}
 	}
-	parent := make([]int, len(g.devices)+1) // the last is "an NVSwitch"
+	parent := make([]int, len(devices)+1) // the last is "an NVSwitch"
 	for i := range parent {
 		parent[i] = i
 	}
@@ -151,8 +159,8 @@ func (g *NVML) nvlinkDomains() map[int]string {
 	}
 	union := func(a, b int) { parent[find(a)] = find(b) }
 	linked := map[int]bool{}
-	switchNode := len(g.devices)
-	for i, d := range g.devices {
+	switchNode := len(devices)
+	for i, d := range devices {
 		for link := range nvml.NVLINK_MAX_LINKS {
 			state, ret := d.GetNvLinkState(link)
 			if ret != nvml.SUCCESS || state != nvml.FEATURE_ENABLED {
@@ -172,8 +180,8 @@ func (g *NVML) nvlinkDomains() map[int]string {
 	}
 	names := map[int]string{}
 	out := map[int]string{}
-	ids := make([]int, 0, len(g.devices))
-	for i := range g.devices {
+	ids := make([]int, 0, len(devices))
+	for i := range devices {
 		ids = append(ids, i)
 	}
 	sort.Slice(ids, func(a, b int) bool { return addr[ids[a]] < addr[ids[b]] })
@@ -280,4 +288,11 @@ func (g *NVML) Health() (map[string]any, error) {
 }
 
 // OpenSystemGPUs is the machine's GPUs, through its NVML.
-func OpenSystemGPUs() (GPUs, error) { return OpenNVML(SystemNVML()) }
+func OpenSystemGPUs() (GPUs, error) { return openNVML(SystemNVML(), true) }
+
+// handles is a snapshot of the GPUs' handles, by index.
+func (g *NVML) handles() []nvml.Device {
+	g.devMu.RLock()
+	defer g.devMu.RUnlock()
+	return append([]nvml.Device(nil), g.devices...)
+}
