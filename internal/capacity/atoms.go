@@ -66,7 +66,9 @@ var migProfiles = map[string][]MIGPlacement{
 	"h200":      migLayout([5]string{"1g.18gb", "1g.35gb", "g.35gb", "g.71gb", "g.141gb"}),
 	"gh200":     migLayout([5]string{"1g.12gb", "1g.24gb", "g.24gb", "g.48gb", "g.96gb"}),
 	"b200":      migLayout([5]string{"1g.23gb", "1g.45gb", "g.45gb", "g.90gb", "g.180gb"}),
-	"a30":       {{"1g.6gb", 2, []int{0, 2, 4, 6}}, {"2g.12gb", 4, []int{0, 4}}, {"4g.24gb", 8, []int{0}}},
+	// The A30 has four memory slices: its starts are NVML's placements (which the node is sent),
+	// over the first half of the GPU's positions.
+	"a30": {{"1g.6gb", 1, []int{0, 1, 2, 3}}, {"2g.12gb", 2, []int{0, 2}}, {"4g.24gb", 4, []int{0}}},
 }
 
 // MIGProfiles returns the MIG placements of a model key; nil when the model has no MIG.
