@@ -34,6 +34,7 @@ import (
 	"github.com/better-compute/compute/agent/v1/agentv1connect"
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/iam"
+	"github.com/better-compute/compute/internal/access"
 	"github.com/better-compute/compute/internal/audit"
 	"github.com/better-compute/compute/internal/capacity"
 	"github.com/better-compute/compute/internal/envelope"
@@ -217,7 +218,7 @@ func (m gatewayModule) Register(r *modules.Registry) error {
 // registry registers the core (with ev, the event log), then mods, and checks the whole.
 func registry(ev *events.Module, mods []Module) (*modules.Registry, error) {
 	reg := modules.NewRegistry()
-	for _, m := range append([]Module{coreModule{}, fleet.Module{}, ev, audit.Module{}, capacity.Module{}, workflow.Module{}}, mods...) {
+	for _, m := range append([]Module{coreModule{}, fleet.Module{}, ev, audit.Module{}, capacity.Module{}, workflow.Module{}, access.Module{}}, mods...) {
 		if err := reg.Add(m); err != nil {
 			return nil, fmt.Errorf("compute: %w", err)
 		}
