@@ -25,10 +25,11 @@ type API struct {
 	Webhooks     WebhooksGroup
 	Audit        AuditGroup
 	Workflows    WorkflowsGroup
+	Access       AccessGroup
 }
 
 func newAPI(c *Compute) API {
-	return API{Sites: SitesGroup{c}, Pools: PoolsGroup{c}, Nodes: NodesGroup{c}, Reservations: ReservationsGroup{c}, Capacity: CapacityGroup{c}, Quotas: QuotasGroup{c}, Devices: DevicesGroup{c}, JoinTokens: JoinTokensGroup{c}, Commands: CommandsGroup{c}, Events: EventsGroup{c}, Webhooks: WebhooksGroup{c}, Audit: AuditGroup{c}, Workflows: WorkflowsGroup{c}}
+	return API{Sites: SitesGroup{c}, Pools: PoolsGroup{c}, Nodes: NodesGroup{c}, Reservations: ReservationsGroup{c}, Capacity: CapacityGroup{c}, Quotas: QuotasGroup{c}, Devices: DevicesGroup{c}, JoinTokens: JoinTokensGroup{c}, Commands: CommandsGroup{c}, Events: EventsGroup{c}, Webhooks: WebhooksGroup{c}, Audit: AuditGroup{c}, Workflows: WorkflowsGroup{c}, Access: AccessGroup{c}}
 }
 
 // SitesGroup is the sites group.
@@ -468,4 +469,27 @@ func (g WorkflowsGroup) Cancel(ctx context.Context, cred string, in api.GetWorkf
 // CancelTx calls workflows.cancel in the host's transaction tx: see InvokeTx.
 func (g WorkflowsGroup) CancelTx(ctx context.Context, tx pgx.Tx, cred string, in api.GetWorkflow) (api.WorkflowRun, error) {
 	return InvokeTx(ctx, g.c, tx, cred, api.WorkflowsCancel, in)
+}
+
+// AccessGroup is the access group.
+type AccessGroup struct{ c *Compute }
+
+// SSHCA calls access.sshCA: The tenant's SSH certificate authority's public key, for sshd's TrustedUserCAKeys (made on first use).
+func (g AccessGroup) SSHCA(ctx context.Context, cred string, in api.GetSSHCA) (api.SSHCA, error) {
+	return Invoke(ctx, g.c, cred, api.AccessSSHCA, in)
+}
+
+// SSHCATx calls access.sshCA in the host's transaction tx: see InvokeTx.
+func (g AccessGroup) SSHCATx(ctx context.Context, tx pgx.Tx, cred string, in api.GetSSHCA) (api.SSHCA, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.AccessSSHCA, in)
+}
+
+// SSHCertificate calls access.sshCertificate: Sign an SSH public key for minutes, for the nodes of an active reservation; break-glass access needs a reason.
+func (g AccessGroup) SSHCertificate(ctx context.Context, cred string, in api.SignSSHKey) (api.SSHCertificate, error) {
+	return Invoke(ctx, g.c, cred, api.AccessSSHCertificate, in)
+}
+
+// SSHCertificateTx calls access.sshCertificate in the host's transaction tx: see InvokeTx.
+func (g AccessGroup) SSHCertificateTx(ctx context.Context, tx pgx.Tx, cred string, in api.SignSSHKey) (api.SSHCertificate, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.AccessSSHCertificate, in)
 }

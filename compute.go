@@ -34,6 +34,7 @@ import (
 	"github.com/better-compute/compute/agent/v1/agentv1connect"
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/iam"
+	"github.com/better-compute/compute/internal/access"
 	"github.com/better-compute/compute/internal/audit"
 	"github.com/better-compute/compute/internal/capacity"
 	"github.com/better-compute/compute/internal/envelope"
@@ -219,7 +220,7 @@ func (m gatewayModule) Register(r *modules.Registry) error {
 // checks the whole.
 func registry(ev *events.Module, capm capacity.Module, mods []Module) (*modules.Registry, error) {
 	reg := modules.NewRegistry()
-	for _, m := range append([]Module{coreModule{}, fleet.Module{}, ev, audit.Module{}, capm, workflow.Module{}}, mods...) {
+	for _, m := range append([]Module{coreModule{}, fleet.Module{}, ev, audit.Module{}, capm, workflow.Module{}, access.Module{}}, mods...) {
 		if err := reg.Add(m); err != nil {
 			return nil, fmt.Errorf("compute: %w", err)
 		}

@@ -253,6 +253,10 @@ func TestOneDecisionPerMutation(t *testing.T) {
 		{"reservations/extend", func() string {
 			return `{"reservation": "` + ids["reservations/create"] + `", "end": "` + future + `"}`
 		}, false},
+		{"access/sshCA", fixed(`{}`), true},
+		{"access/sshCertificate", func() string {
+			return `{"reservation": "` + ids["reservations/create"] + `", "publicKey": "` + fuzzSSHKey + `"}`
+		}, true},
 		{"reservations/release", func() string { return `{"reservation": "` + ids["reservations/create"] + `"}` }, false},
 		{"reservations/create", fixed(`{"pool": "p1", "gpus": 1, "start": "2030-01-01T00:00:00Z", "duration": "1h"}`), true},
 		{"reservations/cancel", func() string { return `{"reservation": "` + ids["reservations/create"] + `"}` }, false},

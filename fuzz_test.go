@@ -60,6 +60,9 @@ func newFuzzFleetWith(f testing.TB, opts computetest.Options) *fuzzFleet {
 
 const fuzzID = "0190a0b0-0000-7000-8000-000000000001" // an id that names nothing
 
+// fuzzSSHKey is an SSH public key for access.sshCertificate.
+const fuzzSSHKey = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl test"
+
 // examples returns a valid input of every core method.
 func (ff *fuzzFleet) examples() map[string]string {
 	node := ff.nodeID
@@ -110,6 +113,8 @@ func (ff *fuzzFleet) examples() map[string]string {
 		"webhooks.rotateSecret":     `{"webhook":"` + fuzzID + `","keepPrevious":"1h"}`,
 		"webhooks.deliveries":       `{"webhook":"` + fuzzID + `","state":"dead","eventType":"node.offline","eventId":4,"limit":5}`,
 		"webhooks.redeliver":        `{"delivery":7}`,
+		"access.sshCA":              `{}`,
+		"access.sshCertificate":     `{"reservation":"` + fuzzID + `","publicKey":"` + fuzzSSHKey + `","ttl":"5m","breakGlass":true,"reason":"pager"}`,
 		"workflows.get":             `{"run":"` + fuzzID + `"}`,
 		"workflows.list":            `{"workflow":"metal.deploy","subject":"` + node + `","state":"running","limit":4}`,
 		"workflows.cancel":          `{"run":"` + fuzzID + `"}`,

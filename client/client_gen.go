@@ -23,10 +23,11 @@ type groups struct {
 	Webhooks     WebhooksGroup
 	Audit        AuditGroup
 	Workflows    WorkflowsGroup
+	Access       AccessGroup
 }
 
 func newGroups(c *Client) groups {
-	return groups{Sites: SitesGroup{c}, Pools: PoolsGroup{c}, Nodes: NodesGroup{c}, Reservations: ReservationsGroup{c}, Capacity: CapacityGroup{c}, Quotas: QuotasGroup{c}, Devices: DevicesGroup{c}, JoinTokens: JoinTokensGroup{c}, Commands: CommandsGroup{c}, Events: EventsGroup{c}, Webhooks: WebhooksGroup{c}, Audit: AuditGroup{c}, Workflows: WorkflowsGroup{c}}
+	return groups{Sites: SitesGroup{c}, Pools: PoolsGroup{c}, Nodes: NodesGroup{c}, Reservations: ReservationsGroup{c}, Capacity: CapacityGroup{c}, Quotas: QuotasGroup{c}, Devices: DevicesGroup{c}, JoinTokens: JoinTokensGroup{c}, Commands: CommandsGroup{c}, Events: EventsGroup{c}, Webhooks: WebhooksGroup{c}, Audit: AuditGroup{c}, Workflows: WorkflowsGroup{c}, Access: AccessGroup{c}}
 }
 
 // SitesGroup is the sites group.
@@ -326,4 +327,17 @@ func (g WorkflowsGroup) List(ctx context.Context, in api.ListWorkflows) (api.Pag
 // Cancel calls workflows.cancel: Cancel a workflow run that has not finished; a step in flight is stopped.
 func (g WorkflowsGroup) Cancel(ctx context.Context, in api.GetWorkflow) (api.WorkflowRun, error) {
 	return call(ctx, g.c, api.WorkflowsCancel, in)
+}
+
+// AccessGroup is the access group.
+type AccessGroup struct{ c *Client }
+
+// SSHCA calls access.sshCA: The tenant's SSH certificate authority's public key, for sshd's TrustedUserCAKeys (made on first use).
+func (g AccessGroup) SSHCA(ctx context.Context, in api.GetSSHCA) (api.SSHCA, error) {
+	return call(ctx, g.c, api.AccessSSHCA, in)
+}
+
+// SSHCertificate calls access.sshCertificate: Sign an SSH public key for minutes, for the nodes of an active reservation; break-glass access needs a reason.
+func (g AccessGroup) SSHCertificate(ctx context.Context, in api.SignSSHKey) (api.SSHCertificate, error) {
+	return call(ctx, g.c, api.AccessSSHCertificate, in)
 }

@@ -12,6 +12,7 @@ import (
 	"os"
 	"reflect"
 	"strings"
+	"unicode"
 
 	"github.com/better-compute/compute/api"
 )
@@ -78,7 +79,18 @@ var clientTemplate = flavour{
 	params:     "",
 }
 
-func title(s string) string { return strings.ToUpper(s[:1]) + s[1:] }
+// title exports a method or group name, spelling a leading initialism as Go
+// does (sshCA is SSHCA, not SshCA).
+func title(s string) string {
+	for _, w := range initialisms {
+		if strings.HasPrefix(s, w) && (len(s) == len(w) || unicode.IsUpper(rune(s[len(w)]))) {
+			return strings.ToUpper(w) + s[len(w):]
+		}
+	}
+	return strings.ToUpper(s[:1]) + s[1:]
+}
+
+var initialisms = []string{"ssh", "gpu", "mig", "cdi", "bmc", "api", "id", "ip"}
 
 // typeName writes t as Go source in a package that imports api.
 func typeName(t reflect.Type) string {
