@@ -493,3 +493,13 @@ func (g AccessGroup) SSHCertificate(ctx context.Context, cred string, in api.Sig
 func (g AccessGroup) SSHCertificateTx(ctx context.Context, tx pgx.Tx, cred string, in api.SignSSHKey) (api.SSHCertificate, error) {
 	return InvokeTx(ctx, g.c, tx, cred, api.AccessSSHCertificate, in)
 }
+
+// Revoke calls access.revoke: Revoke an SSH certificate before it expires: the nodes' sshd refuse it from their next desired state.
+func (g AccessGroup) Revoke(ctx context.Context, cred string, in api.RevokeSSHCertificate) (api.RevokedSSHCertificate, error) {
+	return Invoke(ctx, g.c, cred, api.AccessRevoke, in)
+}
+
+// RevokeTx calls access.revoke in the host's transaction tx: see InvokeTx.
+func (g AccessGroup) RevokeTx(ctx context.Context, tx pgx.Tx, cred string, in api.RevokeSSHCertificate) (api.RevokedSSHCertificate, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.AccessRevoke, in)
+}

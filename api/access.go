@@ -12,12 +12,13 @@ const ResourceAccess = "compute-access"
 var (
 	AccessSSHCA          = NewMethod[GetSSHCA, SSHCA]("access", "sshCA", true, ResourceAccess, "v0.3", "The tenant's SSH certificate authority's public key, for sshd's TrustedUserCAKeys (made on first use).")
 	AccessSSHCertificate = NewMethod[SignSSHKey, SSHCertificate]("access", "sshCertificate", true, ResourceAccess, "v0.3", "Sign an SSH public key for minutes, for the nodes of an active reservation; break-glass access needs a reason.")
+	AccessRevoke         = NewMethod[RevokeSSHCertificate, RevokedSSHCertificate]("access", "revoke", true, ResourceAccess, "v0.3", "Revoke an SSH certificate before it expires: the nodes' sshd refuse it from their next desired state.")
 )
 
 // AccessMethods returns the access group.
 func AccessMethods() []MethodInfo { return infos(accessTable()) }
 
-func accessTable() []Describer { return []Describer{AccessSSHCA, AccessSSHCertificate} }
+func accessTable() []Describer { return []Describer{AccessSSHCA, AccessSSHCertificate, AccessRevoke} }
 
 // Bounds of SSH certificates.
 const (
@@ -98,3 +99,41 @@ type SSHCertificate struct {
 // ReservationPrincipal is the SSH principal of a reservation: a node's sshd lets certificates of
 // it in while the reservation holds the node.
 func ReservationPrincipal(reservationID string) string { return "res-" + reservationID }
+
+// RevokeSSHCertificate is the input of access.revoke.
+type RevokeSSHCertificate struct {
+	TenantID string `json:"tenantId,omitempty"`
+	Serial   int64  `json:"serial" input:"int8"`
+}
+
+// Validate implements the input check.
+func (in RevokeSSHCertificate) Validate() error {
+	if in.Serial <= 0 {
+		return InvalidField("serial", "must be a certificate's serial (access.sshCertificate's answer)")
+	}
+	return nil
+}
+
+// RevokedSSHCertificate answers access.revoke.
+type RevokedSSHCertificate struct {
+	Serial      int64     `json:"serial"`
+	Reservation string    `json:"reservation"`
+	RevokedAt   time.Time `json:"revokedAt"`
+}
+
+// SSHAccessKind is the desired-state part that opens a node's sshd to the holders of its
+// reservations (version SSHAccessVersion): optional, since a node may run no sshd.
+const (
+	SSHAccessKind    = "access.ssh"
+	SSHAccessVersion = 1
+)
+
+// SSHAccess is a node's SSH access: the certificate authorities of the tenants whose
+// reservations hold it now (TrustedUserCAKeys), the principals those reservations' certificates
+// carry (the login user's AuthorizedPrincipalsFile), and the revocation list (RevokedKeys, an
+// OpenSSH KRL): the certificates revoked, or whose reservation ended, before they expire.
+type SSHAccess struct {
+	CAKeys     []string `json:"caKeys"`
+	Principals []string `json:"principals"`
+	KRL        []byte   `json:"krl"`
+}

@@ -341,3 +341,8 @@ func (g AccessGroup) SSHCA(ctx context.Context, in api.GetSSHCA) (api.SSHCA, err
 func (g AccessGroup) SSHCertificate(ctx context.Context, in api.SignSSHKey) (api.SSHCertificate, error) {
 	return call(ctx, g.c, api.AccessSSHCertificate, in)
 }
+
+// Revoke calls access.revoke: Revoke an SSH certificate before it expires: the nodes' sshd refuse it from their next desired state.
+func (g AccessGroup) Revoke(ctx context.Context, in api.RevokeSSHCertificate) (api.RevokedSSHCertificate, error) {
+	return call(ctx, g.c, api.AccessRevoke, in)
+}

@@ -38,6 +38,9 @@ type CommandKind struct {
 type DesiredKind struct {
 	Name    string // e.g. vps.instances
 	Version uint32 // the payload's format; a node refuses a version it does not know
+	// Optional parts are ignored by a node with no converger for them (SSH access on a node
+	// that runs no sshd), where a part a node cannot converge otherwise fails its whole state.
+	Optional bool
 	// State returns the part for nodeID, or nil when the node has none of it.
 	State func(ctx context.Context, q postgres.Querier, nodeID string) (any, error)
 }

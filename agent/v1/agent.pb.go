@@ -1777,10 +1777,13 @@ func (x *GPUSetting) GetShares() int32 {
 
 // DesiredPart is one module's part of a node's desired state.
 type DesiredPart struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Kind          string                 `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`        // e.g. vps.instances
-	Version       uint32                 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"` // of the payload's format; a node refuses a version it does not know
-	Payload       []byte                 `protobuf:"bytes,3,opt,name=payload,proto3" json:"payload,omitempty"`  // JSON
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Kind    string                 `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`        // e.g. vps.instances
+	Version uint32                 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"` // of the payload's format; a node refuses a version it does not know
+	Payload []byte                 `protobuf:"bytes,3,opt,name=payload,proto3" json:"payload,omitempty"`  // JSON
+	// optional: a node with no converger for the kind ignores it rather than failing the state
+	// (SSH access on a node that runs no sshd, a simulated node).
+	Optional      bool `protobuf:"varint,4,opt,name=optional,proto3" json:"optional,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1834,6 +1837,13 @@ func (x *DesiredPart) GetPayload() []byte {
 		return x.Payload
 	}
 	return nil
+}
+
+func (x *DesiredPart) GetOptional() bool {
+	if x != nil {
+		return x.Optional
+	}
+	return false
 }
 
 // DeviceHold is what one holder (a reservation) holds on the node.
@@ -2393,11 +2403,12 @@ const file_agent_proto_rawDesc = "" +
 	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x12\n" +
 	"\x04uuid\x18\x02 \x01(\tR\x04uuid\x12\x12\n" +
 	"\x04mode\x18\x03 \x01(\tR\x04mode\x12\x16\n" +
-	"\x06shares\x18\x04 \x01(\x05R\x06shares\"U\n" +
+	"\x06shares\x18\x04 \x01(\x05R\x06shares\"q\n" +
 	"\vDesiredPart\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\rR\aversion\x12\x18\n" +
-	"\apayload\x18\x03 \x01(\fR\apayload\"\x82\x01\n" +
+	"\apayload\x18\x03 \x01(\fR\apayload\x12\x1a\n" +
+	"\boptional\x18\x04 \x01(\bR\boptional\"\x82\x01\n" +
 	"\n" +
 	"DeviceHold\x12\x16\n" +
 	"\x06holder\x18\x01 \x01(\tR\x06holder\x12%\n" +

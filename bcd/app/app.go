@@ -30,9 +30,11 @@ import (
 
 	"github.com/better-compute/compute/agent/ext"
 	agentv1 "github.com/better-compute/compute/agent/v1"
+	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/bcd/internal/daemon"
 	"github.com/better-compute/compute/bcd/internal/doctor"
 	"github.com/better-compute/compute/bcd/internal/journal"
+	"github.com/better-compute/compute/bcd/internal/sshd"
 	"github.com/better-compute/compute/internal/nodeagent"
 	"github.com/better-compute/compute/internal/selfstat"
 	"github.com/better-compute/compute/internal/sim"
@@ -210,6 +212,7 @@ func nodeCmd(s *settings) *cobra.Command {
 	var fakeGPUs int
 	var fakeModel string
 	var fakeDelay time.Duration
+	var sshdDir, sshUser string
 	c := &cobra.Command{
 		Use:   "node",
 		Short: "Run the node agent: the session, inventory, health, CDI device holds and commands",
@@ -221,9 +224,17 @@ and bcd doctor say why). --fake-gpus runs on simulated hardware instead.`,
 			if fakeGPUs > 0 || cmd.Flags().Changed("fake-gpus") {
 				s.Fake = &daemon.Fake{GPUs: fakeGPUs, Model: fakeModel, CommandDelay: fakeDelay}
 			}
+			exts := s.exts
+			if sshdDir != "" {
+				conv, err := sshd.New(sshdDir, sshUser)
+				if err != nil {
+					return err
+				}
+				exts = append(exts, ext.Extension{Name: "ssh-access", Desired: map[string]ext.Converger{api.SSHAccessKind: conv.Apply}})
+			}
 			ctx, cancel := signals()
 			defer cancel()
-			return daemon.Run(ctx, daemon.Config{StateDir: s.StateDir, CDIDir: s.CDIDir, Gateway: s.Gateway, Fake: s.Fake, Extensions: s.exts,
+			return daemon.Run(ctx, daemon.Config{StateDir: s.StateDir, CDIDir: s.CDIDir, Gateway: s.Gateway, Fake: s.Fake, Extensions: exts,
 				Version: version, Logger: s.logger(cmd.ErrOrStderr())})
 		},
 	}
@@ -232,6 +243,8 @@ and bcd doctor say why). --fake-gpus runs on simulated hardware instead.`,
 	c.Flags().IntVar(&fakeGPUs, "fake-gpus", 0, "simulate this many GPUs instead of reading NVML")
 	c.Flags().StringVar(&fakeModel, "fake-model", "NVIDIA H100 80GB HBM3", "the simulated GPUs' name")
 	c.Flags().DurationVar(&fakeDelay, "fake-command-delay", 0, "how long simulated commands take")
+	c.Flags().StringVar(&sshdDir, "sshd-dir", "", "give the host's sshd the holders' SSH certificate access: CAs, principals and revocations are kept in this directory, with an sshd_config to Include (docs/access.md); empty: off")
+	c.Flags().StringVar(&sshUser, "ssh-user", "root", "the local user the holders of reservations log in as over SSH")
 	return c
 }
 

@@ -33,6 +33,7 @@ var Migrations = postgres.EmbeddedMigrations("access", "compute", migrationsFS)
 const (
 	EventCertificate = "access.ssh_certificate"
 	EventBreakGlass  = "access.break_glass"
+	EventRevoked     = "access.revoked"
 )
 
 // Module is SSH access.
@@ -49,12 +50,15 @@ func (Module) Register(r *modules.Registry) error {
 	r.EventTypes(
 		modules.EventType{Name: EventCertificate, Description: "An SSH certificate was signed for a reservation's nodes (data: serial, keyId, principals, validBefore, fingerprint)."},
 		modules.EventType{Name: EventBreakGlass, Description: "A break-glass SSH certificate was signed, with its reason (data as access.ssh_certificate, reason)."},
+		modules.EventType{Name: EventRevoked, Description: "An SSH certificate was revoked (data: serial)."},
 	)
+	r.DesiredKind(modules.DesiredKind{Name: api.SSHAccessKind, Version: api.SSHAccessVersion, Optional: true, State: sshAccess})
 	modules.Handle(r, api.AccessSSHCA, nil, func(ctx context.Context, c *modules.Call, _ api.GetSSHCA) (api.SSHCA, error) {
 		_, ca, err := authority(ctx, c)
 		return ca, err
 	})
 	modules.Handle(r, api.AccessSSHCertificate, nil, sign)
+	modules.Handle(r, api.AccessRevoke, nil, revoke)
 	return nil
 }
 
@@ -168,6 +172,10 @@ func sign(ctx context.Context, c *modules.Call, in api.SignSSHKey) (api.SSHCerti
 	typ := EventCertificate
 	if in.BreakGlass {
 		typ, data["reason"] = EventBreakGlass, in.Reason
+	}
+	// The reservation's nodes trust the tenant's CA from the first certificate on.
+	if err := bumpReservation(ctx, c, in.Reservation); err != nil {
+		return out, err
 	}
 	return out, c.Runtime.Events.Emit(ctx, c.Tx, modules.Event{Type: typ, TenantID: c.Target.TenantID, Subject: in.Reservation, Data: data})
 }

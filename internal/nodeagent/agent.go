@@ -533,6 +533,9 @@ func (a *Agent) applyParts(ctx context.Context, prev, ds *agentv1.DesiredState) 
 	seen := map[string]bool{}
 	for _, p := range ds.GetParts() {
 		apply, ok := a.exts.Converger(p.GetKind())
+		if !ok && p.GetOptional() {
+			continue // a part this node has no use for (it runs no sshd, say)
+		}
 		if !ok {
 			return fmt.Errorf("no extension of this node converges desired-state kind %q", p.GetKind())
 		}

@@ -54,7 +54,7 @@ func Desired(ctx context.Context, q postgres.Querier, nodeID string, kinds []mod
 		return nil, err
 	}
 	for _, k := range kinds {
-		part, err := k.State(ctx, q, nodeID)
+		part, err := partOf(ctx, k, q, nodeID)
 		if err != nil {
 			return nil, fmt.Errorf("nodes: desired state %s of node %s: %w", k.Name, nodeID, err)
 		}
@@ -65,7 +65,7 @@ func Desired(ctx context.Context, q postgres.Querier, nodeID string, kinds []mod
 		if err != nil {
 			return nil, fmt.Errorf("nodes: desired state %s of node %s: %w", k.Name, nodeID, err)
 		}
-		ds.Parts = append(ds.Parts, &agentv1.DesiredPart{Kind: k.Name, Version: k.Version, Payload: b})
+		ds.Parts = append(ds.Parts, &agentv1.DesiredPart{Kind: k.Name, Version: k.Version, Payload: b, Optional: k.Optional})
 	}
 	return ds, nil
 }
@@ -106,4 +106,15 @@ func RecordApplied(ctx context.Context, q postgres.Querier, acks []Applied) erro
 	_, err := q.Exec(ctx, `UPDATE compute.node_desired d SET applied_generation = greatest(d.applied_generation, u.g), applied_error = u.e
 		FROM unnest($1::uuid[], $2::bigint[], $3::text[]) AS u(n, g, e) WHERE d.node_id = u.n`, ids, gens, errs)
 	return err
+}
+
+// partOf is a module's part of a node's state; a module that panics fails the push of that
+// node's state, not the gateway.
+func partOf(ctx context.Context, k modules.DesiredKind, q postgres.Querier, nodeID string) (part any, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("panic: %v", p)
+		}
+	}()
+	return k.State(ctx, q, nodeID)
 }

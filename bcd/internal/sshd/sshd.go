@@ -1,0 +1,132 @@
+// Package sshd is bcd's SSH access converger: it gives the host's sshd what the control plane's
+// desired state says (the part api.SSHAccessKind): the certificate authorities of the tenants
+// whose reservations hold the node (TrustedUserCAKeys), the principals of those reservations
+// for the login user (AuthorizedPrincipalsFile), and the revoked certificates (RevokedKeys, a
+// KRL). sshd reads these files at every authentication, so nothing is restarted. The sshd
+// configuration that points at them is written beside them (Config), for the host's sshd_config
+// to Include.
+package sshd
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/internal/sshkrl"
+)
+
+// The files in the converger's directory.
+const (
+	CAKeysFile     = "trusted_user_ca_keys"
+	PrincipalsDir  = "principals" // one file per login user: %u
+	RevokedFile    = "revoked_keys.krl"
+	ConfigSnippet  = "sshd_config"
+	defaultUser    = "root"
+	snippetPreface = "# Written by bcd: SSH access for the holders of this node's reservations. Include this file from sshd_config.\n"
+)
+
+var userRE = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`)
+
+// Converger keeps Dir's files as the desired state says.
+type Converger struct {
+	Dir  string // e.g. /etc/ssh/better-compute
+	User string // the local user the holders log in as; default root
+}
+
+// New checks the directory and the user, and writes an sshd configuration snippet and files
+// that let nobody in, so that an sshd including it starts before the first desired state.
+func New(dir, user string) (*Converger, error) {
+	if user == "" {
+		user = defaultUser
+	}
+	if !filepath.IsAbs(dir) {
+		return nil, fmt.Errorf("sshd: the directory %q must be absolute (sshd's configuration names it)", dir)
+	}
+	if !userRE.MatchString(user) {
+		return nil, fmt.Errorf("sshd: %q is not a user name", user)
+	}
+	c := &Converger{Dir: dir, User: user}
+	if err := os.MkdirAll(filepath.Join(dir, PrincipalsDir), 0o755); err != nil {
+		return nil, fmt.Errorf("sshd: %w", err)
+	}
+	snippet := snippetPreface + fmt.Sprintf("TrustedUserCAKeys %s\nAuthorizedPrincipalsFile %s\nRevokedKeys %s\n",
+		filepath.Join(dir, CAKeysFile), filepath.Join(dir, PrincipalsDir, "%u"), filepath.Join(dir, RevokedFile))
+	if err := write(filepath.Join(dir, ConfigSnippet), []byte(snippet)); err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat(filepath.Join(dir, RevokedFile)); errors.Is(err, os.ErrNotExist) {
+		if err := c.apply(api.SSHAccess{}); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// Apply converges a push of the part (nil: no reservation holds the node; nobody gets in).
+func (c *Converger) Apply(_ context.Context, version uint32, payload []byte) error {
+	if payload == nil {
+		return c.apply(api.SSHAccess{})
+	}
+	if version != api.SSHAccessVersion {
+		return fmt.Errorf("%s version %d is not known to this bcd (it knows %d)", api.SSHAccessKind, version, api.SSHAccessVersion)
+	}
+	var a api.SSHAccess
+	if err := json.Unmarshal(payload, &a); err != nil {
+		return fmt.Errorf("%s: %w", api.SSHAccessKind, err)
+	}
+	return c.apply(a)
+}
+
+func (c *Converger) apply(a api.SSHAccess) error {
+	for _, line := range append(append([]string{}, a.CAKeys...), a.Principals...) {
+		if strings.ContainsAny(line, "\n\r") {
+			return fmt.Errorf("sshd: a line of the SSH access spans lines: %.40q", line)
+		}
+	}
+	krl := a.KRL
+	if len(krl) == 0 {
+		krl = sshkrl.Write(0, time.Unix(0, 0), nil) // sshd refuses every key when RevokedKeys is missing or unreadable
+	}
+	// The revocations first and the principals last: a principal is never let in before its
+	// certificates' revocations are in place.
+	for _, f := range []struct {
+		name string
+		body []byte
+	}{
+		{RevokedFile, krl},
+		{CAKeysFile, lines(a.CAKeys)},
+		{filepath.Join(PrincipalsDir, c.User), lines(a.Principals)},
+	} {
+		if err := write(filepath.Join(c.Dir, f.name), f.body); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func lines(ls []string) []byte {
+	if len(ls) == 0 {
+		return nil
+	}
+	return []byte(strings.Join(ls, "\n") + "\n")
+}
+
+// write replaces a file atomically, readable by sshd (which runs as root, and checks nothing
+// of these files' modes but that they are not writable by others).
+func write(path string, b []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return fmt.Errorf("sshd: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("sshd: %w", err)
+	}
+	return nil
+}

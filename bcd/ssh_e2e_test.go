@@ -1,0 +1,232 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+
+	"github.com/better-compute/compute"
+	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/computetest"
+)
+
+// sshAs logs in to the sshd at addr as user with the certificate cert of key, and runs cmd.
+func sshAs(addr, login string, key ed25519.PrivateKey, cert string, cmd string) (string, error) {
+	signer, err := ssh.NewSignerFromKey(key)
+	if err != nil {
+		return "", err
+	}
+	pub, _, _, _, err := ssh.ParseAuthorizedKey([]byte(cert))
+	if err != nil {
+		return "", err
+	}
+	certSigner, err := ssh.NewCertSigner(pub.(*ssh.Certificate), signer)
+	if err != nil {
+		return "", err
+	}
+	c, err := ssh.Dial("tcp", addr, &ssh.ClientConfig{User: login, Auth: []ssh.AuthMethod{ssh.PublicKeys(certSigner)},
+		HostKeyCallback: ssh.InsecureIgnoreHostKey(), Timeout: 10 * time.Second})
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	sess, err := c.NewSession()
+	if err != nil {
+		return "", err
+	}
+	defer sess.Close()
+	out, err := sess.CombinedOutput(cmd)
+	return string(out), err
+}
+
+// TestSSHCertificatesOpenANodesSSHD: a real bcd node keeps a real OpenSSH sshd's access files
+// (the sshd_config it writes is what sshd includes); a certificate the API signs for a
+// reservation holding the node lets its holder in, and is refused once revoked, once the
+// reservation ends, and once it expires. A break-glass certificate is an event with its reason.
+func TestSSHCertificatesOpenANodesSSHD(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the bcd binary and sshd")
+	}
+	sshdBin := "/usr/sbin/sshd"
+	if _, err := os.Stat(sshdBin); err != nil {
+		t.Skip("OpenSSH's sshd is not installed (Debian package openssh-server; .ci/run installs it)")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("sshd runs as root to log users in")
+	}
+	me, err := user.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := buildBCD(t)
+	env := computetest.New(t, computetest.Options{Configure: func(o *compute.Options) { o.HeartbeatInterval = 300 * time.Millisecond }})
+	ctx := context.Background()
+	url := env.Server(t)
+	gw, _ := env.Gateway(t, "")
+	a, key := env.Compute.API, env.RootKey
+	if _, err := a.Pools.Create(ctx, key, api.CreatePool{Name: "h100"}); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := a.JoinTokens.Create(ctx, key, api.CreateJoinToken{Pool: "h100"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	state, sshdDir := filepath.Join(dir, "state"), filepath.Join(dir, "sshd")
+	if out, err := exec.Command(bin, "join", "--state-dir", state, "--url", url, "--token", tok.Token, "--hostname", "ssh-node").CombinedOutput(); err != nil {
+		t.Fatalf("join: %v\n%s", err, out)
+	}
+	startNode(t, bin, "--state-dir", state, "--cdi-dir", filepath.Join(dir, "cdi"), "--gateway", gw, "--fake-gpus", "8",
+		"--sshd-dir", sshdDir, "--ssh-user", me.Username, "--log-level", "warn")
+	eventually(t, "bcd's sshd_config", func() bool {
+		_, err := os.Stat(filepath.Join(sshdDir, "sshd_config"))
+		return err == nil
+	})
+
+	// sshd on a loopback port, including the configuration bcd wrote.
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := ln.Addr().String()
+	ln.Close()
+	_, port, _ := net.SplitHostPort(addr)
+	hostKey := filepath.Join(dir, "host_ed25519")
+	if out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", hostKey).CombinedOutput(); err != nil {
+		t.Fatalf("ssh-keygen: %v\n%s", err, out)
+	}
+	cfg := filepath.Join(dir, "sshd_config")
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`Port %s
+ListenAddress 127.0.0.1
+HostKey %s
+PidFile %s
+UsePAM no
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+AuthorizedKeysFile none
+StrictModes no
+Include %s
+`, port, hostKey, filepath.Join(dir, "sshd.pid"), filepath.Join(sshdDir, "sshd_config"))), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll("/run/sshd", 0o755); err != nil { // its privilege-separation directory
+		t.Fatal(err)
+	}
+	var sshdLog bytes.Buffer
+	sshd := exec.Command(sshdBin, "-D", "-e", "-f", cfg)
+	sshd.Stdout, sshd.Stderr = &sshdLog, &sshdLog
+	sshd.WaitDelay = 5 * time.Second // its sessions' processes may hold the output open
+	if err := sshd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = sshd.Process.Signal(syscall.SIGTERM)
+		_ = sshd.Wait()
+		if t.Failed() {
+			t.Logf("sshd:\n%s", sshdLog.String())
+		}
+	})
+	eventually(t, "sshd listening", func() bool {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
+
+	// A reservation holding the node, and a certificate for its holder.
+	res, err := a.Reservations.Create(ctx, key, api.CreateReservation{Pool: "h100", Shape: api.Shape{GPUs: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, userKey, _ := ed25519.GenerateKey(rand.Reader)
+	pub, _ := ssh.NewPublicKey(userKey.Public())
+	pubLine := strings.TrimSpace(string(ssh.MarshalAuthorizedKey(pub))) + " alice@laptop"
+	cert := func(ttl string, breakGlass bool) api.SSHCertificate {
+		t.Helper()
+		c, err := a.Access.SSHCertificate(ctx, key, api.SignSSHKey{Reservation: res.ID, PublicKey: pubLine, TTL: ttl, BreakGlass: breakGlass, Reason: map[bool]string{true: "pager: disk full"}[breakGlass]})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	first := cert("10m", false)
+	if len(first.Principals) != 1 || first.Principals[0] != api.ReservationPrincipal(res.ID) {
+		t.Fatalf("certificate = %+v", first)
+	}
+	principals := filepath.Join(sshdDir, "principals", me.Username)
+	eventually(t, "the reservation's principal on the node", func() bool {
+		b, _ := os.ReadFile(principals)
+		return strings.Contains(string(b), api.ReservationPrincipal(res.ID))
+	})
+	if out, err := sshAs(addr, me.Username, userKey, first.Certificate, "echo in as $(id -un)"); err != nil || !strings.Contains(out, "in as "+me.Username) {
+		t.Fatalf("ssh with the reservation's certificate: %q, %v", out, err)
+	}
+
+	// A revoked certificate is refused; another one of the same reservation still works.
+	second := cert("10m", false)
+	if _, err := a.Access.Revoke(ctx, key, api.RevokeSSHCertificate{Serial: second.Serial}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the revoked certificate refused", func() bool {
+		_, err := sshAs(addr, me.Username, userKey, second.Certificate, "true")
+		return err != nil
+	})
+	if _, err := sshAs(addr, me.Username, userKey, first.Certificate, "true"); err != nil {
+		t.Fatalf("the first certificate after the second's revocation: %v", err)
+	}
+	// ssh-keygen agrees: the KRL bcd wrote revokes the second's serial, not the first's.
+	for _, check := range []struct {
+		c    api.SSHCertificate
+		want string
+	}{{second, "REVOKED"}, {first, "ok"}} {
+		c, want := check.c, check.want
+		f := filepath.Join(dir, fmt.Sprintf("cert-%d.pub", c.Serial))
+		if err := os.WriteFile(f, []byte(c.Certificate+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		out, _ := exec.Command("ssh-keygen", "-Q", "-f", filepath.Join(sshdDir, "revoked_keys.krl"), f).CombinedOutput()
+		if !strings.Contains(string(out), want) {
+			t.Errorf("ssh-keygen -Q of certificate %d: %q, want %s", c.Serial, out, want)
+		}
+	}
+
+	// Break-glass: the reason is an event.
+	bg := cert("10m", true)
+	var reason string
+	if err := env.DB.Pool.QueryRow(ctx, `SELECT data->>'reason' FROM compute.events WHERE type = 'access.break_glass' AND subject = $1`, res.ID).Scan(&reason); err != nil || reason != "pager: disk full" {
+		t.Fatalf("the break-glass event's reason = %q, %v", reason, err)
+	}
+
+	// An expired certificate is refused (the shortest lifetime is 10 s).
+	short := cert("10s", false)
+	if _, err := sshAs(addr, me.Username, userKey, short.Certificate, "true"); err != nil {
+		t.Fatalf("a fresh short certificate: %v", err)
+	}
+	time.Sleep(time.Until(short.ValidBefore) + time.Second)
+	if _, err := sshAs(addr, me.Username, userKey, short.Certificate, "true"); err == nil {
+		t.Fatal("an expired certificate was let in")
+	}
+
+	// The reservation ends: its principal leaves the node, every certificate of it is refused.
+	if _, err := a.Reservations.Release(ctx, key, api.ReleaseReservation{Reservation: res.ID}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "access gone with the reservation", func() bool {
+		_, err := sshAs(addr, me.Username, userKey, bg.Certificate, "true")
+		return err != nil
+	})
+	if b, _ := os.ReadFile(principals); len(b) != 0 {
+		t.Fatalf("principals after the reservation ended: %q", b)
+	}
+}
