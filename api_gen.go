@@ -503,3 +503,23 @@ func (g AccessGroup) Revoke(ctx context.Context, cred string, in api.RevokeSSHCe
 func (g AccessGroup) RevokeTx(ctx context.Context, tx pgx.Tx, cred string, in api.RevokeSSHCertificate) (api.RevokedSSHCertificate, error) {
 	return InvokeTx(ctx, g.c, tx, cred, api.AccessRevoke, in)
 }
+
+// Exec calls access.exec: A single-use ticket to run a command on a node (a node a reservation of yours holds, or one of your nodes), over its session.
+func (g AccessGroup) Exec(ctx context.Context, cred string, in api.OpenTunnel) (api.TunnelTicket, error) {
+	return Invoke(ctx, g.c, cred, api.AccessExec, in)
+}
+
+// ExecTx calls access.exec in the host's transaction tx: see InvokeTx.
+func (g AccessGroup) ExecTx(ctx context.Context, tx pgx.Tx, cred string, in api.OpenTunnel) (api.TunnelTicket, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.AccessExec, in)
+}
+
+// Console calls access.console: A single-use ticket to a node's console, over its session.
+func (g AccessGroup) Console(ctx context.Context, cred string, in api.OpenTunnel) (api.TunnelTicket, error) {
+	return Invoke(ctx, g.c, cred, api.AccessConsole, in)
+}
+
+// ConsoleTx calls access.console in the host's transaction tx: see InvokeTx.
+func (g AccessGroup) ConsoleTx(ctx context.Context, tx pgx.Tx, cred string, in api.OpenTunnel) (api.TunnelTicket, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.AccessConsole, in)
+}

@@ -18,7 +18,9 @@ var (
 // AccessMethods returns the access group.
 func AccessMethods() []MethodInfo { return infos(accessTable()) }
 
-func accessTable() []Describer { return []Describer{AccessSSHCA, AccessSSHCertificate, AccessRevoke} }
+func accessTable() []Describer {
+	return []Describer{AccessSSHCA, AccessSSHCertificate, AccessRevoke, AccessExec, AccessConsole}
+}
 
 // Bounds of SSH certificates.
 const (
@@ -136,4 +138,81 @@ type SSHAccess struct {
 	CAKeys     []string `json:"caKeys"`
 	Principals []string `json:"principals"`
 	KRL        []byte   `json:"krl"`
+}
+
+// The tunnel methods: a single-use ticket to a command run on a node, or to its console, over
+// the node's session (docs/access.md).
+var (
+	AccessExec    = NewMethod[OpenTunnel, TunnelTicket]("access", "exec", true, ResourceAccess, "v0.3", "A single-use ticket to run a command on a node (a node a reservation of yours holds, or one of your nodes), over its session.")
+	AccessConsole = NewMethod[OpenTunnel, TunnelTicket]("access", "console", true, ResourceAccess, "v0.3", "A single-use ticket to a node's console, over its session.")
+)
+
+// TunnelPath is where a ticket opens its tunnel: GET BasePath+TunnelPath?ticket=…, a WebSocket.
+const TunnelPath = "access/tunnel"
+
+// TicketTTL is how long a ticket may wait to be used.
+const TicketTTL = time.Minute
+
+// OpenTunnel is the input of access.exec and access.console.
+type OpenTunnel struct {
+	TenantID string `json:"tenantId,omitempty"`
+	// Node is the node (its id, or its name with Pool); with Reservation alone, the
+	// reservation's first node.
+	Node string `json:"node,omitempty"`
+	Pool string `json:"pool,omitempty"`
+	// Reservation opens the tunnel as its holder, to a node it holds: the tunnel ends when the
+	// reservation no longer holds the node. Without it, only the node's own tenant may.
+	Reservation string   `json:"reservation,omitempty"`
+	Command     []string `json:"command,omitempty"` // exec: the command and its arguments
+	TTY         bool     `json:"tty,omitempty"`     // exec: in a pseudo-terminal
+	Cols        int      `json:"cols,omitempty"`
+	Rows        int      `json:"rows,omitempty"`
+	Console     string   `json:"console,omitempty"` // console: which (default the node's)
+}
+
+// Validate implements the input check (of both methods; each checks what it needs).
+func (in OpenTunnel) Validate() error {
+	if in.Node == "" && in.Reservation == "" {
+		return InvalidField("node", "name the node, or a reservation that holds it")
+	}
+	for f, v := range map[string]string{"node": in.Node, "pool": in.Pool, "reservation": in.Reservation} {
+		if v != "" {
+			if err := ValidateRef(f, v); err != nil {
+				return err
+			}
+		}
+	}
+	if len(in.Command) > 256 {
+		return InvalidField("command", "at most 256 arguments")
+	}
+	total := 0
+	for _, a := range in.Command {
+		total += len(a)
+		if err := CheckString("command", a); err != nil {
+			return err
+		}
+	}
+	if total > 64<<10 {
+		return InvalidField("command", "is longer than 64 KiB")
+	}
+	if in.Cols < 0 || in.Cols > 10000 || in.Rows < 0 || in.Rows > 10000 {
+		return InvalidField("cols", "a window is 0 to 10000 columns and rows")
+	}
+	return ValidateText("console", in.Console, 64)
+}
+
+// TunnelTicket answers access.exec and access.console: open URL (a WebSocket, the path under
+// the API's base with the ticket) within a minute, once.
+type TunnelTicket struct {
+	Ticket      string    `json:"ticket"`
+	URL         string    `json:"url"` // BasePath+TunnelPath?ticket=…
+	Node        string    `json:"node"`
+	Reservation string    `json:"reservation,omitempty"`
+	ExpiresAt   time.Time `json:"expiresAt"`
+}
+
+// ForReplay is what an idempotent replay answers: the ticket is shown once.
+func (t TunnelTicket) ForReplay() any {
+	t.Ticket, t.URL = "", ""
+	return t
 }

@@ -346,3 +346,13 @@ func (g AccessGroup) SSHCertificate(ctx context.Context, in api.SignSSHKey) (api
 func (g AccessGroup) Revoke(ctx context.Context, in api.RevokeSSHCertificate) (api.RevokedSSHCertificate, error) {
 	return call(ctx, g.c, api.AccessRevoke, in)
 }
+
+// Exec calls access.exec: A single-use ticket to run a command on a node (a node a reservation of yours holds, or one of your nodes), over its session.
+func (g AccessGroup) Exec(ctx context.Context, in api.OpenTunnel) (api.TunnelTicket, error) {
+	return call(ctx, g.c, api.AccessExec, in)
+}
+
+// Console calls access.console: A single-use ticket to a node's console, over its session.
+func (g AccessGroup) Console(ctx context.Context, in api.OpenTunnel) (api.TunnelTicket, error) {
+	return call(ctx, g.c, api.AccessConsole, in)
+}

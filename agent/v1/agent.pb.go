@@ -272,6 +272,8 @@ type NodeMessage struct {
 	//	*NodeMessage_Renew
 	//	*NodeMessage_Report
 	//	*NodeMessage_Attested
+	//	*NodeMessage_TunnelOutput
+	//	*NodeMessage_TunnelExit
 	Body          isNodeMessage_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -395,6 +397,24 @@ func (x *NodeMessage) GetAttested() *Attested {
 	return nil
 }
 
+func (x *NodeMessage) GetTunnelOutput() *TunnelOutput {
+	if x != nil {
+		if x, ok := x.Body.(*NodeMessage_TunnelOutput); ok {
+			return x.TunnelOutput
+		}
+	}
+	return nil
+}
+
+func (x *NodeMessage) GetTunnelExit() *TunnelExit {
+	if x != nil {
+		if x, ok := x.Body.(*NodeMessage_TunnelExit); ok {
+			return x.TunnelExit
+		}
+	}
+	return nil
+}
+
 type isNodeMessage_Body interface {
 	isNodeMessage_Body()
 }
@@ -437,6 +457,14 @@ type NodeMessage_Attested struct {
 	Attested *Attested `protobuf:"bytes,9,opt,name=attested,proto3,oneof"`
 }
 
+type NodeMessage_TunnelOutput struct {
+	TunnelOutput *TunnelOutput `protobuf:"bytes,10,opt,name=tunnel_output,json=tunnelOutput,proto3,oneof"`
+}
+
+type NodeMessage_TunnelExit struct {
+	TunnelExit *TunnelExit `protobuf:"bytes,11,opt,name=tunnel_exit,json=tunnelExit,proto3,oneof"`
+}
+
 func (*NodeMessage_Hello) isNodeMessage_Body() {}
 
 func (*NodeMessage_Heartbeat) isNodeMessage_Body() {}
@@ -454,6 +482,10 @@ func (*NodeMessage_Renew) isNodeMessage_Body() {}
 func (*NodeMessage_Report) isNodeMessage_Body() {}
 
 func (*NodeMessage_Attested) isNodeMessage_Body() {}
+
+func (*NodeMessage_TunnelOutput) isNodeMessage_Body() {}
+
+func (*NodeMessage_TunnelExit) isNodeMessage_Body() {}
 
 // Attested is a report signed with the node's key, the key of its session's certificate: the
 // control plane verifies it before it records anything, and keeps a result's attestation with
@@ -1359,6 +1391,9 @@ type ServerMessage struct {
 	//	*ServerMessage_Goodbye
 	//	*ServerMessage_HeartbeatAck
 	//	*ServerMessage_ReportAck
+	//	*ServerMessage_TunnelOpen
+	//	*ServerMessage_TunnelInput
+	//	*ServerMessage_TunnelAck
 	Body          isServerMessage_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1473,6 +1508,33 @@ func (x *ServerMessage) GetReportAck() *ReportAck {
 	return nil
 }
 
+func (x *ServerMessage) GetTunnelOpen() *TunnelOpen {
+	if x != nil {
+		if x, ok := x.Body.(*ServerMessage_TunnelOpen); ok {
+			return x.TunnelOpen
+		}
+	}
+	return nil
+}
+
+func (x *ServerMessage) GetTunnelInput() *TunnelInput {
+	if x != nil {
+		if x, ok := x.Body.(*ServerMessage_TunnelInput); ok {
+			return x.TunnelInput
+		}
+	}
+	return nil
+}
+
+func (x *ServerMessage) GetTunnelAck() *TunnelAck {
+	if x != nil {
+		if x, ok := x.Body.(*ServerMessage_TunnelAck); ok {
+			return x.TunnelAck
+		}
+	}
+	return nil
+}
+
 type isServerMessage_Body interface {
 	isServerMessage_Body()
 }
@@ -1509,6 +1571,18 @@ type ServerMessage_ReportAck struct {
 	ReportAck *ReportAck `protobuf:"bytes,8,opt,name=report_ack,json=reportAck,proto3,oneof"`
 }
 
+type ServerMessage_TunnelOpen struct {
+	TunnelOpen *TunnelOpen `protobuf:"bytes,9,opt,name=tunnel_open,json=tunnelOpen,proto3,oneof"`
+}
+
+type ServerMessage_TunnelInput struct {
+	TunnelInput *TunnelInput `protobuf:"bytes,10,opt,name=tunnel_input,json=tunnelInput,proto3,oneof"`
+}
+
+type ServerMessage_TunnelAck struct {
+	TunnelAck *TunnelAck `protobuf:"bytes,11,opt,name=tunnel_ack,json=tunnelAck,proto3,oneof"`
+}
+
 func (*ServerMessage_Welcome) isServerMessage_Body() {}
 
 func (*ServerMessage_Desired) isServerMessage_Body() {}
@@ -1525,6 +1599,367 @@ func (*ServerMessage_HeartbeatAck) isServerMessage_Body() {}
 
 func (*ServerMessage_ReportAck) isServerMessage_Body() {}
 
+func (*ServerMessage_TunnelOpen) isServerMessage_Body() {}
+
+func (*ServerMessage_TunnelInput) isServerMessage_Body() {}
+
+func (*ServerMessage_TunnelAck) isServerMessage_Body() {}
+
+// TunnelOpen starts a tunnel.
+type TunnelOpen struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Kind          string                 `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"` // exec or console
+	Argv          []string               `protobuf:"bytes,3,rep,name=argv,proto3" json:"argv,omitempty"` // exec: the command and its arguments
+	Tty           bool                   `protobuf:"varint,4,opt,name=tty,proto3" json:"tty,omitempty"`  // exec: in a pseudo-terminal
+	Cols          uint32                 `protobuf:"varint,5,opt,name=cols,proto3" json:"cols,omitempty"`
+	Rows          uint32                 `protobuf:"varint,6,opt,name=rows,proto3" json:"rows,omitempty"`
+	Console       string                 `protobuf:"bytes,7,opt,name=console,proto3" json:"console,omitempty"` // console: which one (empty: the node's)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TunnelOpen) Reset() {
+	*x = TunnelOpen{}
+	mi := &file_agent_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TunnelOpen) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TunnelOpen) ProtoMessage() {}
+
+func (x *TunnelOpen) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TunnelOpen.ProtoReflect.Descriptor instead.
+func (*TunnelOpen) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *TunnelOpen) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *TunnelOpen) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *TunnelOpen) GetArgv() []string {
+	if x != nil {
+		return x.Argv
+	}
+	return nil
+}
+
+func (x *TunnelOpen) GetTty() bool {
+	if x != nil {
+		return x.Tty
+	}
+	return false
+}
+
+func (x *TunnelOpen) GetCols() uint32 {
+	if x != nil {
+		return x.Cols
+	}
+	return 0
+}
+
+func (x *TunnelOpen) GetRows() uint32 {
+	if x != nil {
+		return x.Rows
+	}
+	return 0
+}
+
+func (x *TunnelOpen) GetConsole() string {
+	if x != nil {
+		return x.Console
+	}
+	return ""
+}
+
+// TunnelInput is what the holder sends: bytes for the command's standard input, the end of it,
+// a new window size, or a request to end the tunnel (which kills the command).
+type TunnelInput struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Data          []byte                 `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	Eof           bool                   `protobuf:"varint,3,opt,name=eof,proto3" json:"eof,omitempty"`
+	Cols          uint32                 `protobuf:"varint,4,opt,name=cols,proto3" json:"cols,omitempty"` // with rows: a resize
+	Rows          uint32                 `protobuf:"varint,5,opt,name=rows,proto3" json:"rows,omitempty"`
+	Close         bool                   `protobuf:"varint,6,opt,name=close,proto3" json:"close,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TunnelInput) Reset() {
+	*x = TunnelInput{}
+	mi := &file_agent_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TunnelInput) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TunnelInput) ProtoMessage() {}
+
+func (x *TunnelInput) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TunnelInput.ProtoReflect.Descriptor instead.
+func (*TunnelInput) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *TunnelInput) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *TunnelInput) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *TunnelInput) GetEof() bool {
+	if x != nil {
+		return x.Eof
+	}
+	return false
+}
+
+func (x *TunnelInput) GetCols() uint32 {
+	if x != nil {
+		return x.Cols
+	}
+	return 0
+}
+
+func (x *TunnelInput) GetRows() uint32 {
+	if x != nil {
+		return x.Rows
+	}
+	return 0
+}
+
+func (x *TunnelInput) GetClose() bool {
+	if x != nil {
+		return x.Close
+	}
+	return false
+}
+
+// TunnelAck returns credit: the node may have at most a window of output unacknowledged per
+// tunnel, so that a slow holder slows the command, not the session.
+type TunnelAck struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Bytes         uint64                 `protobuf:"varint,2,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TunnelAck) Reset() {
+	*x = TunnelAck{}
+	mi := &file_agent_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TunnelAck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TunnelAck) ProtoMessage() {}
+
+func (x *TunnelAck) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TunnelAck.ProtoReflect.Descriptor instead.
+func (*TunnelAck) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *TunnelAck) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *TunnelAck) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+// TunnelOutput is the command's output: stream 1 (standard output, or the terminal) or 2.
+type TunnelOutput struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Data          []byte                 `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	Stream        uint32                 `protobuf:"varint,3,opt,name=stream,proto3" json:"stream,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TunnelOutput) Reset() {
+	*x = TunnelOutput{}
+	mi := &file_agent_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TunnelOutput) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TunnelOutput) ProtoMessage() {}
+
+func (x *TunnelOutput) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TunnelOutput.ProtoReflect.Descriptor instead.
+func (*TunnelOutput) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *TunnelOutput) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *TunnelOutput) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *TunnelOutput) GetStream() uint32 {
+	if x != nil {
+		return x.Stream
+	}
+	return 0
+}
+
+// TunnelExit ends a tunnel: the command's exit status, or why it could not run or was ended.
+type TunnelExit struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	ExitCode      int32                  `protobuf:"varint,2,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
+	Error         string                 `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TunnelExit) Reset() {
+	*x = TunnelExit{}
+	mi := &file_agent_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TunnelExit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TunnelExit) ProtoMessage() {}
+
+func (x *TunnelExit) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TunnelExit.ProtoReflect.Descriptor instead.
+func (*TunnelExit) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *TunnelExit) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *TunnelExit) GetExitCode() int32 {
+	if x != nil {
+		return x.ExitCode
+	}
+	return 0
+}
+
+func (x *TunnelExit) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 // HeartbeatAck answers every heartbeat with the interval the node must beat at from now on
 // (Nomad's way): the gateway changes it as its session count changes, and derives each node's
 // grace from the interval that node was last told.
@@ -1537,7 +1972,7 @@ type HeartbeatAck struct {
 
 func (x *HeartbeatAck) Reset() {
 	*x = HeartbeatAck{}
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1549,7 +1984,7 @@ func (x *HeartbeatAck) String() string {
 func (*HeartbeatAck) ProtoMessage() {}
 
 func (x *HeartbeatAck) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1562,7 +1997,7 @@ func (x *HeartbeatAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatAck.ProtoReflect.Descriptor instead.
 func (*HeartbeatAck) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{18}
+	return file_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *HeartbeatAck) GetHeartbeatInterval() *durationpb.Duration {
@@ -1583,7 +2018,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1595,7 +2030,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1608,7 +2043,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{19}
+	return file_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Welcome) GetNodeId() string {
@@ -1650,7 +2085,7 @@ type DesiredState struct {
 
 func (x *DesiredState) Reset() {
 	*x = DesiredState{}
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1662,7 +2097,7 @@ func (x *DesiredState) String() string {
 func (*DesiredState) ProtoMessage() {}
 
 func (x *DesiredState) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1675,7 +2110,7 @@ func (x *DesiredState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesiredState.ProtoReflect.Descriptor instead.
 func (*DesiredState) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{20}
+	return file_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *DesiredState) GetGeneration() int64 {
@@ -1719,7 +2154,7 @@ type GPUSetting struct {
 
 func (x *GPUSetting) Reset() {
 	*x = GPUSetting{}
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1731,7 +2166,7 @@ func (x *GPUSetting) String() string {
 func (*GPUSetting) ProtoMessage() {}
 
 func (x *GPUSetting) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1744,7 +2179,7 @@ func (x *GPUSetting) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUSetting.ProtoReflect.Descriptor instead.
 func (*GPUSetting) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{21}
+	return file_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *GPUSetting) GetIndex() int32 {
@@ -1790,7 +2225,7 @@ type DesiredPart struct {
 
 func (x *DesiredPart) Reset() {
 	*x = DesiredPart{}
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1802,7 +2237,7 @@ func (x *DesiredPart) String() string {
 func (*DesiredPart) ProtoMessage() {}
 
 func (x *DesiredPart) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1815,7 +2250,7 @@ func (x *DesiredPart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesiredPart.ProtoReflect.Descriptor instead.
 func (*DesiredPart) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{22}
+	return file_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *DesiredPart) GetKind() string {
@@ -1859,7 +2294,7 @@ type DeviceHold struct {
 
 func (x *DeviceHold) Reset() {
 	*x = DeviceHold{}
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1871,7 +2306,7 @@ func (x *DeviceHold) String() string {
 func (*DeviceHold) ProtoMessage() {}
 
 func (x *DeviceHold) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1884,7 +2319,7 @@ func (x *DeviceHold) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceHold.ProtoReflect.Descriptor instead.
 func (*DeviceHold) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{23}
+	return file_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *DeviceHold) GetHolder() string {
@@ -1928,7 +2363,7 @@ type HeldGPU struct {
 
 func (x *HeldGPU) Reset() {
 	*x = HeldGPU{}
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1940,7 +2375,7 @@ func (x *HeldGPU) String() string {
 func (*HeldGPU) ProtoMessage() {}
 
 func (x *HeldGPU) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1953,7 +2388,7 @@ func (x *HeldGPU) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeldGPU.ProtoReflect.Descriptor instead.
 func (*HeldGPU) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{24}
+	return file_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *HeldGPU) GetIndex() int32 {
@@ -2006,7 +2441,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2018,7 +2453,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2031,7 +2466,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{25}
+	return file_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Command) GetId() string {
@@ -2079,7 +2514,7 @@ type Renewed struct {
 
 func (x *Renewed) Reset() {
 	*x = Renewed{}
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2091,7 +2526,7 @@ func (x *Renewed) String() string {
 func (*Renewed) ProtoMessage() {}
 
 func (x *Renewed) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2104,7 +2539,7 @@ func (x *Renewed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Renewed.ProtoReflect.Descriptor instead.
 func (*Renewed) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{26}
+	return file_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *Renewed) GetCertificateDer() []byte {
@@ -2130,7 +2565,7 @@ type ResultAck struct {
 
 func (x *ResultAck) Reset() {
 	*x = ResultAck{}
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2142,7 +2577,7 @@ func (x *ResultAck) String() string {
 func (*ResultAck) ProtoMessage() {}
 
 func (x *ResultAck) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2155,7 +2590,7 @@ func (x *ResultAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResultAck.ProtoReflect.Descriptor instead.
 func (*ResultAck) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{27}
+	return file_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ResultAck) GetCommandId() string {
@@ -2178,7 +2613,7 @@ type ReportAck struct {
 
 func (x *ReportAck) Reset() {
 	*x = ReportAck{}
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2190,7 +2625,7 @@ func (x *ReportAck) String() string {
 func (*ReportAck) ProtoMessage() {}
 
 func (x *ReportAck) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2203,7 +2638,7 @@ func (x *ReportAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportAck.ProtoReflect.Descriptor instead.
 func (*ReportAck) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{28}
+	return file_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ReportAck) GetId() string {
@@ -2229,7 +2664,7 @@ type Goodbye struct {
 
 func (x *Goodbye) Reset() {
 	*x = Goodbye{}
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2241,7 +2676,7 @@ func (x *Goodbye) String() string {
 func (*Goodbye) ProtoMessage() {}
 
 func (x *Goodbye) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2254,7 +2689,7 @@ func (x *Goodbye) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Goodbye.ProtoReflect.Descriptor instead.
 func (*Goodbye) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{29}
+	return file_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *Goodbye) GetReason() string {
@@ -2287,7 +2722,7 @@ const file_agent_proto_rawDesc = "" +
 	"\x0fcertificate_der\x18\x03 \x01(\fR\x0ecertificateDer\x12.\n" +
 	"\x13ca_certificates_der\x18\x04 \x03(\fR\x11caCertificatesDer\x127\n" +
 	"\tnot_after\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\bnotAfter\x12+\n" +
-	"\x11gateway_addresses\x18\x06 \x03(\tR\x10gatewayAddresses\"\xca\x03\n" +
+	"\x11gateway_addresses\x18\x06 \x03(\tR\x10gatewayAddresses\"\xc2\x04\n" +
 	"\vNodeMessage\x12'\n" +
 	"\x05hello\x18\x01 \x01(\v2\x0f.agent.v1.HelloH\x00R\x05hello\x123\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x13.agent.v1.HeartbeatH\x00R\theartbeat\x123\n" +
@@ -2297,7 +2732,11 @@ const file_agent_proto_rawDesc = "" +
 	"\x06result\x18\x06 \x01(\v2\x17.agent.v1.CommandResultH\x00R\x06result\x12.\n" +
 	"\x05renew\x18\a \x01(\v2\x16.agent.v1.RenewRequestH\x00R\x05renew\x12*\n" +
 	"\x06report\x18\b \x01(\v2\x10.agent.v1.ReportH\x00R\x06report\x120\n" +
-	"\battested\x18\t \x01(\v2\x12.agent.v1.AttestedH\x00R\battestedB\x06\n" +
+	"\battested\x18\t \x01(\v2\x12.agent.v1.AttestedH\x00R\battested\x12=\n" +
+	"\rtunnel_output\x18\n" +
+	" \x01(\v2\x16.agent.v1.TunnelOutputH\x00R\ftunnelOutput\x127\n" +
+	"\vtunnel_exit\x18\v \x01(\v2\x14.agent.v1.TunnelExitH\x00R\n" +
+	"tunnelExitB\x06\n" +
 	"\x04body\"<\n" +
 	"\bAttested\x12\x12\n" +
 	"\x04body\x18\x01 \x01(\fR\x04body\x12\x1c\n" +
@@ -2372,7 +2811,7 @@ const file_agent_proto_rawDesc = "" +
 	"\x06Report\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x18\n" +
-	"\apayload\x18\x03 \x01(\fR\apayload\"\xb2\x03\n" +
+	"\apayload\x18\x03 \x01(\fR\apayload\"\xdd\x04\n" +
 	"\rServerMessage\x12-\n" +
 	"\awelcome\x18\x01 \x01(\v2\x11.agent.v1.WelcomeH\x00R\awelcome\x122\n" +
 	"\adesired\x18\x02 \x01(\v2\x16.agent.v1.DesiredStateH\x00R\adesired\x12-\n" +
@@ -2383,8 +2822,42 @@ const file_agent_proto_rawDesc = "" +
 	"\agoodbye\x18\x06 \x01(\v2\x11.agent.v1.GoodbyeH\x00R\agoodbye\x12=\n" +
 	"\rheartbeat_ack\x18\a \x01(\v2\x16.agent.v1.HeartbeatAckH\x00R\fheartbeatAck\x124\n" +
 	"\n" +
-	"report_ack\x18\b \x01(\v2\x13.agent.v1.ReportAckH\x00R\treportAckB\x06\n" +
-	"\x04body\"X\n" +
+	"report_ack\x18\b \x01(\v2\x13.agent.v1.ReportAckH\x00R\treportAck\x127\n" +
+	"\vtunnel_open\x18\t \x01(\v2\x14.agent.v1.TunnelOpenH\x00R\n" +
+	"tunnelOpen\x12:\n" +
+	"\ftunnel_input\x18\n" +
+	" \x01(\v2\x15.agent.v1.TunnelInputH\x00R\vtunnelInput\x124\n" +
+	"\n" +
+	"tunnel_ack\x18\v \x01(\v2\x13.agent.v1.TunnelAckH\x00R\ttunnelAckB\x06\n" +
+	"\x04body\"\x98\x01\n" +
+	"\n" +
+	"TunnelOpen\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x12\n" +
+	"\x04argv\x18\x03 \x03(\tR\x04argv\x12\x10\n" +
+	"\x03tty\x18\x04 \x01(\bR\x03tty\x12\x12\n" +
+	"\x04cols\x18\x05 \x01(\rR\x04cols\x12\x12\n" +
+	"\x04rows\x18\x06 \x01(\rR\x04rows\x12\x18\n" +
+	"\aconsole\x18\a \x01(\tR\aconsole\"\x81\x01\n" +
+	"\vTunnelInput\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\x12\x10\n" +
+	"\x03eof\x18\x03 \x01(\bR\x03eof\x12\x12\n" +
+	"\x04cols\x18\x04 \x01(\rR\x04cols\x12\x12\n" +
+	"\x04rows\x18\x05 \x01(\rR\x04rows\x12\x14\n" +
+	"\x05close\x18\x06 \x01(\bR\x05close\"1\n" +
+	"\tTunnelAck\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
+	"\x05bytes\x18\x02 \x01(\x04R\x05bytes\"J\n" +
+	"\fTunnelOutput\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\x12\x16\n" +
+	"\x06stream\x18\x03 \x01(\rR\x06stream\"O\n" +
+	"\n" +
+	"TunnelExit\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
+	"\texit_code\x18\x02 \x01(\x05R\bexitCode\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"X\n" +
 	"\fHeartbeatAck\x12H\n" +
 	"\x12heartbeat_interval\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\"\x82\x01\n" +
 	"\aWelcome\x12\x17\n" +
@@ -2457,7 +2930,7 @@ func file_agent_proto_rawDescGZIP() []byte {
 	return file_agent_proto_rawDescData
 }
 
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
 var file_agent_proto_goTypes = []any{
 	(*JoinRequest)(nil),           // 0: agent.v1.JoinRequest
 	(*MachineFacts)(nil),          // 1: agent.v1.MachineFacts
@@ -2477,25 +2950,30 @@ var file_agent_proto_goTypes = []any{
 	(*RenewRequest)(nil),          // 15: agent.v1.RenewRequest
 	(*Report)(nil),                // 16: agent.v1.Report
 	(*ServerMessage)(nil),         // 17: agent.v1.ServerMessage
-	(*HeartbeatAck)(nil),          // 18: agent.v1.HeartbeatAck
-	(*Welcome)(nil),               // 19: agent.v1.Welcome
-	(*DesiredState)(nil),          // 20: agent.v1.DesiredState
-	(*GPUSetting)(nil),            // 21: agent.v1.GPUSetting
-	(*DesiredPart)(nil),           // 22: agent.v1.DesiredPart
-	(*DeviceHold)(nil),            // 23: agent.v1.DeviceHold
-	(*HeldGPU)(nil),               // 24: agent.v1.HeldGPU
-	(*Command)(nil),               // 25: agent.v1.Command
-	(*Renewed)(nil),               // 26: agent.v1.Renewed
-	(*ResultAck)(nil),             // 27: agent.v1.ResultAck
-	(*ReportAck)(nil),             // 28: agent.v1.ReportAck
-	(*Goodbye)(nil),               // 29: agent.v1.Goodbye
-	(*timestamppb.Timestamp)(nil), // 30: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 31: google.protobuf.Struct
-	(*durationpb.Duration)(nil),   // 32: google.protobuf.Duration
+	(*TunnelOpen)(nil),            // 18: agent.v1.TunnelOpen
+	(*TunnelInput)(nil),           // 19: agent.v1.TunnelInput
+	(*TunnelAck)(nil),             // 20: agent.v1.TunnelAck
+	(*TunnelOutput)(nil),          // 21: agent.v1.TunnelOutput
+	(*TunnelExit)(nil),            // 22: agent.v1.TunnelExit
+	(*HeartbeatAck)(nil),          // 23: agent.v1.HeartbeatAck
+	(*Welcome)(nil),               // 24: agent.v1.Welcome
+	(*DesiredState)(nil),          // 25: agent.v1.DesiredState
+	(*GPUSetting)(nil),            // 26: agent.v1.GPUSetting
+	(*DesiredPart)(nil),           // 27: agent.v1.DesiredPart
+	(*DeviceHold)(nil),            // 28: agent.v1.DeviceHold
+	(*HeldGPU)(nil),               // 29: agent.v1.HeldGPU
+	(*Command)(nil),               // 30: agent.v1.Command
+	(*Renewed)(nil),               // 31: agent.v1.Renewed
+	(*ResultAck)(nil),             // 32: agent.v1.ResultAck
+	(*ReportAck)(nil),             // 33: agent.v1.ReportAck
+	(*Goodbye)(nil),               // 34: agent.v1.Goodbye
+	(*timestamppb.Timestamp)(nil), // 35: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 36: google.protobuf.Struct
+	(*durationpb.Duration)(nil),   // 37: google.protobuf.Duration
 }
 var file_agent_proto_depIdxs = []int32{
 	1,  // 0: agent.v1.JoinRequest.facts:type_name -> agent.v1.MachineFacts
-	30, // 1: agent.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
+	35, // 1: agent.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
 	6,  // 2: agent.v1.NodeMessage.hello:type_name -> agent.v1.Hello
 	7,  // 3: agent.v1.NodeMessage.heartbeat:type_name -> agent.v1.Heartbeat
 	8,  // 4: agent.v1.NodeMessage.inventory:type_name -> agent.v1.Inventory
@@ -2505,42 +2983,47 @@ var file_agent_proto_depIdxs = []int32{
 	15, // 8: agent.v1.NodeMessage.renew:type_name -> agent.v1.RenewRequest
 	16, // 9: agent.v1.NodeMessage.report:type_name -> agent.v1.Report
 	4,  // 10: agent.v1.NodeMessage.attested:type_name -> agent.v1.Attested
-	14, // 11: agent.v1.AttestedBody.result:type_name -> agent.v1.CommandResult
-	8,  // 12: agent.v1.AttestedBody.inventory:type_name -> agent.v1.Inventory
-	1,  // 13: agent.v1.Hello.facts:type_name -> agent.v1.MachineFacts
-	12, // 14: agent.v1.Heartbeat.pressure:type_name -> agent.v1.HostPressure
-	9,  // 15: agent.v1.Inventory.gpus:type_name -> agent.v1.GPU
-	11, // 16: agent.v1.HealthReport.gpu_events:type_name -> agent.v1.GPUEvent
-	12, // 17: agent.v1.HealthReport.host:type_name -> agent.v1.HostPressure
-	30, // 18: agent.v1.GPUEvent.at:type_name -> google.protobuf.Timestamp
-	31, // 19: agent.v1.CommandResult.output:type_name -> google.protobuf.Struct
-	30, // 20: agent.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
-	19, // 21: agent.v1.ServerMessage.welcome:type_name -> agent.v1.Welcome
-	20, // 22: agent.v1.ServerMessage.desired:type_name -> agent.v1.DesiredState
-	25, // 23: agent.v1.ServerMessage.command:type_name -> agent.v1.Command
-	26, // 24: agent.v1.ServerMessage.renewed:type_name -> agent.v1.Renewed
-	27, // 25: agent.v1.ServerMessage.result_ack:type_name -> agent.v1.ResultAck
-	29, // 26: agent.v1.ServerMessage.goodbye:type_name -> agent.v1.Goodbye
-	18, // 27: agent.v1.ServerMessage.heartbeat_ack:type_name -> agent.v1.HeartbeatAck
-	28, // 28: agent.v1.ServerMessage.report_ack:type_name -> agent.v1.ReportAck
-	32, // 29: agent.v1.HeartbeatAck.heartbeat_interval:type_name -> google.protobuf.Duration
-	32, // 30: agent.v1.Welcome.heartbeat_interval:type_name -> google.protobuf.Duration
-	23, // 31: agent.v1.DesiredState.holds:type_name -> agent.v1.DeviceHold
-	22, // 32: agent.v1.DesiredState.parts:type_name -> agent.v1.DesiredPart
-	21, // 33: agent.v1.DesiredState.gpus:type_name -> agent.v1.GPUSetting
-	24, // 34: agent.v1.DeviceHold.gpus:type_name -> agent.v1.HeldGPU
-	31, // 35: agent.v1.Command.args:type_name -> google.protobuf.Struct
-	30, // 36: agent.v1.Command.deadline:type_name -> google.protobuf.Timestamp
-	30, // 37: agent.v1.Renewed.not_after:type_name -> google.protobuf.Timestamp
-	0,  // 38: agent.v1.JoinService.Join:input_type -> agent.v1.JoinRequest
-	3,  // 39: agent.v1.SessionService.Connect:input_type -> agent.v1.NodeMessage
-	2,  // 40: agent.v1.JoinService.Join:output_type -> agent.v1.JoinResponse
-	17, // 41: agent.v1.SessionService.Connect:output_type -> agent.v1.ServerMessage
-	40, // [40:42] is the sub-list for method output_type
-	38, // [38:40] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	21, // 11: agent.v1.NodeMessage.tunnel_output:type_name -> agent.v1.TunnelOutput
+	22, // 12: agent.v1.NodeMessage.tunnel_exit:type_name -> agent.v1.TunnelExit
+	14, // 13: agent.v1.AttestedBody.result:type_name -> agent.v1.CommandResult
+	8,  // 14: agent.v1.AttestedBody.inventory:type_name -> agent.v1.Inventory
+	1,  // 15: agent.v1.Hello.facts:type_name -> agent.v1.MachineFacts
+	12, // 16: agent.v1.Heartbeat.pressure:type_name -> agent.v1.HostPressure
+	9,  // 17: agent.v1.Inventory.gpus:type_name -> agent.v1.GPU
+	11, // 18: agent.v1.HealthReport.gpu_events:type_name -> agent.v1.GPUEvent
+	12, // 19: agent.v1.HealthReport.host:type_name -> agent.v1.HostPressure
+	35, // 20: agent.v1.GPUEvent.at:type_name -> google.protobuf.Timestamp
+	36, // 21: agent.v1.CommandResult.output:type_name -> google.protobuf.Struct
+	35, // 22: agent.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
+	24, // 23: agent.v1.ServerMessage.welcome:type_name -> agent.v1.Welcome
+	25, // 24: agent.v1.ServerMessage.desired:type_name -> agent.v1.DesiredState
+	30, // 25: agent.v1.ServerMessage.command:type_name -> agent.v1.Command
+	31, // 26: agent.v1.ServerMessage.renewed:type_name -> agent.v1.Renewed
+	32, // 27: agent.v1.ServerMessage.result_ack:type_name -> agent.v1.ResultAck
+	34, // 28: agent.v1.ServerMessage.goodbye:type_name -> agent.v1.Goodbye
+	23, // 29: agent.v1.ServerMessage.heartbeat_ack:type_name -> agent.v1.HeartbeatAck
+	33, // 30: agent.v1.ServerMessage.report_ack:type_name -> agent.v1.ReportAck
+	18, // 31: agent.v1.ServerMessage.tunnel_open:type_name -> agent.v1.TunnelOpen
+	19, // 32: agent.v1.ServerMessage.tunnel_input:type_name -> agent.v1.TunnelInput
+	20, // 33: agent.v1.ServerMessage.tunnel_ack:type_name -> agent.v1.TunnelAck
+	37, // 34: agent.v1.HeartbeatAck.heartbeat_interval:type_name -> google.protobuf.Duration
+	37, // 35: agent.v1.Welcome.heartbeat_interval:type_name -> google.protobuf.Duration
+	28, // 36: agent.v1.DesiredState.holds:type_name -> agent.v1.DeviceHold
+	27, // 37: agent.v1.DesiredState.parts:type_name -> agent.v1.DesiredPart
+	26, // 38: agent.v1.DesiredState.gpus:type_name -> agent.v1.GPUSetting
+	29, // 39: agent.v1.DeviceHold.gpus:type_name -> agent.v1.HeldGPU
+	36, // 40: agent.v1.Command.args:type_name -> google.protobuf.Struct
+	35, // 41: agent.v1.Command.deadline:type_name -> google.protobuf.Timestamp
+	35, // 42: agent.v1.Renewed.not_after:type_name -> google.protobuf.Timestamp
+	0,  // 43: agent.v1.JoinService.Join:input_type -> agent.v1.JoinRequest
+	3,  // 44: agent.v1.SessionService.Connect:input_type -> agent.v1.NodeMessage
+	2,  // 45: agent.v1.JoinService.Join:output_type -> agent.v1.JoinResponse
+	17, // 46: agent.v1.SessionService.Connect:output_type -> agent.v1.ServerMessage
+	45, // [45:47] is the sub-list for method output_type
+	43, // [43:45] is the sub-list for method input_type
+	43, // [43:43] is the sub-list for extension type_name
+	43, // [43:43] is the sub-list for extension extendee
+	0,  // [0:43] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -2558,6 +3041,8 @@ func file_agent_proto_init() {
 		(*NodeMessage_Renew)(nil),
 		(*NodeMessage_Report)(nil),
 		(*NodeMessage_Attested)(nil),
+		(*NodeMessage_TunnelOutput)(nil),
+		(*NodeMessage_TunnelExit)(nil),
 	}
 	file_agent_proto_msgTypes[5].OneofWrappers = []any{
 		(*AttestedBody_Result)(nil),
@@ -2572,6 +3057,9 @@ func file_agent_proto_init() {
 		(*ServerMessage_Goodbye)(nil),
 		(*ServerMessage_HeartbeatAck)(nil),
 		(*ServerMessage_ReportAck)(nil),
+		(*ServerMessage_TunnelOpen)(nil),
+		(*ServerMessage_TunnelInput)(nil),
+		(*ServerMessage_TunnelAck)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -2579,7 +3067,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   30,
+			NumMessages:   35,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -59,6 +59,7 @@ func (Module) Register(r *modules.Registry) error {
 	})
 	modules.Handle(r, api.AccessSSHCertificate, nil, sign)
 	modules.Handle(r, api.AccessRevoke, nil, revoke)
+	registerTunnels(r)
 	return nil
 }
 

@@ -52,6 +52,7 @@ type session struct {
 	resend       bool // the first dispatch of a session resends what was dispatched before
 	sent         int64
 	closed       bool
+	tunnels      map[string]*Tunnel
 }
 
 func (s *session) wake(commands, desired bool) {
@@ -178,6 +179,7 @@ func (g *Gateway) Serve(ctx context.Context, cert *x509.Certificate, st stream) 
 		}
 		g.mu.Unlock()
 		s.close("session ended")
+		s.endTunnels("the node's session ended")
 	}()
 	g.touch(nodeID, epoch, func(t *touch) { t.applied, t.ack = hello.GetAppliedGeneration(), true })
 
@@ -339,6 +341,12 @@ func (s *session) pushDesired(ctx context.Context) (*agentv1.ServerMessage, erro
 	if stale {
 		return nil, nil
 	}
+	// A tunnel opened for a reservation ends with the reservation's hold on the node.
+	held := map[string]bool{}
+	for _, h := range ds.GetHolds() {
+		held[h.GetHolder()] = true
+	}
+	s.endTunnelsOf(ctx, held)
 	return &agentv1.ServerMessage{Body: &agentv1.ServerMessage_Desired{Desired: ds}}, nil
 }
 
@@ -414,6 +422,15 @@ func (s *session) handle(ctx context.Context, m *agentv1.NodeMessage) error {
 			return nil
 		}
 		return g.health(ctx, s.node, b.Health)
+	case *agentv1.NodeMessage_TunnelOutput:
+		if t := s.tunnel(b.TunnelOutput.GetId()); t != nil {
+			t.output(b.TunnelOutput)
+		}
+	case *agentv1.NodeMessage_TunnelExit:
+		if t := s.tunnel(b.TunnelExit.GetId()); t != nil {
+			t.finish(b.TunnelExit)
+			s.forget(t.ID)
+		}
 	case *agentv1.NodeMessage_Report:
 		g.touch(s.node, s.epoch, nil)
 		return s.report(ctx, b.Report)

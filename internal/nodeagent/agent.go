@@ -41,6 +41,11 @@ type Config struct {
 	Extensions []ext.Extension
 	// Reports, if set, is the queue of module reports the sessions send (NewReports).
 	Reports *Reports
+	// Exec lets holders' tunnels run commands on this machine (access.exec); off, they are
+	// refused. Consoles are the consoles access.console may attach to, by name ("" is the
+	// node's own): Unix sockets, a serial console's (QEMU's -serial unix:…, a console server).
+	Exec     bool
+	Consoles map[string]string
 }
 
 // Agent runs a node's session, reconnecting until stopped.
@@ -230,6 +235,7 @@ type nodeSession struct {
 	holds    *agentv1.DesiredState
 	renewal  []byte        // the key of a renewal in flight
 	interval time.Duration // the heartbeat interval the gateway last asked for
+	tunnels  map[string]*tunnel
 }
 
 func (s *nodeSession) send(m *agentv1.NodeMessage) error {
@@ -254,6 +260,7 @@ func (s *nodeSession) sendAttested(body *agentv1.AttestedBody) error {
 
 func (s *nodeSession) run(ctx context.Context, addr string) error {
 	defer s.wg.Wait()
+	defer s.endTunnels()
 	defer s.cancel()
 	a := s.a
 	ds, applied, err := a.cfg.Store.Desired()
@@ -445,6 +452,14 @@ func (s *nodeSession) handle(ctx context.Context, m *agentv1.ServerMessage) erro
 			return err
 		}
 		s.updatePending()
+	case *agentv1.ServerMessage_TunnelOpen:
+		s.openTunnel(ctx, b.TunnelOpen)
+	case *agentv1.ServerMessage_TunnelInput:
+		s.tunnelInput(b.TunnelInput)
+	case *agentv1.ServerMessage_TunnelAck:
+		if t := s.tunnelOf(b.TunnelAck.GetId()); t != nil {
+			t.give(int64(b.TunnelAck.GetBytes()))
+		}
 	case *agentv1.ServerMessage_ReportAck:
 		if r := a.cfg.Reports; r != nil {
 			r.acked(b.ReportAck.GetId(), b.ReportAck.GetError())

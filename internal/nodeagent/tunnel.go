@@ -1,0 +1,260 @@
+package nodeagent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"sync"
+
+	"github.com/creack/pty"
+
+	agentv1 "github.com/better-compute/compute/agent/v1"
+)
+
+// Tunnels: a holder's command run on the node (exec, in a pseudo-terminal or with pipes) or the
+// node's console attached, its bytes carried by the session (agent/v1 TunnelOpen and the rest).
+// Each tunnel belongs to the session that opened it and ends with it.
+
+// TunnelWindow is how much output a tunnel may have sent and not had acknowledged: a holder that
+// reads slowly slows its command, not the node's session.
+const TunnelWindow = 256 << 10
+
+// tunnelChunk bounds one output message.
+const tunnelChunk = 32 << 10
+
+type tunnel struct {
+	id     string
+	cancel context.CancelFunc
+	stdin  io.WriteCloser
+	pty    *os.File // set for a tty exec
+
+	mu     sync.Mutex
+	cond   *sync.Cond
+	credit int64 // bytes of output it may send now
+	closed bool
+}
+
+// take waits until n bytes of credit are free (or the tunnel ends) and takes them.
+func (t *tunnel) take(n int64) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for t.credit < n && !t.closed {
+		t.cond.Wait()
+	}
+	if t.closed {
+		return false
+	}
+	t.credit -= n
+	return true
+}
+
+func (t *tunnel) give(n int64) {
+	t.mu.Lock()
+	t.credit = min(t.credit+n, TunnelWindow)
+	t.mu.Unlock()
+	t.cond.Broadcast()
+}
+
+func (t *tunnel) end() {
+	t.mu.Lock()
+	t.closed = true
+	t.mu.Unlock()
+	t.cond.Broadcast()
+	t.cancel()
+}
+
+// tunnelOf finds a session's tunnel.
+func (s *nodeSession) tunnelOf(id string) *tunnel {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.tunnels[id]
+}
+
+// openTunnel starts a tunnel: its command, or its console connection. What cannot start is a
+// TunnelExit with the reason.
+func (s *nodeSession) openTunnel(ctx context.Context, o *agentv1.TunnelOpen) {
+	exit := func(code int32, why string) {
+		_ = s.send(&agentv1.NodeMessage{Body: &agentv1.NodeMessage_TunnelExit{TunnelExit: &agentv1.TunnelExit{Id: o.GetId(), ExitCode: code, Error: why}}})
+	}
+	if o.GetId() == "" || s.tunnelOf(o.GetId()) != nil {
+		exit(-1, "a tunnel needs an id of its own")
+		return
+	}
+	tctx, cancel := context.WithCancel(ctx)
+	t := &tunnel{id: o.GetId(), cancel: cancel, credit: TunnelWindow}
+	t.cond = sync.NewCond(&t.mu)
+	var outs []io.Reader
+	var wait func() (int32, error)
+	switch o.GetKind() {
+	case "exec":
+		if !s.a.cfg.Exec {
+			cancel()
+			exit(-1, "this node runs no commands for tunnels (bcd node without --exec)")
+			return
+		}
+		if len(o.GetArgv()) == 0 {
+			cancel()
+			exit(-1, "exec needs a command")
+			return
+		}
+		cmd := exec.CommandContext(tctx, o.GetArgv()[0], o.GetArgv()[1:]...)
+		cmd.Env = append(os.Environ(), "TERM=xterm-256color")
+		var err error
+		if o.GetTty() {
+			t.pty, err = pty.StartWithSize(cmd, &pty.Winsize{Cols: uint16(max(o.GetCols(), 1)), Rows: uint16(max(o.GetRows(), 1))})
+			t.stdin, outs = t.pty, []io.Reader{t.pty}
+		} else {
+			var stdout, stderr io.ReadCloser
+			if t.stdin, err = cmd.StdinPipe(); err == nil {
+				if stdout, err = cmd.StdoutPipe(); err == nil {
+					if stderr, err = cmd.StderrPipe(); err == nil {
+						outs = []io.Reader{stdout, stderr}
+						err = cmd.Start()
+					}
+				}
+			}
+		}
+		if err != nil {
+			cancel()
+			exit(-1, fmt.Sprintf("start %s: %v", o.GetArgv()[0], err))
+			return
+		}
+		wait = func() (int32, error) {
+			err := cmd.Wait()
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
+				return int32(ee.ExitCode()), nil
+			}
+			return 0, err
+		}
+	case "console":
+		path, ok := s.a.cfg.Consoles[o.GetConsole()]
+		if !ok {
+			cancel()
+			exit(-1, fmt.Sprintf("this node has no console %q", o.GetConsole()))
+			return
+		}
+		conn, err := (&net.Dialer{}).DialContext(tctx, "unix", path)
+		if err != nil {
+			cancel()
+			exit(-1, fmt.Sprintf("attach the console: %v", err))
+			return
+		}
+		t.stdin, outs = conn, []io.Reader{conn}
+		wait = func() (int32, error) {
+			<-tctx.Done()
+			conn.Close()
+			return 0, nil
+		}
+	default:
+		cancel()
+		exit(-1, fmt.Sprintf("%q is not a kind of tunnel", o.GetKind()))
+		return
+	}
+	s.mu.Lock()
+	if s.tunnels == nil {
+		s.tunnels = map[string]*tunnel{}
+	}
+	s.tunnels[t.id] = t
+	s.mu.Unlock()
+
+	var copies sync.WaitGroup
+	for i, r := range outs {
+		copies.Add(1)
+		s.wg.Add(1)
+		go func() { // ends when the command's output does
+			defer s.wg.Done()
+			defer copies.Done()
+			s.pump(t, r, uint32(i+1))
+			if o.GetKind() == "console" {
+				t.cancel() // the console's far end went away
+			}
+		}()
+	}
+	s.wg.Add(1)
+	go func() { // the tunnel's end: its exit status once its output is all sent
+		defer s.wg.Done()
+		code, err := wait()
+		// A pseudo-terminal's output is read to its end (EIO, once no process holds the
+		// terminal) before the exit is told: nothing the command wrote is lost.
+		copies.Wait()
+		if t.pty != nil {
+			t.pty.Close()
+		}
+		s.mu.Lock()
+		delete(s.tunnels, t.id)
+		s.mu.Unlock()
+		why := ""
+		switch {
+		case tctx.Err() != nil && ctx.Err() == nil:
+			why = "ended"
+		case err != nil:
+			why = err.Error()
+		}
+		t.end()
+		exit(code, why)
+	}()
+}
+
+// pump sends what r gives as output of stream, within the tunnel's credit.
+func (s *nodeSession) pump(t *tunnel, r io.Reader, stream uint32) {
+	buf := make([]byte, tunnelChunk)
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			if !t.take(int64(n)) {
+				return
+			}
+			data := append([]byte(nil), buf[:n]...)
+			if s.send(&agentv1.NodeMessage{Body: &agentv1.NodeMessage_TunnelOutput{TunnelOutput: &agentv1.TunnelOutput{Id: t.id, Data: data, Stream: stream}}}) != nil {
+				t.end()
+				return
+			}
+		}
+		if err != nil {
+			return // EOF, or EIO from a pseudo-terminal whose child is gone
+		}
+	}
+}
+
+// tunnelInput takes what the holder sent.
+func (s *nodeSession) tunnelInput(in *agentv1.TunnelInput) {
+	t := s.tunnelOf(in.GetId())
+	if t == nil {
+		return // ended already
+	}
+	switch {
+	case in.GetClose():
+		t.end()
+		return
+	case in.GetCols() > 0 && in.GetRows() > 0 && t.pty != nil:
+		_ = pty.Setsize(t.pty, &pty.Winsize{Cols: uint16(in.GetCols()), Rows: uint16(in.GetRows())})
+	}
+	if len(in.GetData()) > 0 {
+		_, _ = t.stdin.Write(in.GetData())
+	}
+	if in.GetEof() {
+		if t.pty != nil {
+			_, _ = t.pty.Write([]byte{4}) // a terminal's end of input is ^D
+		} else {
+			_ = t.stdin.Close()
+		}
+	}
+}
+
+// endTunnels ends a session's tunnels: the holders' connections went with it.
+func (s *nodeSession) endTunnels() {
+	s.mu.Lock()
+	ts := make([]*tunnel, 0, len(s.tunnels))
+	for _, t := range s.tunnels {
+		ts = append(ts, t)
+	}
+	s.mu.Unlock()
+	for _, t := range ts {
+		t.end()
+	}
+}
