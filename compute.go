@@ -135,6 +135,10 @@ func New(opts Options) (*Compute, error) {
 			c.serveEventStream(w, r)
 			return
 		}
+		if isTunnel(r) {
+			c.serveTunnel(w, r)
+			return
+		}
 		c.env.ServeHTTP(w, r)
 	})
 	c.NodeHandler = gw.Handler()

@@ -257,6 +257,11 @@ func TestOneDecisionPerMutation(t *testing.T) {
 		{"access/sshCertificate", func() string {
 			return `{"reservation": "` + ids["reservations/create"] + `", "publicKey": "` + fuzzSSHKey + `"}`
 		}, true},
+		{"access/revoke", func() string { return `{"serial": ` + ids["access/sshCertificate.serial"] + `}` }, true},
+		{"access/exec", func() string {
+			return `{"reservation": "` + ids["reservations/create"] + `", "command": ["true"]}`
+		}, false},
+		{"access/console", func() string { return `{"reservation": "` + ids["reservations/create"] + `"}` }, false},
 		{"reservations/release", func() string { return `{"reservation": "` + ids["reservations/create"] + `"}` }, false},
 		{"reservations/create", fixed(`{"pool": "p1", "gpus": 1, "start": "2030-01-01T00:00:00Z", "duration": "1h"}`), true},
 		{"reservations/cancel", func() string { return `{"reservation": "` + ids["reservations/create"] + `"}` }, false},
@@ -286,6 +291,9 @@ func TestOneDecisionPerMutation(t *testing.T) {
 		}
 		if id, ok := c.body["id"].(string); ok {
 			ids[s.method] = id
+		}
+		if serial, ok := c.body["serial"].(float64); ok {
+			ids[s.method+".serial"] = fmt.Sprint(int64(serial))
 		}
 		ds := env.Counter.Decisions()
 		if len(ds) != 1 {

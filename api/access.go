@@ -148,7 +148,35 @@ var (
 )
 
 // TunnelPath is where a ticket opens its tunnel: GET BasePath+TunnelPath?ticket=…, a WebSocket.
-const TunnelPath = "access/tunnel"
+const TunnelPath = "/access/tunnel"
+
+// The tunnel's WebSocket carries binary messages, each a frame type byte and its payload.
+const (
+	// FrameData: from the holder, bytes for the command's standard input; to the holder, its
+	// standard output (a terminal's or a console's whole output).
+	FrameData byte = 0
+	// FrameResize, from the holder: the terminal's new size, JSON TunnelSize.
+	FrameResize byte = 1
+	// FrameExit, to the holder, last: JSON TunnelExit; the server then closes the WebSocket.
+	FrameExit byte = 2
+	// FrameStderr, to the holder: the command's standard error (without a terminal).
+	FrameStderr byte = 3
+	// FrameEOF, from the holder: the end of standard input.
+	FrameEOF byte = 4
+)
+
+// TunnelSize is a FrameResize's payload.
+type TunnelSize struct {
+	Cols int `json:"cols"`
+	Rows int `json:"rows"`
+}
+
+// TunnelExit is a FrameExit's payload: the command's exit code, or -1 and why the tunnel ended
+// without one (the console closed, the reservation ended, the node's session ended).
+type TunnelExit struct {
+	ExitCode int    `json:"exitCode"`
+	Error    string `json:"error,omitempty"`
+}
 
 // TicketTTL is how long a ticket may wait to be used.
 const TicketTTL = time.Minute

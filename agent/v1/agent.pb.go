@@ -274,6 +274,7 @@ type NodeMessage struct {
 	//	*NodeMessage_Attested
 	//	*NodeMessage_TunnelOutput
 	//	*NodeMessage_TunnelExit
+	//	*NodeMessage_TunnelAck
 	Body          isNodeMessage_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -415,6 +416,15 @@ func (x *NodeMessage) GetTunnelExit() *TunnelExit {
 	return nil
 }
 
+func (x *NodeMessage) GetTunnelAck() *TunnelAck {
+	if x != nil {
+		if x, ok := x.Body.(*NodeMessage_TunnelAck); ok {
+			return x.TunnelAck
+		}
+	}
+	return nil
+}
+
 type isNodeMessage_Body interface {
 	isNodeMessage_Body()
 }
@@ -465,6 +475,13 @@ type NodeMessage_TunnelExit struct {
 	TunnelExit *TunnelExit `protobuf:"bytes,11,opt,name=tunnel_exit,json=tunnelExit,proto3,oneof"`
 }
 
+type NodeMessage_TunnelAck struct {
+	// Input written to a tunnel's command: the gateway may have at most a window of input
+	// unacknowledged per tunnel, so that a command that does not read stalls its holder, not
+	// the session.
+	TunnelAck *TunnelAck `protobuf:"bytes,12,opt,name=tunnel_ack,json=tunnelAck,proto3,oneof"`
+}
+
 func (*NodeMessage_Hello) isNodeMessage_Body() {}
 
 func (*NodeMessage_Heartbeat) isNodeMessage_Body() {}
@@ -486,6 +503,8 @@ func (*NodeMessage_Attested) isNodeMessage_Body() {}
 func (*NodeMessage_TunnelOutput) isNodeMessage_Body() {}
 
 func (*NodeMessage_TunnelExit) isNodeMessage_Body() {}
+
+func (*NodeMessage_TunnelAck) isNodeMessage_Body() {}
 
 // Attested is a report signed with the node's key, the key of its session's certificate: the
 // control plane verifies it before it records anything, and keeps a result's attestation with
@@ -1784,8 +1803,8 @@ func (x *TunnelInput) GetClose() bool {
 	return false
 }
 
-// TunnelAck returns credit: the node may have at most a window of output unacknowledged per
-// tunnel, so that a slow holder slows the command, not the session.
+// TunnelAck returns credit, both ways: each side may have at most a window (256 KiB) of a
+// tunnel's bytes unacknowledged, so that a slow reader slows its writer, not the session.
 type TunnelAck struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -2722,7 +2741,7 @@ const file_agent_proto_rawDesc = "" +
 	"\x0fcertificate_der\x18\x03 \x01(\fR\x0ecertificateDer\x12.\n" +
 	"\x13ca_certificates_der\x18\x04 \x03(\fR\x11caCertificatesDer\x127\n" +
 	"\tnot_after\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\bnotAfter\x12+\n" +
-	"\x11gateway_addresses\x18\x06 \x03(\tR\x10gatewayAddresses\"\xc2\x04\n" +
+	"\x11gateway_addresses\x18\x06 \x03(\tR\x10gatewayAddresses\"\xf8\x04\n" +
 	"\vNodeMessage\x12'\n" +
 	"\x05hello\x18\x01 \x01(\v2\x0f.agent.v1.HelloH\x00R\x05hello\x123\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x13.agent.v1.HeartbeatH\x00R\theartbeat\x123\n" +
@@ -2736,7 +2755,9 @@ const file_agent_proto_rawDesc = "" +
 	"\rtunnel_output\x18\n" +
 	" \x01(\v2\x16.agent.v1.TunnelOutputH\x00R\ftunnelOutput\x127\n" +
 	"\vtunnel_exit\x18\v \x01(\v2\x14.agent.v1.TunnelExitH\x00R\n" +
-	"tunnelExitB\x06\n" +
+	"tunnelExit\x124\n" +
+	"\n" +
+	"tunnel_ack\x18\f \x01(\v2\x13.agent.v1.TunnelAckH\x00R\ttunnelAckB\x06\n" +
 	"\x04body\"<\n" +
 	"\bAttested\x12\x12\n" +
 	"\x04body\x18\x01 \x01(\fR\x04body\x12\x1c\n" +
@@ -2985,45 +3006,46 @@ var file_agent_proto_depIdxs = []int32{
 	4,  // 10: agent.v1.NodeMessage.attested:type_name -> agent.v1.Attested
 	21, // 11: agent.v1.NodeMessage.tunnel_output:type_name -> agent.v1.TunnelOutput
 	22, // 12: agent.v1.NodeMessage.tunnel_exit:type_name -> agent.v1.TunnelExit
-	14, // 13: agent.v1.AttestedBody.result:type_name -> agent.v1.CommandResult
-	8,  // 14: agent.v1.AttestedBody.inventory:type_name -> agent.v1.Inventory
-	1,  // 15: agent.v1.Hello.facts:type_name -> agent.v1.MachineFacts
-	12, // 16: agent.v1.Heartbeat.pressure:type_name -> agent.v1.HostPressure
-	9,  // 17: agent.v1.Inventory.gpus:type_name -> agent.v1.GPU
-	11, // 18: agent.v1.HealthReport.gpu_events:type_name -> agent.v1.GPUEvent
-	12, // 19: agent.v1.HealthReport.host:type_name -> agent.v1.HostPressure
-	35, // 20: agent.v1.GPUEvent.at:type_name -> google.protobuf.Timestamp
-	36, // 21: agent.v1.CommandResult.output:type_name -> google.protobuf.Struct
-	35, // 22: agent.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
-	24, // 23: agent.v1.ServerMessage.welcome:type_name -> agent.v1.Welcome
-	25, // 24: agent.v1.ServerMessage.desired:type_name -> agent.v1.DesiredState
-	30, // 25: agent.v1.ServerMessage.command:type_name -> agent.v1.Command
-	31, // 26: agent.v1.ServerMessage.renewed:type_name -> agent.v1.Renewed
-	32, // 27: agent.v1.ServerMessage.result_ack:type_name -> agent.v1.ResultAck
-	34, // 28: agent.v1.ServerMessage.goodbye:type_name -> agent.v1.Goodbye
-	23, // 29: agent.v1.ServerMessage.heartbeat_ack:type_name -> agent.v1.HeartbeatAck
-	33, // 30: agent.v1.ServerMessage.report_ack:type_name -> agent.v1.ReportAck
-	18, // 31: agent.v1.ServerMessage.tunnel_open:type_name -> agent.v1.TunnelOpen
-	19, // 32: agent.v1.ServerMessage.tunnel_input:type_name -> agent.v1.TunnelInput
-	20, // 33: agent.v1.ServerMessage.tunnel_ack:type_name -> agent.v1.TunnelAck
-	37, // 34: agent.v1.HeartbeatAck.heartbeat_interval:type_name -> google.protobuf.Duration
-	37, // 35: agent.v1.Welcome.heartbeat_interval:type_name -> google.protobuf.Duration
-	28, // 36: agent.v1.DesiredState.holds:type_name -> agent.v1.DeviceHold
-	27, // 37: agent.v1.DesiredState.parts:type_name -> agent.v1.DesiredPart
-	26, // 38: agent.v1.DesiredState.gpus:type_name -> agent.v1.GPUSetting
-	29, // 39: agent.v1.DeviceHold.gpus:type_name -> agent.v1.HeldGPU
-	36, // 40: agent.v1.Command.args:type_name -> google.protobuf.Struct
-	35, // 41: agent.v1.Command.deadline:type_name -> google.protobuf.Timestamp
-	35, // 42: agent.v1.Renewed.not_after:type_name -> google.protobuf.Timestamp
-	0,  // 43: agent.v1.JoinService.Join:input_type -> agent.v1.JoinRequest
-	3,  // 44: agent.v1.SessionService.Connect:input_type -> agent.v1.NodeMessage
-	2,  // 45: agent.v1.JoinService.Join:output_type -> agent.v1.JoinResponse
-	17, // 46: agent.v1.SessionService.Connect:output_type -> agent.v1.ServerMessage
-	45, // [45:47] is the sub-list for method output_type
-	43, // [43:45] is the sub-list for method input_type
-	43, // [43:43] is the sub-list for extension type_name
-	43, // [43:43] is the sub-list for extension extendee
-	0,  // [0:43] is the sub-list for field type_name
+	20, // 13: agent.v1.NodeMessage.tunnel_ack:type_name -> agent.v1.TunnelAck
+	14, // 14: agent.v1.AttestedBody.result:type_name -> agent.v1.CommandResult
+	8,  // 15: agent.v1.AttestedBody.inventory:type_name -> agent.v1.Inventory
+	1,  // 16: agent.v1.Hello.facts:type_name -> agent.v1.MachineFacts
+	12, // 17: agent.v1.Heartbeat.pressure:type_name -> agent.v1.HostPressure
+	9,  // 18: agent.v1.Inventory.gpus:type_name -> agent.v1.GPU
+	11, // 19: agent.v1.HealthReport.gpu_events:type_name -> agent.v1.GPUEvent
+	12, // 20: agent.v1.HealthReport.host:type_name -> agent.v1.HostPressure
+	35, // 21: agent.v1.GPUEvent.at:type_name -> google.protobuf.Timestamp
+	36, // 22: agent.v1.CommandResult.output:type_name -> google.protobuf.Struct
+	35, // 23: agent.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
+	24, // 24: agent.v1.ServerMessage.welcome:type_name -> agent.v1.Welcome
+	25, // 25: agent.v1.ServerMessage.desired:type_name -> agent.v1.DesiredState
+	30, // 26: agent.v1.ServerMessage.command:type_name -> agent.v1.Command
+	31, // 27: agent.v1.ServerMessage.renewed:type_name -> agent.v1.Renewed
+	32, // 28: agent.v1.ServerMessage.result_ack:type_name -> agent.v1.ResultAck
+	34, // 29: agent.v1.ServerMessage.goodbye:type_name -> agent.v1.Goodbye
+	23, // 30: agent.v1.ServerMessage.heartbeat_ack:type_name -> agent.v1.HeartbeatAck
+	33, // 31: agent.v1.ServerMessage.report_ack:type_name -> agent.v1.ReportAck
+	18, // 32: agent.v1.ServerMessage.tunnel_open:type_name -> agent.v1.TunnelOpen
+	19, // 33: agent.v1.ServerMessage.tunnel_input:type_name -> agent.v1.TunnelInput
+	20, // 34: agent.v1.ServerMessage.tunnel_ack:type_name -> agent.v1.TunnelAck
+	37, // 35: agent.v1.HeartbeatAck.heartbeat_interval:type_name -> google.protobuf.Duration
+	37, // 36: agent.v1.Welcome.heartbeat_interval:type_name -> google.protobuf.Duration
+	28, // 37: agent.v1.DesiredState.holds:type_name -> agent.v1.DeviceHold
+	27, // 38: agent.v1.DesiredState.parts:type_name -> agent.v1.DesiredPart
+	26, // 39: agent.v1.DesiredState.gpus:type_name -> agent.v1.GPUSetting
+	29, // 40: agent.v1.DeviceHold.gpus:type_name -> agent.v1.HeldGPU
+	36, // 41: agent.v1.Command.args:type_name -> google.protobuf.Struct
+	35, // 42: agent.v1.Command.deadline:type_name -> google.protobuf.Timestamp
+	35, // 43: agent.v1.Renewed.not_after:type_name -> google.protobuf.Timestamp
+	0,  // 44: agent.v1.JoinService.Join:input_type -> agent.v1.JoinRequest
+	3,  // 45: agent.v1.SessionService.Connect:input_type -> agent.v1.NodeMessage
+	2,  // 46: agent.v1.JoinService.Join:output_type -> agent.v1.JoinResponse
+	17, // 47: agent.v1.SessionService.Connect:output_type -> agent.v1.ServerMessage
+	46, // [46:48] is the sub-list for method output_type
+	44, // [44:46] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -3043,6 +3065,7 @@ func file_agent_proto_init() {
 		(*NodeMessage_Attested)(nil),
 		(*NodeMessage_TunnelOutput)(nil),
 		(*NodeMessage_TunnelExit)(nil),
+		(*NodeMessage_TunnelAck)(nil),
 	}
 	file_agent_proto_msgTypes[5].OneofWrappers = []any{
 		(*AttestedBody_Result)(nil),

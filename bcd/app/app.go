@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime/debug"
 	"strings"
 	"syscall"
@@ -213,6 +214,8 @@ func nodeCmd(s *settings) *cobra.Command {
 	var fakeModel string
 	var fakeDelay time.Duration
 	var sshdDir, sshUser string
+	var execOK bool
+	var consoles []string
 	c := &cobra.Command{
 		Use:   "node",
 		Short: "Run the node agent: the session, inventory, health, CDI device holds and commands",
@@ -223,6 +226,10 @@ and bcd doctor say why). --fake-gpus runs on simulated hardware instead.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if fakeGPUs > 0 || cmd.Flags().Changed("fake-gpus") {
 				s.Fake = &daemon.Fake{GPUs: fakeGPUs, Model: fakeModel, CommandDelay: fakeDelay}
+			}
+			cons, err := parseConsoles(consoles)
+			if err != nil {
+				return err
 			}
 			exts := s.exts
 			if sshdDir != "" {
@@ -235,10 +242,12 @@ and bcd doctor say why). --fake-gpus runs on simulated hardware instead.`,
 			ctx, cancel := signals()
 			defer cancel()
 			return daemon.Run(ctx, daemon.Config{StateDir: s.StateDir, CDIDir: s.CDIDir, Gateway: s.Gateway, Fake: s.Fake, Extensions: exts,
-				Version: version, Logger: s.logger(cmd.ErrOrStderr())})
+				Version: version, Logger: s.logger(cmd.ErrOrStderr()), Exec: execOK, Consoles: cons})
 		},
 	}
 	c.Flags().StringVar(&s.CDIDir, "cdi-dir", s.CDIDir, "where CDI specs of held devices are written")
+	c.Flags().BoolVar(&execOK, "exec", false, "run the commands of holders' tunnels (access.exec), as the user bcd runs as (docs/access.md)")
+	c.Flags().StringArrayVar(&consoles, "console", nil, "a console holders' tunnels may attach to (access.console), as name=unix:/path/to/socket; the name may be empty (the node's default); repeatable")
 	c.Flags().StringVar(&s.Gateway, "gateway", "", "gateway address host:port (default: what the join gave)")
 	c.Flags().IntVar(&fakeGPUs, "fake-gpus", 0, "simulate this many GPUs instead of reading NVML")
 	c.Flags().StringVar(&fakeModel, "fake-model", "NVIDIA H100 80GB HBM3", "the simulated GPUs' name")
@@ -418,4 +427,21 @@ stopped; it prints how many are connected, and its CPU and memory, every ten sec
 	c.Flags().IntVar(&o.GPUs, "gpus", 8, "GPUs per node")
 	c.Flags().StringVar(&o.Prefix, "prefix", "sim", "node names are <prefix>-<n>")
 	return c
+}
+
+// parseConsoles reads --console values: name=unix:/path.
+func parseConsoles(vals []string) (map[string]string, error) {
+	out := map[string]string{}
+	for _, v := range vals {
+		name, target, ok := strings.Cut(v, "=")
+		path, unix := strings.CutPrefix(target, "unix:")
+		if !ok || !unix || !filepath.IsAbs(path) {
+			return nil, fmt.Errorf("--console %q: want name=unix:/absolute/path/to/socket", v)
+		}
+		if _, dup := out[name]; dup {
+			return nil, fmt.Errorf("--console %q: the console %q is named twice", v, name)
+		}
+		out[name] = path
+	}
+	return out, nil
 }

@@ -41,6 +41,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err == nil {
 		return 0
 	}
+	var re remoteExit
+	if errors.As(err, &re) {
+		return re.code // the remote command's; it said what it had to
+	}
 	return report(stderr, p.Output, err)
 }
 
@@ -102,7 +106,7 @@ config file (--config, default ` + defaultConfigPath() + `: {"url": …, "apiKey
 		}
 		root.AddCommand(g)
 	}
-	root.AddCommand(devCmd(), serveCmd(), simCmd(p), iamCmd(p), mcpCmd(p), methodsCmd(p), callCmd(p))
+	root.AddCommand(devCmd(), serveCmd(), simCmd(p), iamCmd(p), mcpCmd(p), methodsCmd(p), callCmd(p), execCmd(p), consoleCmd(p))
 	root.InitDefaultCompletionCmd()
 	root.SetHelpCommand(helpCmd(root))
 	strictUsage(root)

@@ -426,6 +426,10 @@ func (s *session) handle(ctx context.Context, m *agentv1.NodeMessage) error {
 		if t := s.tunnel(b.TunnelOutput.GetId()); t != nil {
 			t.output(b.TunnelOutput)
 		}
+	case *agentv1.NodeMessage_TunnelAck:
+		if t := s.tunnel(b.TunnelAck.GetId()); t != nil {
+			t.credited(b.TunnelAck.GetBytes())
+		}
 	case *agentv1.NodeMessage_TunnelExit:
 		if t := s.tunnel(b.TunnelExit.GetId()); t != nil {
 			t.finish(b.TunnelExit)

@@ -18,12 +18,13 @@ type Tunnel struct {
 	Reservation string // the reservation it was opened for; "" for an operator's
 	s           *session
 
-	mu       sync.Mutex
-	queue    []*agentv1.TunnelOutput
-	queued   int // bytes
-	exit     *agentv1.TunnelExit
-	signal   chan struct{}
-	finished bool
+	mu     sync.Mutex
+	queue  []*agentv1.TunnelOutput
+	queued int // bytes
+	exit   *agentv1.TunnelExit
+	signal chan struct{}
+	credit int           // input bytes the node may be sent now
+	inWake chan struct{} // credit returned, or the tunnel ended
 }
 
 // ErrNoSession is a tunnel to a node whose session this gateway does not hold.
@@ -37,7 +38,7 @@ func (g *Gateway) OpenTunnel(ctx context.Context, node, reservation string, open
 	if s == nil {
 		return nil, ErrNoSession
 	}
-	t := &Tunnel{ID: open.GetId(), Reservation: reservation, s: s, signal: make(chan struct{}, 1)}
+	t := &Tunnel{ID: open.GetId(), Reservation: reservation, s: s, signal: make(chan struct{}, 1), credit: nodeagent.TunnelWindow, inWake: make(chan struct{}, 1)}
 	s.mu.Lock()
 	if s.tunnels == nil {
 		s.tunnels = map[string]*Tunnel{}
@@ -55,10 +56,47 @@ func (g *Gateway) OpenTunnel(ctx context.Context, node, reservation string, open
 	return t, nil
 }
 
-// Input sends what the holder typed, a resize, the end of input, or a close.
+// MaxInput bounds the data of one Input.
+const MaxInput = 64 << 10
+
+// Input sends what the holder typed, a resize, the end of input, or a close. Data waits for the
+// node's credit: a command that does not read its input stalls its holder, not the session.
+// False: the tunnel or ctx ended.
 func (t *Tunnel) Input(ctx context.Context, in *agentv1.TunnelInput) bool {
 	in.Id = t.ID
+	if n := len(in.GetData()); n > 0 {
+		if n > MaxInput {
+			return false
+		}
+		for {
+			t.mu.Lock()
+			ended, ok := t.exit != nil, t.credit >= n
+			if ok && !ended {
+				t.credit -= n
+			}
+			t.mu.Unlock()
+			if ended {
+				return false
+			}
+			if ok {
+				break
+			}
+			select {
+			case <-t.inWake:
+			case <-ctx.Done():
+				return false
+			}
+		}
+	}
 	return t.s.send(ctx, &agentv1.ServerMessage{Body: &agentv1.ServerMessage_TunnelInput{TunnelInput: in}})
+}
+
+// credited takes the node's acknowledgement of input written.
+func (t *Tunnel) credited(n uint64) {
+	t.mu.Lock()
+	t.credit = min(t.credit+int(min(n, nodeagent.TunnelWindow)), nodeagent.TunnelWindow)
+	t.mu.Unlock()
+	wake(t.inWake)
 }
 
 // Next returns the next output (out), or the exit (exit, and the tunnel is done), waiting for
@@ -100,8 +138,13 @@ func (t *Tunnel) Close() {
 }
 
 func (t *Tunnel) wake() {
+	wake(t.signal)
+	wake(t.inWake)
+}
+
+func wake(c chan struct{}) {
 	select {
-	case t.signal <- struct{}{}:
+	case c <- struct{}{}:
 	default:
 	}
 }

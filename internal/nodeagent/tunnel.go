@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"sync"
+	"syscall"
 
 	"github.com/creack/pty"
 
@@ -36,6 +37,7 @@ type tunnel struct {
 	cond   *sync.Cond
 	credit int64 // bytes of output it may send now
 	closed bool
+	input  []*agentv1.TunnelInput // the holder's data and end of input, to write in order
 }
 
 // take waits until n bytes of credit are free (or the tunnel ends) and takes them.
@@ -57,6 +59,29 @@ func (t *tunnel) give(n int64) {
 	t.credit = min(t.credit+n, TunnelWindow)
 	t.mu.Unlock()
 	t.cond.Broadcast()
+}
+
+// queueInput queues data or the end of input for the tunnel's writer.
+func (t *tunnel) queueInput(in *agentv1.TunnelInput) {
+	t.mu.Lock()
+	t.input = append(t.input, in)
+	t.mu.Unlock()
+	t.cond.Broadcast()
+}
+
+// nextInput waits for the next input to write; false once the tunnel ended.
+func (t *tunnel) nextInput() (*agentv1.TunnelInput, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for len(t.input) == 0 && !t.closed {
+		t.cond.Wait()
+	}
+	if t.closed {
+		return nil, false
+	}
+	in := t.input[0]
+	t.input = t.input[1:]
+	return in, true
 }
 
 func (t *tunnel) end() {
@@ -103,6 +128,12 @@ func (s *nodeSession) openTunnel(ctx context.Context, o *agentv1.TunnelOpen) {
 		}
 		cmd := exec.CommandContext(tctx, o.GetArgv()[0], o.GetArgv()[1:]...)
 		cmd.Env = append(os.Environ(), "TERM=xterm-256color")
+		// Ending the tunnel kills the command's whole process group (a shell's children too),
+		// which a terminal's session leader leads already.
+		if !o.GetTty() {
+			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		}
+		cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 		var err error
 		if o.GetTty() {
 			t.pty, err = pty.StartWithSize(cmd, &pty.Winsize{Cols: uint16(max(o.GetCols(), 1)), Rows: uint16(max(o.GetRows(), 1))})
@@ -162,6 +193,11 @@ func (s *nodeSession) openTunnel(ctx context.Context, o *agentv1.TunnelOpen) {
 	s.tunnels[t.id] = t
 	s.mu.Unlock()
 
+	s.wg.Add(1)
+	go func() { // writes the holder's input, off the session's receive loop
+		defer s.wg.Done()
+		s.writeInput(t)
+	}()
 	var copies sync.WaitGroup
 	for i, r := range outs {
 		copies.Add(1)
@@ -178,9 +214,14 @@ func (s *nodeSession) openTunnel(ctx context.Context, o *agentv1.TunnelOpen) {
 	s.wg.Add(1)
 	go func() { // the tunnel's end: its exit status once its output is all sent
 		defer s.wg.Done()
+		// Nothing the command wrote is lost: pipes are read to their end before Wait (which
+		// closes them); a pseudo-terminal is read to its end (EIO, once no process holds the
+		// terminal) after.
+		pipes := o.GetKind() == "exec" && !o.GetTty()
+		if pipes {
+			copies.Wait()
+		}
 		code, err := wait()
-		// A pseudo-terminal's output is read to its end (EIO, once no process holds the
-		// terminal) before the exit is told: nothing the command wrote is lost.
 		copies.Wait()
 		if t.pty != nil {
 			t.pty.Close()
@@ -234,14 +275,38 @@ func (s *nodeSession) tunnelInput(in *agentv1.TunnelInput) {
 	case in.GetCols() > 0 && in.GetRows() > 0 && t.pty != nil:
 		_ = pty.Setsize(t.pty, &pty.Winsize{Cols: uint16(in.GetCols()), Rows: uint16(in.GetRows())})
 	}
-	if len(in.GetData()) > 0 {
-		_, _ = t.stdin.Write(in.GetData())
+	if len(in.GetData()) > 0 || in.GetEof() {
+		t.queueInput(in)
 	}
-	if in.GetEof() {
-		if t.pty != nil {
-			_, _ = t.pty.Write([]byte{4}) // a terminal's end of input is ^D
-		} else {
-			_ = t.stdin.Close()
+}
+
+// writeInput writes the holder's input to the command as it comes, acknowledging each write:
+// a command that does not read blocks this tunnel's writer alone. Input after the command
+// closed its end is acknowledged and dropped.
+func (s *nodeSession) writeInput(t *tunnel) {
+	broken := false
+	for {
+		in, ok := t.nextInput()
+		if !ok {
+			return
+		}
+		if n := len(in.GetData()); n > 0 {
+			if !broken {
+				_, err := t.stdin.Write(in.GetData())
+				broken = err != nil
+			}
+			if s.send(&agentv1.NodeMessage{Body: &agentv1.NodeMessage_TunnelAck{TunnelAck: &agentv1.TunnelAck{Id: t.id, Bytes: uint64(n)}}}) != nil {
+				return
+			}
+		}
+		if in.GetEof() && !broken {
+			if t.pty != nil {
+				_, _ = t.pty.Write([]byte{4}) // a terminal's end of input is ^D (at a line's start)
+			} else if c, ok := t.stdin.(interface{ CloseWrite() error }); ok {
+				_ = c.CloseWrite() // a console's socket: its far end may still talk
+			} else {
+				_ = t.stdin.Close()
+			}
 		}
 	}
 }

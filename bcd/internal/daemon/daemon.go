@@ -42,6 +42,9 @@ type Config struct {
 	Extensions []ext.Extension
 	// Reports, if set, is the queue of the extensions' reports up the session.
 	Reports *nodeagent.Reports
+	// Exec and Consoles are what holders' tunnels may reach (nodeagent.Config).
+	Exec     bool
+	Consoles map[string]string
 }
 
 // Status is the status file: the agent's status and what bcd knows of its machine.
@@ -94,7 +97,7 @@ func Run(ctx context.Context, cfg Config) error {
 	a, err := nodeagent.New(nodeagent.Config{
 		Store: j, Hardware: hw, Converger: conv, Logger: cfg.Logger, Version: cfg.Version,
 		Gateway: cfg.Gateway, Facts: &agentv1.MachineFacts{Hostname: host, MachineId: machineID(), Os: "linux", AgentVersion: cfg.Version},
-		Extensions: cfg.Extensions, Reports: cfg.Reports,
+		Extensions: cfg.Extensions, Reports: cfg.Reports, Exec: cfg.Exec, Consoles: cfg.Consoles,
 	})
 	if err != nil {
 		return err

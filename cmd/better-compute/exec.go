@@ -1,0 +1,176 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/client"
+)
+
+// remoteExit is a tunnel's command that exited non-zero: the CLI exits with its code, having
+// printed nothing of its own.
+type remoteExit struct{ code int }
+
+func (e remoteExit) Error() string { return fmt.Sprintf("the command exited %d", e.code) }
+
+// exitTunnelLost is the exit code of a tunnel that ended without its command's exit (as ssh's).
+const exitTunnelLost = 255
+
+// detachKey ends a console session from the keyboard: Ctrl-], as virsh console and telnet.
+const detachKey = 0x1d
+
+// tunnelFlags are the flags naming a tunnel's node.
+func tunnelFlags(c *cobra.Command, in *api.OpenTunnel) {
+	f := c.Flags()
+	f.StringVar(&in.Reservation, "reservation", "", "as the holder of this reservation, on a node it holds (with --node: that one)")
+	f.StringVar(&in.Node, "node", "", "the node (its id, or its name with --pool)")
+	f.StringVar(&in.Pool, "pool", "", "the pool of a node named by name")
+	f.StringVar(&in.TenantID, "tenant-id", "", "the tenant (default: the key's)")
+}
+
+// execCmd runs a command on a node over its session: better-compute exec.
+func execCmd(p *profile) *cobra.Command {
+	var in api.OpenTunnel
+	c := &cobra.Command{
+		Use:   "exec (--reservation R | --node N) [-t] -- COMMAND [ARG...]",
+		Short: "Run a command on a node over its session, as ssh would: its output here, its exit code the CLI's",
+		Long: `exec asks for a ticket (access.exec) and runs COMMAND on the node over its session (the node runs
+bcd node --exec): standard input goes to it, its standard output and error come back, and the CLI exits
+with its exit code (255 if the tunnel ended without one, as when the reservation no longer holds the
+node). -t runs it in a pseudo-terminal the size of this one.`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			in.Command = args
+			return runTunnel(cmd, p, in, false)
+		},
+	}
+	tunnelFlags(c, &in)
+	c.Flags().BoolVarP(&in.TTY, "tty", "t", false, "run the command in a pseudo-terminal (this terminal goes raw while it runs)")
+	return c
+}
+
+// consoleCmd attaches to a node's console: better-compute console.
+func consoleCmd(p *profile) *cobra.Command {
+	var in api.OpenTunnel
+	c := &cobra.Command{
+		Use:   "console (--reservation R | --node N) [--console NAME]",
+		Short: "Attach to a node's console over its session; Ctrl-] detaches",
+		Long: `console asks for a ticket (access.console) and attaches this terminal to the node's console (one
+bcd node --console names): what you type goes to it, what it prints comes here. Ctrl-] detaches.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runTunnel(cmd, p, in, true)
+		},
+	}
+	tunnelFlags(c, &in)
+	c.Flags().StringVar(&in.Console, "console", "", "which console (default: the node's)")
+	return c
+}
+
+func runTunnel(cmd *cobra.Command, p *profile, in api.OpenTunnel, console bool) error {
+	cl, err := serverClient(p)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	stdin, stdout := cmd.InOrStdin(), cmd.OutOrStdout()
+	f, isFile := stdin.(*os.File)
+	raw := isFile && term.IsTerminal(int(f.Fd())) && (console || in.TTY)
+	if raw {
+		if in.Cols, in.Rows, err = term.GetSize(int(f.Fd())); err != nil {
+			return err
+		}
+		stop() // in raw mode ^C is a byte for the far end, not a signal here
+		ctx = cmd.Context()
+	}
+	open := cl.Exec
+	if console {
+		open = cl.Console
+	}
+	t, err := open(ctx, in)
+	if err != nil {
+		return err
+	}
+	defer t.Close()
+	restore := func() {}
+	if raw {
+		state, err := term.MakeRaw(int(f.Fd()))
+		if err != nil {
+			return err
+		}
+		restore = func() { _ = term.Restore(int(f.Fd()), state) }
+		defer restore()
+		go followSize(ctx, t, int(f.Fd()))
+	}
+	if console {
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go func() {
+			// Ctrl-] detaches: the console goes on without us.
+			_, _ = io.Copy(t, detacher{r: stdin, detach: cancel})
+			cancel()
+		}()
+		_, err := t.Wait(ctx, stdout, nil)
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	e, err := t.Run(ctx, stdin, stdout, cmd.ErrOrStderr())
+	switch {
+	case err != nil:
+		return err
+	case e.Error != "":
+		restore()
+		fmt.Fprintf(cmd.ErrOrStderr(), "better-compute: the tunnel ended: %s\n", e.Error)
+		return remoteExit{exitTunnelLost}
+	case e.ExitCode != 0:
+		return remoteExit{e.ExitCode}
+	}
+	return nil
+}
+
+// followSize tells the tunnel this terminal's size whenever it changes.
+func followSize(ctx context.Context, t *client.Tunnel, fd int) {
+	winch := make(chan os.Signal, 1)
+	signal.Notify(winch, syscall.SIGWINCH)
+	defer signal.Stop(winch)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-winch:
+			if cols, rows, err := term.GetSize(fd); err == nil {
+				_ = t.Resize(ctx, cols, rows)
+			}
+		}
+	}
+}
+
+// detacher reads r until the detach key.
+type detacher struct {
+	r      io.Reader
+	detach func()
+}
+
+var errDetached = errors.New("detached")
+
+func (d detacher) Read(p []byte) (int, error) {
+	n, err := d.r.Read(p)
+	if i := bytes.IndexByte(p[:n], detachKey); i >= 0 {
+		d.detach()
+		return i, errDetached
+	}
+	return n, err
+}
