@@ -8,6 +8,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode"
 
 	"github.com/better-compute/compute"
 	"github.com/better-compute/compute/api"
@@ -52,7 +53,16 @@ func TestAPIMatchesMethodTable(t *testing.T) {
 	}
 }
 
-func title(s string) string { return strings.ToUpper(s[:1]) + s[1:] }
+// title is a method's Go name: its first letter upper case, a leading initialism all upper case
+// (sshCA is SSHCA), as Go spells them.
+func title(s string) string {
+	for _, w := range []string{"ssh", "gpu", "mig", "cdi", "bmc", "api", "id", "ip"} {
+		if strings.HasPrefix(s, w) && (len(s) == len(w) || unicode.IsUpper(rune(s[len(w)]))) {
+			return strings.ToUpper(w) + s[len(w):]
+		}
+	}
+	return strings.ToUpper(s[:1]) + s[1:]
+}
 
 // TestInitializeConcurrently starts several control planes on one fresh database at once, as
 // several processes would; each must initialize, and the schema must be applied once.
