@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,8 @@ import (
 
 	"github.com/better-compute/compute"
 	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/computetest"
+	"github.com/better-compute/compute/console"
 	"github.com/better-compute/compute/internal/devserver"
 	"github.com/better-compute/compute/metal"
 	"github.com/better-compute/compute/postgres/pgtest"
@@ -204,4 +207,54 @@ func TestConsoleDrivesTheDevserver(t *testing.T) {
 	b.run("the workflows", view("workflows"), waitJS(`document.querySelector('.stepper li') !== null`))
 	b.checkA11y("workflows")
 	b.shot("workflows")
+}
+
+// TestConsoleSignsInWithTheHostSession: a host that hands the console a credential for its own
+// session (Options.Console.Session) signs its person in without a key, and the console then sees
+// exactly what that credential may: a tenant's person sees the tenant's pools, not the root's.
+func TestConsoleSignsInWithTheHostSession(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a browser")
+	}
+	b := newBrowser(t, 1200, 800)
+	var tenantKey string
+	env := computetest.New(t, computetest.Options{Configure: func(o *compute.Options) {
+		o.Console.Session = func(r *http.Request) (string, error) {
+			if c, err := r.Cookie("host-session"); err == nil && c.Value == "acme-person" {
+				return tenantKey, nil
+			}
+			return "", console.ErrNoSession
+		}
+	}})
+	ctx := context.Background()
+	tenant, key := env.Tenant(t, "acme")
+	tenantKey = key
+	for _, p := range []api.CreatePool{{Name: "platform-h100"}, {Name: "acme-a100", TenantID: tenant}} {
+		if _, err := env.Compute.API.Pools.Create(ctx, env.RootKey, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	url := env.Server(t)
+
+	// No session: the key form, with the offer of the session.
+	b.run("no session yet", chromedp.Navigate(url+"/console/"), chromedp.WaitVisible(chromedp.CSS("#api-key")), chromedp.WaitVisible(chromedp.CSS("#session-title")))
+	// The host's cookie: the console signs in by itself.
+	b.run("with the host's session", void(chromedp.Evaluate[any](`document.cookie = 'host-session=acme-person; path=/'`)), chromedp.Reload(),
+		waitJS(`document.querySelector('article.pool') !== null`))
+	if got := b.text("#who"); !strings.Contains(got, "Signed in with your session") {
+		t.Errorf("the header says %q", got)
+	}
+	var names []string
+	for _, n := range eval[[]string](b, `[...document.querySelectorAll('article.pool')].map((a) => a.dataset.pool)`) {
+		names = append(names, n)
+	}
+	if len(names) != 1 || names[0] != "acme-a100" {
+		t.Errorf("the tenant's person sees the pools %v, want only acme-a100", names)
+	}
+	// What the page was given is the credential the host answered, kept for this tab only.
+	if got := eval[string](b, `sessionStorage.getItem('bc.credential')`); got != tenantKey {
+		t.Errorf("the page keeps %q", got)
+	}
+	// Signing out forgets it; the host's session signs the person in again on the next load.
+	b.run("sign out", chromedp.Click(chromedp.Search(`//button[text()="Sign out"]`)), waitJS(`sessionStorage.getItem('bc.credential') === null`))
 }

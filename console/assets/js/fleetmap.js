@@ -25,7 +25,7 @@ export function holderColor(id) {
     x ^= id.charCodeAt(i);
     x = Math.imul(x, 16777619);
   }
-  const hue = 60 + ((x >>> 0) % 270); // 60°..330°: yellow-green through blue to magenta
+  const hue = 70 + ((x >>> 0) % 230); // 70°..300°: yellow-green through blue to violet
   const light = 55 + ((x >>> 9) % 3) * 8;
   c = `hsl(${hue} 80% ${light}%)`;
   holderCache.set(id, c);
