@@ -144,6 +144,21 @@ func TestConsoleDrivesTheDevserver(t *testing.T) {
 	if n, err := a.Nodes.Get(ctx, s.APIKey, api.GetNode{Node: al.NodeID}); err != nil || n.State != api.NodeActive {
 		t.Errorf("after Uncordon the node is %+v, %v", n.State, err)
 	}
+	// Drain lets what holds the node run out; a second Uncordon makes it bookable again.
+	b.run("drain", chromedp.Click(chromedp.Search(`//button[text()="Drain"]`)), confirm(), waitJS(`document.querySelector('main .result .ok')?.textContent.includes('draining')`))
+	if n, err := a.Nodes.Get(ctx, s.APIKey, api.GetNode{Node: al.NodeID}); err != nil || n.State != api.NodeDraining {
+		t.Errorf("after Drain the node is %+v, %v", n.State, err)
+	}
+	if r, err := a.Reservations.Get(ctx, s.APIKey, api.GetReservation{Reservation: resID}); err != nil || r.State != api.ReservationActive {
+		t.Errorf("a drain that does not end reservations left %s, %v", r.State, err)
+	}
+	b.run("uncordon again", chromedp.Click(chromedp.Search(`//button[text()="Uncordon"]`)), confirm(), waitJS(`document.querySelector('main .result .ok')?.textContent.includes('active')`))
+
+	// The nodes, a virtualised list, filtered by name.
+	b.run("the nodes", view("nodes"), waitJS(`document.querySelectorAll('.vtable .vspacer .vrow').length === 2`),
+		set("#node-filter", "sim-00001"), waitJS(`document.querySelectorAll('.vtable .vspacer .vrow').length === 1`))
+	b.checkA11y("nodes")
+	b.shot("nodes")
 
 	// The command's result, as the node answered it.
 	b.run("the commands", view("commands"), waitJS(`[...document.querySelectorAll('.vtable .vrow')].some((r) => r.textContent.includes('health.check') && r.textContent.includes('succeeded'))`))
@@ -244,10 +259,7 @@ func TestConsoleSignsInWithTheHostSession(t *testing.T) {
 	if got := b.text("#who"); !strings.Contains(got, "Signed in with your session") {
 		t.Errorf("the header says %q", got)
 	}
-	var names []string
-	for _, n := range eval[[]string](b, `[...document.querySelectorAll('article.pool')].map((a) => a.dataset.pool)`) {
-		names = append(names, n)
-	}
+	names := eval[[]string](b, `[...document.querySelectorAll('article.pool')].map((a) => a.dataset.pool)`)
 	if len(names) != 1 || names[0] != "acme-a100" {
 		t.Errorf("the tenant's person sees the pools %v, want only acme-a100", names)
 	}

@@ -119,10 +119,3 @@ export async function renderNode(main, {params}) {
   main.insertBefore(section('Send a command', commandForm({node: id, nodeName: node.name, onSent: () => loadLists()})), main.querySelector('section'));
   return poll(() => loadLists().catch((err) => clear(res).append(errorBox(err))), 3000);
 }
-
-// nodeOptions fills a select with the fleet's nodes (for forms that name a node).
-export async function nodeOptions(select, selected) {
-  const fleet = await loadFleet({fresh: false});
-  select.append(...fleet.nodes.slice(0, 5000).map((n) => h('option', {value: n.id, selected: n.id === selected}, n.name)));
-  return fleet;
-}
