@@ -141,4 +141,12 @@ func TestFleetMapOf10000Nodes(t *testing.T) {
 		t.Log(got)
 	}
 	b.shot("fleet-10k")
+
+	// The node list holds 10,000 rows of which only those in view are in the document.
+	b.run("the nodes", view("nodes"), waitJS(`document.querySelector('.vtable[aria-rowcount="10001"] .vspacer .vrow') !== null`))
+	if rows := eval[int](b, `document.querySelectorAll('.vtable .vspacer .vrow').length`); rows > 100 {
+		t.Errorf("the node list has %d rows in the document, want only those in view", rows)
+	} else {
+		t.Logf("the node list: 10,000 rows, %d in the document", rows)
+	}
 }

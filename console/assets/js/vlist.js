@@ -38,8 +38,10 @@ export function virtualTable({caption, columns, rows = [], rowHeight = 36, heigh
   let sig = null;
   function setRows(next) {
     // Rows redrawn with the same data would take the keyboard's focus away from a person.
-    const nextSig = JSON.stringify(next);
-    if (nextSig === sig) return;
+    // (Compared only for lists small enough to compare quickly; a long one is redrawn.)
+    if (next === data && sig !== null) return;
+    const nextSig = next.length <= 5000 ? JSON.stringify(next) : null;
+    if (nextSig !== null && nextSig === sig) return;
     sig = nextSig;
     data = next;
     el.setAttribute('aria-rowcount', String(data.length + 1));
