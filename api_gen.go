@@ -298,6 +298,11 @@ func (g DevicesGroup) SetModeTx(ctx context.Context, tx pgx.Tx, cred string, in 
 	return InvokeTx(ctx, g.c, tx, cred, api.DevicesSetMode, in)
 }
 
+// Map calls devices.map: The fleet map: a page of nodes with every GPU's mode, health and holders now.
+func (g DevicesGroup) Map(ctx context.Context, cred string, in api.MapDevices) (api.Page[api.MapNode], error) {
+	return Invoke(ctx, g.c, cred, api.DevicesMap, in)
+}
+
 // JoinTokensGroup is the joinTokens group.
 type JoinTokensGroup struct{ c *Compute }
 

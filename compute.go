@@ -33,6 +33,7 @@ import (
 	agentv1 "github.com/better-compute/compute/agent/v1"
 	"github.com/better-compute/compute/agent/v1/agentv1connect"
 	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/console"
 	"github.com/better-compute/compute/iam"
 	"github.com/better-compute/compute/internal/access"
 	"github.com/better-compute/compute/internal/audit"
@@ -66,6 +67,10 @@ type Compute struct {
 	// MetricsHandler serves this control plane's Prometheus metrics (text format) from a
 	// registry of its own; mount it at /metrics. docs/events.md lists the series.
 	MetricsHandler http.Handler
+	// ConsoleHandler serves the web console, a page from assets embedded in the binary that
+	// calls the public API with the signed-in person's credential (an API key, or the host's
+	// session: Options.Console). Mount it at ConsolePath on the origin that serves Handler.
+	ConsoleHandler http.Handler
 
 	opts    Options
 	reg     *modules.Registry
@@ -124,6 +129,13 @@ func New(opts Options) (*Compute, error) {
 		return nil, fmt.Errorf("compute: %w", err)
 	}
 	c.MetricsHandler = c.registerMetrics(promReg)
+	if c.ConsoleHandler, err = console.New(o.Console); err != nil {
+		var oe *console.OptionError
+		if errors.As(err, &oe) {
+			return nil, &OptionError{Field: "Console." + oe.Field, Problem: oe.Problem}
+		}
+		return nil, fmt.Errorf("compute: console: %w", err)
+	}
 	a := newAPI(c)
 	c.API = &a
 	c.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -168,6 +180,9 @@ func (c *Compute) registerMetrics(reg *prometheus.Registry) http.Handler {
 	}, c.opts.Logger)
 	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(c.opts.Logger.Handler(), slog.LevelWarn)})
 }
+
+// ConsolePath is where ConsoleHandler expects to be mounted.
+const ConsolePath = console.Path
 
 // JoinPath is where JoinHandler expects to be mounted.
 const JoinPath = agentv1connect.JoinServiceName + "/"

@@ -98,6 +98,7 @@ func (ff *fuzzFleet) examples() map[string]string {
 		"quotas.delete":             `{"tenantId":"t1","pool":"p1","resource":"vcpus"}`,
 		"devices.list":              `{"node":"` + node + `"}`,
 		"devices.setMode":           `{"device":"GPU-n1-7","mode":"timeslice","shares":4}`,
+		"devices.map":               `{"pool":"p1","limit":2}`,
 		"joinTokens.create":         `{"pool":"p1","maxUses":2,"ttl":"1h","description":"rack a","role":"node"}`,
 		"joinTokens.list":           `{"pool":"p1"}`,
 		"joinTokens.revoke":         `{"token":"` + fuzzID + `"}`,

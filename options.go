@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"time"
 
+	"github.com/better-compute/compute/console"
 	"github.com/better-compute/compute/iam"
 	"github.com/better-compute/compute/internal/capacity"
 	"github.com/better-compute/compute/internal/envelope"
@@ -81,6 +82,10 @@ type Options struct {
 	// (docs/capacity.md). A holder that dies is replaced within about this time. Default
 	// DefaultPoolLeaseTTL; at least a second; negative turns the placer off.
 	PoolLeaseTTL time.Duration
+	// Console configures ConsoleHandler, the web console (docs/console.md): where it finds the
+	// API, and whether a person signed in to the host may use it without an API key (Session).
+	// The zero value signs in with API keys only.
+	Console ConsoleOptions
 	// JobRescueAfter is how long a durable job (a webhook attempt, a workflow step) may have been
 	// running before it is taken for lost with its process and worked again elsewhere. It must
 	// exceed every workflow step's Timeout (plus 5 s of bookkeeping). Default 1h.
@@ -105,6 +110,11 @@ type WebhookOptions struct {
 	// DeadAfter is how long a delivery is retried before it is dead. Default 72h.
 	DeadAfter time.Duration
 }
+
+// ConsoleOptions configure the web console. Session, when set, answers a credential the API
+// accepts (a short-lived IAM token, say) for the person behind a request, from the host's own
+// session, or console.ErrNoSession; the console then signs that person in without a key.
+type ConsoleOptions = console.Options
 
 // OptionError is the error of New for an invalid Options field.
 type OptionError struct {

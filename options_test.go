@@ -41,6 +41,7 @@ func TestNewOptionErrors(t *testing.T) {
 		{"nil module", func(o *compute.Options) { o.Modules = []compute.Module{nil} }, "Modules"},
 		{"bad mode", func(o *compute.Options) { o.Mode = "everything" }, "Mode"},
 		{"negative body limit", func(o *compute.Options) { o.MaxBodyBytes = -1 }, "MaxBodyBytes"},
+		{"console API path", func(o *compute.Options) { o.Console.APIPath = "api" }, "Console.APIPath"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -67,6 +67,7 @@ var (
 
 	DevicesList    = NewMethod[ListDevices, []Device]("devices", "list", false, ResourceDevice, "v0.1", "List a node's GPUs.")
 	DevicesSetMode = NewMethod[SetGPUMode, Device]("devices", "setMode", true, ResourceDevice, "v0.5", "Switch a GPU between whole, MIG and time-slice mode while nothing holds it.")
+	DevicesMap     = NewMethod[MapDevices, Page[MapNode]]("devices", "map", false, ResourceDevice, "v0.5", "The fleet map: a page of nodes with every GPU's mode, health and holders now.")
 )
 
 // CapacityMethods returns the capacity part of the method table.
@@ -78,7 +79,7 @@ func capacityTable() []Describer {
 		ReservationsRelease, ReservationsExtend, ReservationsAvailability,
 		CapacitySummary, CapacitySearch,
 		QuotasSet, QuotasList, QuotasDelete,
-		DevicesList, DevicesSetMode,
+		DevicesList, DevicesSetMode, DevicesMap,
 	}
 }
 

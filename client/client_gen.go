@@ -206,6 +206,11 @@ func (g DevicesGroup) SetMode(ctx context.Context, in api.SetGPUMode) (api.Devic
 	return call(ctx, g.c, api.DevicesSetMode, in)
 }
 
+// Map calls devices.map: The fleet map: a page of nodes with every GPU's mode, health and holders now.
+func (g DevicesGroup) Map(ctx context.Context, in api.MapDevices) (api.Page[api.MapNode], error) {
+	return call(ctx, g.c, api.DevicesMap, in)
+}
+
 // JoinTokensGroup is the joinTokens group.
 type JoinTokensGroup struct{ c *Client }
 

@@ -120,7 +120,7 @@ func (e *Env) Tenant(t testing.TB, name string) (tenantID, key string) {
 	return ten.ID, k.Token
 }
 
-// Server serves the API, JoinService and /metrics over real HTTP on loopback for the rest of the
+// Server serves the API, JoinService, /metrics and the console over real HTTP on loopback for the rest of the
 // test, and returns its URL.
 func (e *Env) Server(t testing.TB) string {
 	t.Helper()
@@ -138,7 +138,7 @@ func Listener(t testing.TB) net.Listener {
 	return ln
 }
 
-// Serve serves the API, JoinService and /metrics on ln for the rest of the test, and returns
+// Serve serves the API, JoinService, /metrics and the console on ln for the rest of the test, and returns
 // its URL.
 func (e *Env) Serve(t testing.TB, ln net.Listener) string {
 	t.Helper()
@@ -146,6 +146,7 @@ func (e *Env) Serve(t testing.TB, ln net.Listener) string {
 	mux.Handle("/api/compute/", e.Compute.Handler)
 	mux.Handle("/"+compute.JoinPath, e.Compute.JoinHandler)
 	mux.Handle("/metrics", e.Compute.MetricsHandler)
+	mux.Handle(compute.ConsolePath, e.Compute.ConsoleHandler)
 	s := httptest.NewUnstartedServer(mux)
 	s.Listener.Close()
 	s.Listener = ln

@@ -62,7 +62,7 @@ so a first reservation can use them. Ctrl-C stops it.`,
 				return err
 			}
 			out := cmd.OutOrStdout()
-			fmt.Fprintf(out, "Better Compute devserver\n  URL:     %s\n  Gateway: %s\n  API key: %s\n", s.URL, s.Gateway, s.APIKey)
+			fmt.Fprintf(out, "Better Compute devserver\n  URL:     %s\n  Console: %s\n  Gateway: %s\n  API key: %s\n", s.URL, s.Console, s.Gateway, s.APIKey)
 			if o.Sim > 0 {
 				fmt.Fprintf(out, "  Nodes:   %d simulated machines with %d H100s each, in pool %q, schedulable\n", o.Sim, devserver.SimGPUs, devserver.SimPool)
 			}
@@ -225,6 +225,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, out io.Writer
 	if mode == compute.ModeAPI || mode == compute.ModeAll {
 		mux.Handle("/api/compute/", c.Handler)
 		mux.Handle("/"+compute.JoinPath, c.JoinHandler)
+		mux.Handle(compute.ConsolePath, c.ConsoleHandler) // the web console: every call through the API above
 	}
 	// Every route here is a bounded request and answer: a slow body or a slow reader is cut off.
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
@@ -262,6 +263,9 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, out io.Writer
 	}
 	ready.Store(true)
 	fmt.Fprintf(out, "better-compute: serving, mode %s, on %s\n", mode, ln.Addr())
+	if mode == compute.ModeAPI || mode == compute.ModeAll {
+		fmt.Fprintf(out, "better-compute: console at %s%s\n", strings.TrimSuffix(cfg.BaseURL, "/"), compute.ConsolePath)
+	}
 	select {
 	case <-ctx.Done():
 	case err := <-served:

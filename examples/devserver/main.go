@@ -44,7 +44,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "devserver:", err)
 		os.Exit(1)
 	}
-	fmt.Printf("Better Compute devserver\n  URL:     %s\n  Gateway: %s\n  API key: %s\n", s.URL, s.Gateway, s.APIKey)
+	fmt.Printf("Better Compute devserver\n  URL:     %s\n  Console: %s\n  Gateway: %s\n  API key: %s\n", s.URL, s.Console, s.Gateway, s.APIKey)
 	if hash, err := s.Compute.Runtime().Fleet.CAHash(); err == nil {
 		fmt.Printf("  CA hash: %s (bcd join --ca-hash pins the machine CA)\n", hash)
 	}

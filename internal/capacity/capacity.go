@@ -129,6 +129,7 @@ func (m Module) Register(r *modules.Registry) error {
 	modules.Handle(r, api.CapacitySearch, poolTarget(func(in api.SearchCapacity) (string, string) { return in.TenantID, in.Pool }), search)
 	registerQuotas(r)
 	registerDevices(r)
+	registerMap(r)
 	return nil
 }
 

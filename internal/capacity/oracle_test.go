@@ -80,6 +80,10 @@ func TestNoExistenceOracle(t *testing.T) {
 			tn, p := pool(ref)
 			return e(a.Reservations.Availability(ctx, keyA, api.Availability{TenantID: tn, Pool: p, Shape: api.Shape{GPUs: 1}, Duration: "1h"}))
 		})
+		add("devices.map", func(ref string) error {
+			tn, p := pool(ref)
+			return e(a.Devices.Map(ctx, keyA, api.MapDevices{TenantID: tn, Pool: p}))
+		})
 		add("capacity.summary", func(ref string) error {
 			tn, p := pool(ref)
 			return e(a.Capacity.Summary(ctx, keyA, api.SummarizeCapacity{TenantID: tn, Pool: p}))
@@ -118,6 +122,7 @@ func TestNoExistenceOracle(t *testing.T) {
 	tenantCase("quotas.delete", func(tn string) error {
 		return e(a.Quotas.Delete(ctx, keyA, api.DeleteQuota{TenantID: tn, Pool: "secret", Resource: api.QuotaGPUs}))
 	})
+	tenantCase("devices.map", func(tn string) error { return e(a.Devices.Map(ctx, keyA, api.MapDevices{TenantID: tn})) })
 	tenantCase("capacity.summary", func(tn string) error {
 		return e(a.Capacity.Summary(ctx, keyA, api.SummarizeCapacity{TenantID: tn, Pool: "secret"}))
 	})

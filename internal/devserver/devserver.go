@@ -54,6 +54,7 @@ const SimGPUs = 8
 // Server is a running devserver.
 type Server struct {
 	URL     string // the API's base URL, e.g. http://127.0.0.1:8080
+	Console string // the web console's URL: URL + compute.ConsolePath
 	Gateway string // where nodes hold their sessions, host:port
 	APIKey  string // a new key with every right in the root tenant
 
@@ -107,6 +108,7 @@ func Start(ctx context.Context, o Options) (_ *Server, err error) {
 		return nil, fmt.Errorf("devserver: listen on %s: %w", o.Addr, err)
 	}
 	s.URL = "http://" + s.listener.Addr().String()
+	s.Console = s.URL + compute.ConsolePath
 	gwListener, err := net.Listen("tcp", o.GatewayAddr)
 	if err != nil {
 		s.listener.Close()
@@ -154,6 +156,8 @@ func Start(ctx context.Context, o Options) (_ *Server, err error) {
 	mux.Handle("/api/compute/", s.Compute.Handler)
 	mux.Handle("/"+compute.JoinPath, s.Compute.JoinHandler)
 	mux.Handle("/metrics", s.Compute.MetricsHandler)
+	mux.Handle(compute.ConsolePath, s.Compute.ConsoleHandler)
+	mux.Handle("GET /{$}", http.RedirectHandler(compute.ConsolePath, http.StatusFound))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	// Every route here is a bounded request and answer: a slow body or a slow reader is cut off.
 	s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
