@@ -47,6 +47,7 @@ type Runtime struct {
 	Secrets   SecretBox
 	Jobs      Jobs
 	Workflows Workflows
+	Access    Access
 	// Registry is what every module registered, checked; read it, never add to it.
 	Registry *Registry
 }

@@ -56,6 +56,14 @@ type Fleet interface {
 	SiteAgents(ctx context.Context, q postgres.Querier, siteID string) ([]string, error)
 }
 
+// Access makes tunnel tickets (access.exec, access.console) for a module's own resources: a
+// VM's console is a console of the node that runs it. The call's own method made the decision.
+type Access interface {
+	// ConsoleTicket records a single-use ticket to a console of a node a reservation of c's
+	// tenant holds now, and its access.console event.
+	ConsoleTicket(ctx context.Context, c *Call, in api.OpenTunnel) (api.TunnelTicket, error)
+}
+
 // Events writes the event outbox.
 type Events interface {
 	// Emit writes an event of a registered type in q's transaction.
