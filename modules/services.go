@@ -22,6 +22,9 @@ type Capacity interface {
 	Reserve(ctx context.Context, c *Call, in api.CreateReservation) (api.Reservation, error)
 	// Release ends an active reservation of c's tenant now, or cancels one not yet started.
 	Release(ctx context.Context, c *Call, reservationID string) error
+	// Reservations reads reservations, of any tenant, with their allocations: a module reads
+	// those it made (in no order; ids that name none are left out).
+	Reservations(ctx context.Context, q postgres.Querier, ids []string) ([]api.Reservation, error)
 }
 
 // Nodes reaches nodes: commands they carry out once, and the desired state they converge to.
