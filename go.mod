@@ -7,6 +7,8 @@ require (
 	github.com/NVIDIA/go-nvml v0.13.4-1
 	github.com/bougou/go-ipmi v0.9.1
 	github.com/google/go-cmp v0.7.0
+	github.com/google/go-tpm v0.9.8
+	github.com/google/go-tpm-tools v0.4.11
 	github.com/google/jsonschema-go v0.4.3
 	github.com/google/uuid v1.6.0
 	github.com/insomniacslk/dhcp v0.0.0-20260901064844-234b97448fae
@@ -42,8 +44,6 @@ require (
 	github.com/dustin/go-humanize v1.1.0 // indirect
 	github.com/fatih/color v1.15.0 // indirect
 	github.com/go-ole/go-ole v1.3.0 // indirect
-	github.com/google/go-tpm v0.9.8 // indirect
-	github.com/google/go-tpm-tools v0.4.11 // indirect
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
