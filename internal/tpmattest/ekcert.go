@@ -22,7 +22,7 @@ var sanOID = asn1.ObjectIdentifier{2, 5, 29, 17}
 func parseEKCert(der []byte) (*x509.Certificate, error) {
 	cert, err := x509.ParseCertificate(der)
 	if err != nil {
-		return nil, fmt.Errorf("%w: tpm.ek_certificate_der does not parse: %v", ErrMalformed, err)
+		return nil, fmt.Errorf("%w: tpm.ek_certificate_der does not parse: %v", ErrInvalid, err)
 	}
 	i := slices.IndexFunc(cert.UnhandledCriticalExtensions, sanOID.Equal)
 	if i < 0 {
@@ -61,7 +61,7 @@ func certFor(der, ekPublic []byte) error {
 		return err
 	}
 	if k, ok := cert.PublicKey.(interface{ Equal(crypto.PublicKey) bool }); !ok || !k.Equal(key) {
-		return errors.New("tpm.ek_certificate_der is not a certificate of tpm.ek_public's key")
+		return fmt.Errorf("%w: tpm.ek_certificate_der is not a certificate of tpm.ek_public's key", ErrInvalid)
 	}
 	return nil
 }

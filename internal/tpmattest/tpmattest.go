@@ -21,8 +21,10 @@ import (
 	"github.com/google/go-tpm/tpm2"
 )
 
-// ErrMalformed marks evidence that does not parse: a request to fix, not a refusal to explain.
-var ErrMalformed = errors.New("tpm: malformed evidence")
+// ErrInvalid marks evidence that does not parse or is not of the kind asked for (an EK that is not
+// an endorsement key, a certificate of another key): a request to fix, where every other error of
+// Challenge and Verify is a refusal to explain.
+var ErrInvalid = errors.New("invalid TPM evidence")
 
 // QuotedPCRs is how many PCRs are quoted: 0 to 7 of the SHA-256 bank, what firmware and boot
 // loaders measure on a PC (the TCG PC Client profile).
@@ -50,20 +52,20 @@ func Fingerprint(pub crypto.PublicKey) (string, error) {
 // parsePublic reads a TPMT_PUBLIC and its key.
 func parsePublic(field string, b []byte) (*tpm2.TPMTPublic, crypto.PublicKey, error) {
 	if len(b) == 0 {
-		return nil, nil, fmt.Errorf("%w: tpm.%s is required", ErrMalformed, field)
+		return nil, nil, fmt.Errorf("%w: tpm.%s is required", ErrInvalid, field)
 	}
 	pub, err := tpm2.Unmarshal[tpm2.TPMTPublic](b)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w: tpm.%s is not a TPMT_PUBLIC: %v", ErrMalformed, field, err)
+		return nil, nil, fmt.Errorf("%w: tpm.%s is not a TPMT_PUBLIC: %v", ErrInvalid, field, err)
 	}
 	// The name the TPM computes is over the bytes it holds: refuse any that do not read back as
 	// sent, so that what was checked here is what was named.
 	if !bytes.Equal(tpm2.Marshal(*pub), b) {
-		return nil, nil, fmt.Errorf("%w: tpm.%s does not read back as sent (trailing bytes?)", ErrMalformed, field)
+		return nil, nil, fmt.Errorf("%w: tpm.%s does not read back as sent (trailing bytes?)", ErrInvalid, field)
 	}
 	key, err := tpm2.Pub(*pub)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w: tpm.%s: %v", ErrMalformed, field, err)
+		return nil, nil, fmt.Errorf("%w: tpm.%s: %v", ErrInvalid, field, err)
 	}
 	return pub, key, nil
 }
@@ -73,7 +75,7 @@ func parsePublic(field string, b []byte) (*tpm2.TPMTPublic, crypto.PublicKey, er
 func checkEK(pub *tpm2.TPMTPublic) error {
 	a := pub.ObjectAttributes
 	if !a.FixedTPM || !a.FixedParent || !a.SensitiveDataOrigin || !a.Restricted || !a.Decrypt || a.SignEncrypt {
-		return errors.New("tpm.ek_public is not an endorsement key (a restricted decryption key fixed to its TPM)")
+		return fmt.Errorf("%w: tpm.ek_public is not an endorsement key (a restricted decryption key fixed to its TPM)", ErrInvalid)
 	}
 	return nil
 }
@@ -85,7 +87,7 @@ func checkEK(pub *tpm2.TPMTPublic) error {
 func checkAK(pub *tpm2.TPMTPublic) error {
 	a := pub.ObjectAttributes
 	if !a.FixedTPM || !a.FixedParent || !a.SensitiveDataOrigin || !a.Restricted || !a.SignEncrypt || a.Decrypt {
-		return errors.New("tpm.ak_public is not an attestation key (a restricted signing key made in and fixed to its TPM)")
+		return fmt.Errorf("%w: tpm.ak_public is not an attestation key (a restricted signing key made in and fixed to its TPM)", ErrInvalid)
 	}
 	return nil
 }

@@ -51,7 +51,7 @@ type ticket struct {
 // token, CSR and facts) until now+TicketLifetime. It writes nothing anywhere.
 func Challenge(s Sealer, ev *agentv1.TPMEvidence, binding []byte, now time.Time) (*agentv1.TPMChallenge, error) {
 	if len(ev.GetTicket()) > 0 {
-		return nil, fmt.Errorf("%w: a first Join carries no ticket", ErrMalformed)
+		return nil, fmt.Errorf("%w: a first Join carries no ticket", ErrInvalid)
 	}
 	keys, err := parseKeys(ev)
 	if err != nil {
@@ -59,7 +59,7 @@ func Challenge(s Sealer, ev *agentv1.TPMEvidence, binding []byte, now time.Time)
 	}
 	ek, err := tpm2.ImportEncapsulationKey(keys.ek)
 	if err != nil {
-		return nil, fmt.Errorf("%w: tpm.ek_public: %v", ErrMalformed, err)
+		return nil, fmt.Errorf("%w: tpm.ek_public: %v", ErrInvalid, err)
 	}
 	t := ticket{Secret: make([]byte, 32), Nonce: make([]byte, 32), AKName: keys.akName, EK: keys.ekDigest,
 		Binding: binding, Expires: now.Add(TicketLifetime).UTC()}
@@ -127,12 +127,12 @@ func Verify(s Sealer, ev *agentv1.TPMEvidence, binding []byte, now time.Time) (*
 		return nil, errors.New("the activated secret is not the credential's: the AK is not in the TPM of the EK")
 	}
 	if len(ev.GetPcrs()) != QuotedPCRs {
-		return nil, fmt.Errorf("%w: tpm.pcrs must hold PCRs 0-7 (%d values)", ErrMalformed, QuotedPCRs)
+		return nil, fmt.Errorf("%w: tpm.pcrs must hold PCRs 0-7 (%d values)", ErrInvalid, QuotedPCRs)
 	}
 	pcrs := &pb.PCRs{Hash: pb.HashAlgo_SHA256, Pcrs: map[uint32][]byte{}}
 	for i, v := range ev.GetPcrs() {
 		if len(v) != sha256.Size {
-			return nil, fmt.Errorf("%w: tpm.pcrs[%d] is not a SHA-256 value", ErrMalformed, i)
+			return nil, fmt.Errorf("%w: tpm.pcrs[%d] is not a SHA-256 value", ErrInvalid, i)
 		}
 		pcrs.Pcrs[uint32(i)] = v
 	}
@@ -175,7 +175,7 @@ func parseKeys(ev *agentv1.TPMEvidence) (keys, error) {
 	}
 	name, err := tpm2.ObjectName(ak)
 	if err != nil {
-		return k, fmt.Errorf("%w: tpm.ak_public: %v", ErrMalformed, err)
+		return k, fmt.Errorf("%w: tpm.ak_public: %v", ErrInvalid, err)
 	}
 	h := sha256.Sum256(ev.GetEkPublic())
 	k = keys{ek: ek, ekKey: ekKey, ekDigest: h[:], akKey: akKey, akName: name.Buffer}
