@@ -119,16 +119,21 @@ func JoinWith(ctx context.Context, o JoinOptions) (Identity, error) {
 	c := agentv1connect.NewJoinServiceClient(client, strings.TrimRight(url, "/"))
 	req := &agentv1.JoinRequest{Token: o.Token, CsrDer: csrDER, Facts: o.Facts}
 	var m *agentv1.JoinResponse
+	var ek string // the TPM's EK fingerprint
 	if o.TPM != nil {
-		m, err = joinAttested(ctx, c, url, req, o.TPM)
+		m, ek, err = joinAttested(ctx, c, url, req, o.TPM)
 	} else {
 		m, err = callJoin(ctx, c, url, req)
 	}
 	if err != nil {
 		return Identity{}, err
 	}
-	if o.TPM != nil && !m.GetTpmAttested() {
-		cmp.Or(o.Logger, slog.Default()).Warn("join: the node joined unattested: its pool takes no TPM evidence (attestation policy off)")
+	log := cmp.Or(o.Logger, slog.Default())
+	switch {
+	case o.TPM != nil && m.GetTpmAttested():
+		log.Info("join: attested by the TPM", "ek", ek)
+	case o.TPM != nil:
+		log.Warn("join: the node joined unattested: its pool takes no TPM evidence (attestation policy off)")
 	}
 	id := Identity{NodeID: m.GetNodeId(), NodeName: m.GetNodeName(), KeyDER: keyDER, CertDER: m.GetCertificateDer(),
 		CADER: m.GetCaCertificatesDer(), Gateways: m.GetGatewayAddresses(), NotAfter: m.GetNotAfter().AsTime(), URL: url,
@@ -157,30 +162,35 @@ func callJoin(ctx context.Context, c agentv1connect.JoinServiceClient, url strin
 
 // joinAttested is an attested join's two calls: the TPM's keys, then its answer to the challenge.
 func joinAttested(ctx context.Context, c agentv1connect.JoinServiceClient, url string, req *agentv1.JoinRequest,
-	open func() (io.ReadWriteCloser, error)) (*agentv1.JoinResponse, error) {
+	open func() (io.ReadWriteCloser, error)) (*agentv1.JoinResponse, string, error) {
 	rw, err := open()
 	if err != nil {
-		return nil, fmt.Errorf("join: %w", err)
+		return nil, "", fmt.Errorf("join: %w", err)
 	}
 	defer rw.Close()
 	tpm, err := tpmattest.NewNode(rw)
 	if err != nil {
-		return nil, fmt.Errorf("join: %w", err)
+		return nil, "", fmt.Errorf("join: %w", err)
 	}
 	defer tpm.Close()
+	ek, err := tpm.EKFingerprint()
+	if err != nil {
+		return nil, "", fmt.Errorf("join: %w", err)
+	}
 	req.Tpm = tpm.Evidence()
 	first, err := callJoin(ctx, c, url, req)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	ch := first.GetTpmChallenge()
 	if ch == nil {
-		return first, nil // a control plane that predates attested joins admitted it at once
+		return first, ek, nil // a control plane that predates attested joins admitted it at once
 	}
 	if req.Tpm, err = tpm.Answer(ch); err != nil {
-		return nil, fmt.Errorf("join: answer the control plane's TPM challenge: %w", err)
+		return nil, "", fmt.Errorf("join: answer the control plane's TPM challenge: %w", err)
 	}
-	return callJoin(ctx, c, url, req)
+	m, err := callJoin(ctx, c, url, req)
+	return m, ek, err
 }
 
 // checkJoinURL refuses what is not http(s), and plain http anywhere but loopback (unless

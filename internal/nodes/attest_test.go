@@ -12,6 +12,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
@@ -420,6 +421,21 @@ func TestAttestationPolicies(t *testing.T) {
 	}
 	if n := p.count(t, `SELECT count(*) FROM compute.events WHERE type = 'node.attested'`); n != 1 {
 		t.Errorf("%d node.attested events, want 1", n)
+	}
+
+	// Through nodeagent, the node is told which: attested (by which EK), or not looked at.
+	for _, c := range []struct{ pool, want string }{{"off", "level=WARN msg=\"join: the node joined unattested"}, {"opt", "msg=\"join: attested by the TPM\" ek=sha256:"}} {
+		var log bytes.Buffer
+		p.release()
+		jt := p.tokenFor(t, c.pool, 1)
+		id, err := nodeagent.JoinWith(p.ctx, nodeagent.JoinOptions{URL: p.url, Token: jt.Token, CAHash: jt.CAHash, TPM: p.tpm.Open,
+			Facts: &agentv1.MachineFacts{Hostname: "told-" + c.pool, MachineId: "m"}, Logger: slog.New(slog.NewTextHandler(&log, nil))})
+		if err != nil || !strings.Contains(log.String(), c.want) {
+			t.Errorf("a join into %s: %v; logged %q, want %q", c.pool, err, log.String(), c.want)
+		}
+		if f := p.facts(t, id.NodeID); f != nil && !strings.Contains(log.String(), f.EKFingerprint) {
+			t.Errorf("logged %q, recorded EK %s", log.String(), f.EKFingerprint)
+		}
 	}
 }
 

@@ -123,6 +123,15 @@ func (n *Node) readNV(index tpm2.TPMHandle) ([]byte, error) {
 	return out, nil
 }
 
+// EKFingerprint is the Fingerprint of the TPM's EK, as the control plane records it.
+func (n *Node) EKFingerprint() (string, error) {
+	_, key, err := parsePublic("ek_public", n.ekPublic)
+	if err != nil {
+		return "", err
+	}
+	return Fingerprint(key)
+}
+
 // Evidence is what the first Join carries: the EK, its certificate and the AK.
 func (n *Node) Evidence() *agentv1.TPMEvidence {
 	return &agentv1.TPMEvidence{EkPublic: n.ekPublic, EkCertificateDer: n.ekCert, AkPublic: n.akPublic}

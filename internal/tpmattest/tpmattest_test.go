@@ -217,3 +217,28 @@ func TestQuoteByAnotherKey(t *testing.T) {
 		t.Fatalf("a quote by another AK, named: %v", err)
 	}
 }
+
+// TestOpenRefusesWhatIsNoTPM: --tpm takes a device path or a host:port, nothing else.
+func TestOpenRefusesWhatIsNoTPM(t *testing.T) {
+	for _, where := range []string{"tpmrm0", "", "localhost"} {
+		if _, err := tpmattest.Open(where); err == nil || !strings.Contains(err.Error(), "neither a device path") {
+			t.Errorf("Open(%q): %v", where, err)
+		}
+	}
+	if _, err := tpmattest.Open("/nonexistent/tpmrm0"); err == nil {
+		t.Error("a missing device opened")
+	}
+}
+
+// TestParseRoots: a pool's roots are single PEM certificates.
+func TestParseRoots(t *testing.T) {
+	ca := swtpmtest.NewCA(t, "roots")
+	if roots, err := tpmattest.ParseRoots([]string{ca.PEM}); err != nil || len(roots) != 1 || !roots[0].Equal(ca.Cert) {
+		t.Fatalf("ParseRoots: %v, %v", roots, err)
+	}
+	for _, bad := range []string{"", "MIIB", ca.PEM + ca.PEM} {
+		if _, err := tpmattest.ParseRoots([]string{ca.PEM, bad}); err == nil || !strings.HasPrefix(err.Error(), "ekRoots[1]") {
+			t.Errorf("ParseRoots(%.20q): %v", bad, err)
+		}
+	}
+}
