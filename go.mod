@@ -11,6 +11,8 @@ require (
 	github.com/creack/pty v1.1.24
 	github.com/digitalocean/go-libvirt v0.0.0-20261013170128-efbbdf578ac8
 	github.com/google/go-cmp v0.7.0
+	github.com/google/go-tpm v0.9.8
+	github.com/google/go-tpm-tools v0.4.11
 	github.com/google/jsonschema-go v0.4.3
 	github.com/google/uuid v1.6.0
 	github.com/insomniacslk/dhcp v0.0.0-20260901064844-234b97448fae

@@ -39,6 +39,7 @@ import (
 	"github.com/better-compute/compute/internal/nodeagent"
 	"github.com/better-compute/compute/internal/selfstat"
 	"github.com/better-compute/compute/internal/sim"
+	"github.com/better-compute/compute/internal/tpmattest"
 )
 
 // version is set at build time: -ldflags "-X github.com/better-compute/compute/bcd/app.version=v0.1.0".
@@ -143,7 +144,7 @@ func signals() (context.Context, context.CancelFunc) {
 }
 
 func joinCmd(s *settings) *cobra.Command {
-	var url, token, hostname, caHash, cmdline, authorizedKeys string
+	var url, token, hostname, caHash, cmdline, authorizedKeys, tpm string
 	var rejoin bool
 	c := &cobra.Command{
 		Use:   "join --url URL --token TOKEN",
@@ -187,8 +188,13 @@ token may also come from $BCD_JOIN_TOKEN.`,
 			}
 			ctx, cancel := signals()
 			defer cancel()
-			id, err := nodeagent.JoinWith(ctx, nodeagent.JoinOptions{URL: url, Token: token, CAHash: caHash, TakeoverSecret: secret,
-				Facts: &agentv1.MachineFacts{Hostname: hostname, MachineId: machineID(), Os: "linux", AgentVersion: version}})
+			o := nodeagent.JoinOptions{URL: url, Token: token, CAHash: caHash, TakeoverSecret: secret,
+				Facts:  &agentv1.MachineFacts{Hostname: hostname, MachineId: machineID(), Os: "linux", AgentVersion: version},
+				Logger: slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))}
+			if tpm != "" {
+				o.TPM = func() (io.ReadWriteCloser, error) { return tpmattest.Open(tpm) }
+			}
+			id, err := nodeagent.JoinWith(ctx, o)
 			if err != nil {
 				return err
 			}
@@ -204,6 +210,7 @@ token may also come from $BCD_JOIN_TOKEN.`,
 	c.Flags().StringVar(&hostname, "hostname", "", "the node's name (default: the machine's hostname)")
 	c.Flags().StringVar(&caHash, "ca-hash", "", "the machine CA's pin, sha256:… as printed with the join token; the join is refused if the server's CA differs")
 	c.Flags().BoolVar(&rejoin, "rejoin", false, "join again as the node this journal holds, proving it with the journal's takeover secret")
+	c.Flags().StringVar(&tpm, "tpm", "", "attest the join with this machine's TPM: a device (/dev/tpmrm0) or a TPM's host:port (swtpm --server type=tcp); a pool may require it")
 	c.Flags().StringVar(&cmdline, "cmdline", "", "a deployed system's kernel command line (/proc/cmdline): bcd.url=, bcd.join= and bcd.hostname= fill the flags not given, and bcd.ssh_keys= is written to --authorized-keys")
 	c.Flags().StringVar(&authorizedKeys, "authorized-keys", "/root/.ssh/authorized_keys", "where --cmdline writes the SSH keys a lease hands the machine over to")
 	return c
