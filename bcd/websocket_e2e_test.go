@@ -93,7 +93,9 @@ func TestBCDFallsBackToTheWebSocket(t *testing.T) {
 	for transport, want := range map[string]string{"auto": "warn", "grpc": "fail"} {
 		out, _ := exec.Command(bin, "doctor", "--json", "--state-dir", state, "--cdi-dir", cdiDir, "--gateway", mb.Addr,
 			"--transport", transport, "--config", writeFakeConfig(t)).Output()
-		var report struct{ Checks []struct{ Name, Status, Detail string } }
+		var report struct {
+			Checks []struct{ Name, Status, Detail string }
+		}
 		if err := json.Unmarshal(out, &report); err != nil {
 			t.Fatalf("doctor --transport %s: %v\n%s", transport, err, out)
 		}
