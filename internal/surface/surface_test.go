@@ -182,7 +182,10 @@ func TestProtocolChanges(t *testing.T) {
 		}, 1, 1},
 		{"a field retyped", func(m map[string]string) { m["field agent.v1.Heartbeat.1"] = "applied_generation int32" }, 1, 0},
 		{"a field renamed", func(m map[string]string) { m["field agent.v1.Heartbeat.1"] = "generation int64" }, 1, 0},
-		{"a message removed", func(m map[string]string) { delete(m, "message agent.v1.Goodbye"); delete(m, "field agent.v1.Goodbye.1") }, 2, 0},
+		{"a message removed", func(m map[string]string) {
+			delete(m, "message agent.v1.Goodbye")
+			delete(m, "field agent.v1.Goodbye.1")
+		}, 2, 0},
 		{"an rpc made unary", func(m map[string]string) {
 			m["rpc agent.v1.SessionService.Connect"] = "agent.v1.NodeMessage -> agent.v1.ServerMessage"
 		}, 1, 0},
