@@ -228,6 +228,7 @@ type Instance struct {
 	Labels        map[string]string `json:"labels"`
 	CreatedBy     string            `json:"createdBy"`
 	CreatedAt     time.Time         `json:"createdAt"`
+	kind          string            // instance, sandbox or warm
 }
 
 // CreateInstance is the input of instances.create.

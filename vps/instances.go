@@ -3,8 +3,10 @@ package vps
 import (
 	"context"
 	"encoding/json"
+	"cmp"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -16,14 +18,14 @@ import (
 )
 
 const instanceColumns = `i.id::text, i.tenant_id, i.name, f.name, i.flavor_id::text, m.name, i.image_id::text, i.reservation_id::text, i.node_id::text,
-	i.power, i.status, i.status_detail, i.status_at, i.deleted_at, i.deleted_reason, i.labels, i.created_by, i.created_at`
+	i.power, i.status, i.status_detail, i.status_at, i.deleted_at, i.deleted_reason, i.labels, i.created_by, i.created_at, i.kind`
 
 const instanceFrom = ` FROM compute.vps_instances i JOIN compute.vps_flavors f ON f.id = i.flavor_id JOIN compute.vps_images m ON m.id = i.image_id`
 
 func scanInstance(row pgx.Row) (Instance, error) {
 	var i Instance
 	err := row.Scan(&i.ID, &i.TenantID, &i.Name, &i.Flavor, &i.FlavorID, &i.Image, &i.ImageID, &i.ReservationID, &i.NodeID,
-		&i.Power, &i.Status, &i.StatusDetail, &i.StatusAt, &i.DeletedAt, &i.DeletedReason, &i.Labels, &i.CreatedBy, &i.CreatedAt)
+		&i.Power, &i.Status, &i.StatusDetail, &i.StatusAt, &i.DeletedAt, &i.DeletedReason, &i.Labels, &i.CreatedBy, &i.CreatedAt, &i.kind)
 	return i, err
 }
 
@@ -37,16 +39,29 @@ func getInstance(ctx context.Context, q postgres.Querier, id string) (Instance, 
 
 // instanceTarget finds an instance by id, or by name among the tenant's live ones.
 func instanceTarget(ctx context.Context, l modules.Lookup, in InstanceRef) (modules.Target, error) {
-	t := modules.Target{Existing: true, Kind: "instance", Ref: in.Instance}
-	tenant := modules.TenantTarget(l.Principal, in.TenantID).TenantID
+	return kindTarget(ctx, l, kindInstance, in.TenantID, in.Instance)
+}
+
+// kindTarget finds an instance of a kind (an instance, a sandbox) by id, or by name among the
+// tenant's live ones.
+func kindTarget(ctx context.Context, l modules.Lookup, kind, tenantID, ref string) (modules.Target, error) {
+	t := modules.Target{Existing: true, Kind: kind, Ref: ref}
+	tenant := modules.TenantTarget(l.Principal, tenantID).TenantID
 	err := l.Q.QueryRow(ctx, `SELECT id::text, tenant_id FROM compute.vps_instances
-		WHERE id::text = $1 OR (tenant_id = $2 AND name = $1 AND deleted_at IS NULL) ORDER BY (id::text = $1) DESC LIMIT 1`, in.Instance, tenant).
+		WHERE (id::text = $1 OR (tenant_id = $2 AND name = $1 AND deleted_at IS NULL)) AND kind = $3 ORDER BY (id::text = $1) DESC LIMIT 1`, ref, tenant, kind).
 		Scan(&t.ResourceID, &t.TenantID)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return t, api.NotFound("instance", in.Instance)
+		return t, api.NotFound(kind, ref)
 	}
 	return t, err
 }
+
+// The kinds of instance (vps_instances.kind).
+const (
+	kindInstance = "instance"
+	kindSandbox  = "sandbox"
+	kindWarm     = "warm" // booted and paused in a template's warm pool
+)
 
 func (m *Module) registerInstances(r *modules.Registry) {
 	modules.Handle(r, InstancesCreate, nil, createInstance)
@@ -66,24 +81,13 @@ func (m *Module) registerInstances(r *modules.Registry) {
 		})
 	})
 	modules.Handle(r, InstancesDelete, instanceTarget, func(ctx context.Context, c *modules.Call, _ InstanceRef) (Instance, error) {
-		i, err := getInstance(ctx, c.Tx, c.Target.ResourceID)
-		if err != nil || i.DeletedAt != nil {
-			return i, err // deleting a deleted instance answers it as it is
+		if err := endInstance(ctx, c, c.Target.ResourceID, "deleted"); err != nil {
+			return Instance{}, err
 		}
-		if err := c.Runtime.Capacity.Release(ctx, c, i.ReservationID); err != nil {
-			return i, fmt.Errorf("vps: release instance %s's reservation: %w", i.ID, err)
-		}
-		return deleteInstance(ctx, c.Tx, c.Runtime, i, "deleted")
+		return getInstance(ctx, c.Tx, c.Target.ResourceID) // deleting a deleted instance answers it as it is
 	})
 	modules.Handle(r, InstancesConsole, instanceTarget, func(ctx context.Context, c *modules.Call, _ InstanceRef) (api.TunnelTicket, error) {
-		i, err := getInstance(ctx, c.Tx, c.Target.ResourceID)
-		if err != nil {
-			return api.TunnelTicket{}, err
-		}
-		if i.DeletedAt != nil {
-			return api.TunnelTicket{}, api.Errorf(api.CodeFailedPrecondition, "instance %s was deleted", i.Name).With("reason", "deleted")
-		}
-		return c.Runtime.Access.ConsoleTicket(ctx, c, api.OpenTunnel{Reservation: i.ReservationID, Node: i.NodeID, Console: hostapi.ConsoleName(i.ID)})
+		return consoleTicket(ctx, c)
 	})
 }
 
@@ -99,10 +103,32 @@ func createInstance(ctx context.Context, c *modules.Call, in CreateInstance) (In
 	if err != nil {
 		return Instance{}, err
 	}
+	return launch(ctx, c, launchSpec{kind: kindInstance, name: in.Name, pool: in.Pool, flavor: f, image: img, power: in.Power,
+		duration: in.Duration, labels: in.Labels})
+}
+
+// launchSpec is an instance to book and record.
+type launchSpec struct {
+	kind, name, pool string
+	flavor           Flavor
+	image            VMImage
+	power, duration  string
+	labels           map[string]string
+	template         string        // a sandbox's or warm instance's
+	ttl              time.Duration // a sandbox's
+}
+
+// launch books an instance's capacity on a VM host of the pool and records it, in c's
+// transaction; its host hears of it when the transaction commits.
+func launch(ctx context.Context, c *modules.Call, s launchSpec) (Instance, error) {
+	f := s.flavor
 	id := uuid.Must(uuid.NewV7()).String()
-	res, err := c.Runtime.Capacity.Reserve(ctx, c, api.CreateReservation{TenantID: c.Target.TenantID, Pool: in.Pool,
+	if s.name == "" {
+		s.name = "sbx-" + id[len(id)-12:]
+	}
+	res, err := c.Runtime.Capacity.Reserve(ctx, c, api.CreateReservation{TenantID: c.Target.TenantID, Pool: s.pool,
 		Shape:         api.Shape{VCPUs: f.VCPUs, MemoryGiB: f.MemoryGiB, GPUs: f.GPUs, Model: f.GPUModel, MIGProfile: f.MIGProfile},
-		RequireLabels: f.RequireLabels, Duration: in.Duration, Labels: map[string]string{"vps.instance": id}})
+		RequireLabels: f.RequireLabels, Duration: s.duration, Labels: map[string]string{"vps." + s.kind: id}})
 	if err != nil {
 		return Instance{}, err
 	}
@@ -115,23 +141,31 @@ func createInstance(ctx context.Context, c *modules.Call, in CreateInstance) (In
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Instance{}, api.Errorf(api.CodeFailedPrecondition,
 			"node %s of pool %s, where the instance was placed, runs no VM runtime (bcd node --vps-runtime): give the flavor requireLabels that only VM hosts carry",
-			res.Allocations[0].Node, in.Pool).With("reason", "no_vm_host").With("node", node)
+			res.Allocations[0].Node, s.pool).With("reason", "no_vm_host").With("node", node)
 	}
 	if err != nil {
 		return Instance{}, err
 	}
-	power := in.Power
-	if power == "" {
-		power = PowerRunning
-	}
-	labels := in.Labels
+	power := cmp.Or(s.power, PowerRunning)
+	labels := s.labels
 	if labels == nil {
 		labels = map[string]string{}
 	}
-	_, err = c.Tx.Exec(ctx, `INSERT INTO compute.vps_instances (id, tenant_id, name, flavor_id, image_id, reservation_id, node_id, power, labels, created_by)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`, id, c.Target.TenantID, in.Name, f.ID, img.ID, res.ID, node, power, labels, c.Principal.ID)
+	var template *string
+	var expires *string
+	if s.template != "" {
+		template = &s.template
+	}
+	if s.kind == kindSandbox {
+		e := fmt.Sprintf("%d seconds", int64(s.ttl/time.Second))
+		expires = &e
+	}
+	_, err = c.Tx.Exec(ctx, `INSERT INTO compute.vps_instances (id, tenant_id, name, flavor_id, image_id, reservation_id, node_id, power, labels, created_by,
+			kind, template_id, expires_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, compute.compute_now() + $13::interval)`,
+		id, c.Target.TenantID, s.name, f.ID, s.image.ID, res.ID, node, power, labels, c.Principal.ID, s.kind, template, expires)
 	if postgres.ErrorCode(err) == postgres.UniqueViolation {
-		return Instance{}, api.Errorf(api.CodeConflict, "the tenant has a live instance named %q", in.Name).With("reason", "name_taken")
+		return Instance{}, api.Errorf(api.CodeConflict, "the tenant has a live instance or sandbox named %q", s.name).With("reason", "name_taken")
 	}
 	if err != nil {
 		return Instance{}, err
@@ -139,11 +173,21 @@ func createInstance(ctx context.Context, c *modules.Call, in CreateInstance) (In
 	if err := c.Runtime.Nodes.BumpDesired(ctx, c.Tx, node); err != nil {
 		return Instance{}, err
 	}
-	if err := c.Runtime.Events.Emit(ctx, c.Tx, modules.Event{Type: EventInstanceCreated, TenantID: c.Target.TenantID, Subject: id,
-		Data: map[string]any{"name": in.Name, "flavor": f.Name, "node": node, "reservation": res.ID, "runtime": runtime}}); err != nil {
-		return Instance{}, err
+	if s.kind != kindWarm { // a warm one is no one's yet: its sandbox's creation is the event
+		if err := c.Runtime.Events.Emit(ctx, c.Tx, modules.Event{Type: eventOf(s.kind, "created"), TenantID: c.Target.TenantID, Subject: id,
+			Data: map[string]any{"name": s.name, "flavor": f.Name, "node": node, "reservation": res.ID, "runtime": runtime}}); err != nil {
+			return Instance{}, err
+		}
 	}
 	return getInstance(ctx, c.Tx, id)
+}
+
+// eventOf is the type of an event of an instance of a kind: instance.created, sandbox.created.
+func eventOf(kind, what string) string {
+	if kind == kindInstance {
+		return "instance." + what
+	}
+	return "sandbox." + what
 }
 
 func listInstances(ctx context.Context, c *modules.Call, in ListInstances) (api.Page[Instance], error) {
@@ -156,7 +200,7 @@ func listInstances(ctx context.Context, c *modules.Call, in ListInstances) (api.
 		before = &key
 	}
 	limit := in.PageLimit()
-	rows, err := c.Tx.Query(ctx, `SELECT `+instanceColumns+instanceFrom+` WHERE i.tenant_id = $1 AND ($2::text IS NULL OR i.id::text < $2)
+	rows, err := c.Tx.Query(ctx, `SELECT `+instanceColumns+instanceFrom+` WHERE i.tenant_id = $1 AND i.kind = 'instance' AND ($2::text IS NULL OR i.id::text < $2)
 		AND ($3 = '' OR i.node_id::text = $3) AND ($4 = '' OR i.status = $4) AND ($5 OR i.deleted_at IS NULL)
 		ORDER BY i.id DESC LIMIT $6`, c.Target.TenantID, before, in.Node, in.Status, in.Deleted || in.Status == "deleted", limit+1)
 	if err != nil {
@@ -212,9 +256,15 @@ func deleteInstance(ctx context.Context, tx pgx.Tx, rt *modules.Runtime, i Insta
 	if err := rt.Nodes.BumpDesired(ctx, tx, i.NodeID); err != nil {
 		return i, err
 	}
-	if err := rt.Events.Emit(ctx, tx, modules.Event{Type: EventInstanceDeleted, TenantID: i.TenantID, Subject: i.ID,
-		Data: map[string]any{"name": i.Name, "reason": reason}}); err != nil {
-		return i, err
+	if i.kind != kindWarm {
+		typ := eventOf(i.kind, "deleted")
+		if reason == "expired" {
+			typ = EventSandboxExpired
+		}
+		if err := rt.Events.Emit(ctx, tx, modules.Event{Type: typ, TenantID: i.TenantID, Subject: i.ID,
+			Data: map[string]any{"name": i.Name, "reason": reason}}); err != nil {
+			return i, err
+		}
 	}
 	return getInstance(ctx, tx, i.ID)
 }
@@ -260,8 +310,11 @@ func endWithReservations(ctx context.Context, rt *modules.Runtime) error {
 // it now.
 func (m *Module) desiredInstances(ctx context.Context, q postgres.Querier, nodeID string) (any, error) {
 	rows, err := q.Query(ctx, `SELECT i.id::text, i.reservation_id::text, f.vcpus, f.memory_gib, f.disk_gib, m.kernel_url, m.kernel_sha256,
-		m.initrd_url, m.initrd_sha256, m.cmdline, m.disk_url, m.disk_sha256, i.power, i.reboots
+		m.initrd_url, m.initrd_sha256, m.cmdline, m.disk_url, m.disk_sha256, i.power, i.reboots, coalesce(t.env, '{}'),
+		ARRAY(SELECT s.id::text FROM compute.vps_snapshots s WHERE s.instance_id = i.id AND s.deleted_at IS NULL AND s.status <> 'failed' ORDER BY s.id),
+		coalesce(i.restore_snapshot::text, ''), i.restores
 		FROM compute.vps_instances i JOIN compute.vps_flavors f ON f.id = i.flavor_id JOIN compute.vps_images m ON m.id = i.image_id
+		LEFT JOIN compute.vps_sandbox_templates t ON t.id = i.template_id
 		WHERE i.node_id = $1 AND i.deleted_at IS NULL ORDER BY i.id`, nodeID)
 	if err != nil {
 		return nil, err
@@ -272,11 +325,21 @@ func (m *Module) desiredInstances(ctx context.Context, q postgres.Querier, nodeI
 	}
 	all, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
 		var x row
-		var memGiB int
-		var k, ks, ir, irs, d, ds string
-		err := r.Scan(&x.ID, &x.reservation, &x.VCPUs, &memGiB, &x.DiskGiB, &k, &ks, &ir, &irs, &x.Cmdline, &d, &ds, &x.Power, &x.Reboots)
+		var memGiB, restores int
+		var k, ks, ir, irs, d, ds, restore string
+		err := r.Scan(&x.ID, &x.reservation, &x.VCPUs, &memGiB, &x.DiskGiB, &k, &ks, &ir, &irs, &x.Cmdline, &d, &ds, &x.Power, &x.Reboots,
+			&x.Env, &x.Snapshots, &restore, &restores)
 		x.MemoryMiB = memGiB << 10
 		x.Kernel, x.Initrd, x.Disk = hostArtifact(k, ks), hostArtifact(ir, irs), hostArtifact(d, ds)
+		if restore != "" {
+			x.Restore = &hostapi.Restore{Snapshot: restore, Serial: restores}
+		}
+		if len(x.Env) == 0 {
+			x.Env = nil
+		}
+		if len(x.Snapshots) == 0 {
+			x.Snapshots = nil
+		}
 		return x, err
 	})
 	if err != nil || len(all) == 0 {
@@ -346,20 +409,50 @@ func statusReported(ctx context.Context, r *modules.Report) error {
 		if len(st.Detail) > 1024 {
 			st.Detail = st.Detail[:1024]
 		}
-		var tenant, name string
+		if err := snapshotsReported(ctx, r, st); err != nil {
+			return err
+		}
+		var tenant, name, kind string
 		err := r.Tx.QueryRow(ctx, `UPDATE compute.vps_instances SET status = $3, status_detail = $4, status_at = compute.compute_now()
-			WHERE id::text = $1 AND node_id = $2 AND deleted_at IS NULL AND (status <> $3 OR status_detail <> $4) RETURNING tenant_id, name`,
-			st.ID, r.NodeID, st.State, st.Detail).Scan(&tenant, &name)
+			WHERE id::text = $1 AND node_id = $2 AND deleted_at IS NULL AND (status <> $3 OR status_detail <> $4) RETURNING tenant_id, name, kind`,
+			st.ID, r.NodeID, st.State, st.Detail).Scan(&tenant, &name, &kind)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // unchanged, or not this host's
 		}
 		if err != nil {
 			return err
 		}
-		if err := r.Runtime.Events.Emit(ctx, r.Tx, modules.Event{Type: EventInstanceStatus, TenantID: tenant, Subject: st.ID,
+		if kind == kindWarm {
+			continue // no one's yet
+		}
+		if err := r.Runtime.Events.Emit(ctx, r.Tx, modules.Event{Type: eventOf(kind, "status"), TenantID: tenant, Subject: st.ID,
 			Data: map[string]any{"name": name, "status": st.State, "detail": st.Detail}}); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// snapshotsReported marks the instance's pending snapshots its host has as ready, and those it
+// could not save as failed; a restore that failed is said in the snapshot's detail.
+func snapshotsReported(ctx context.Context, r *modules.Report, st hostapi.InstanceStatus) error {
+	if len(st.Snapshots) == 0 && len(st.SnapshotErrors) == 0 {
+		return nil
+	}
+	failed, why := make([]string, 0, len(st.SnapshotErrors)), make([]string, 0, len(st.SnapshotErrors))
+	for id, w := range st.SnapshotErrors {
+		if len(w) > 1024 {
+			w = w[:1024]
+		}
+		failed, why = append(failed, id), append(why, w)
+	}
+	_, err := r.Tx.Exec(ctx, `WITH mine AS (
+			SELECT s.id FROM compute.vps_snapshots s JOIN compute.vps_instances i ON i.id = s.instance_id
+			WHERE i.id::text = $1 AND i.node_id = $2 AND s.deleted_at IS NULL)
+		UPDATE compute.vps_snapshots s SET
+			status = CASE WHEN s.status = 'pending' AND e.why IS NOT NULL THEN 'failed' WHEN s.status = 'pending' AND s.id::text = ANY($3) THEN 'ready' ELSE s.status END,
+			status_detail = coalesce(e.why, s.status_detail)
+		FROM mine LEFT JOIN unnest($4::text[], $5::text[]) AS e(id, why) ON e.id = mine.id::text
+		WHERE s.id = mine.id AND (s.id::text = ANY($3) OR e.why IS NOT NULL)`, st.ID, r.NodeID, st.Snapshots, failed, why)
+	return err
 }

@@ -35,6 +35,9 @@ type Options struct {
 	// ReconcileEvery is how often the worker ends the instances whose reservation ended
 	// (expired, preempted, drained); default 15 s.
 	ReconcileEvery time.Duration
+	// SandboxEvery is how often the sandbox worker ends expired sandboxes, pauses warm
+	// instances that have run their warmup and refills warm pools; default 2 s.
+	SandboxEvery time.Duration
 }
 
 // Module is the vps module: vps.New(vps.Options{}) in compute.Options.Modules.
@@ -47,6 +50,9 @@ type Module struct {
 func New(opts Options) (*Module, error) {
 	if opts.ReconcileEvery <= 0 {
 		opts.ReconcileEvery = 15 * time.Second
+	}
+	if opts.SandboxEvery <= 0 {
+		opts.SandboxEvery = 2 * time.Second
 	}
 	return &Module{opts: opts}, nil
 }
@@ -61,12 +67,19 @@ func (m *Module) Register(r *modules.Registry) error {
 		iam.ResourceType{Name: ResourceFlavor, Description: "A shape of VM instance: vCPUs, memory, disk and GPUs."},
 		iam.ResourceType{Name: ResourceImage, Description: "What VM instances boot: a kernel and initramfs, or a disk image."},
 		iam.ResourceType{Name: ResourceInstance, Description: "A VM instance, holding its capacity through a reservation."},
+		iam.ResourceType{Name: ResourceSandboxTemplate, Description: "What sandboxes are made from, how long they live and how many wait warm."},
+		iam.ResourceType{Name: ResourceSandbox, Description: "A short-lived VM made from a template."},
+		iam.ResourceType{Name: ResourceSnapshot, Description: "A saved state of a sandbox, memory included."},
 	)
-	r.Actions(modules.ActionsFor(Methods()...)...)
+	r.Actions(modules.ActionsFor(append(Methods(), SandboxMethods()...)...)...)
 	r.EventTypes(
 		modules.EventType{Name: EventInstanceCreated, Description: "An instance was created (data: name, flavor, node, reservation)."},
 		modules.EventType{Name: EventInstanceDeleted, Description: "An instance was deleted, or ended with its reservation (data: reason)."},
 		modules.EventType{Name: EventInstanceStatus, Description: "An instance's host reported a new status (data: status, detail)."},
+		modules.EventType{Name: EventSandboxCreated, Description: "A sandbox was created (data: name, template, node, fromWarmPool)."},
+		modules.EventType{Name: EventSandboxDeleted, Description: "A sandbox was deleted (data: reason)."},
+		modules.EventType{Name: EventSandboxExpired, Description: "A sandbox's time to live ran out and the worker deleted it."},
+		modules.EventType{Name: "sandbox.status", Description: "A sandbox's host reported a new status (data: status, detail)."},
 	)
 	r.OnInitialize(func(_ context.Context, rt *modules.Runtime) error {
 		m.capacity = rt.Capacity
@@ -75,6 +88,7 @@ func (m *Module) Register(r *modules.Registry) error {
 	m.registerFlavors(r)
 	m.registerImages(r)
 	m.registerInstances(r)
+	m.registerSandboxes(r)
 	r.DesiredKind(modules.DesiredKind{Name: hostapi.KindInstances, Version: hostapi.InstancesVersion, Optional: true, State: m.desiredInstances})
 	r.ReportKind(
 		modules.ReportKind{Name: hostapi.KindHost, Handle: hostReported},
@@ -82,6 +96,9 @@ func (m *Module) Register(r *modules.Registry) error {
 	)
 	r.Worker(modules.Worker{Name: "vps-instances", Modes: []string{"worker"}, Run: func(ctx context.Context, rt *modules.Runtime) error {
 		return modules.Every(ctx, m.opts.ReconcileEvery, func() error { return endWithReservations(ctx, rt) })
+	}})
+	r.Worker(modules.Worker{Name: "vps-sandboxes", Modes: []string{"worker"}, Run: func(ctx context.Context, rt *modules.Runtime) error {
+		return modules.Every(ctx, m.opts.SandboxEvery, func() error { return sandboxRound(ctx, rt) })
 	}})
 	return nil
 }

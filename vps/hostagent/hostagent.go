@@ -11,14 +11,17 @@ package hostagent
 import (
 	"cmp"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -52,15 +55,17 @@ type Agent struct {
 	cache *cache
 	dirty chan struct{} // the status changed: report it
 
-	mu      sync.Mutex // one convergence at a time; guards what follows
-	state   persisted
-	errored map[string]string // instances that could not be made as asked, and why
+	mu         sync.Mutex // one convergence at a time; guards what follows
+	state      persisted
+	errored    map[string]string            // instances that could not be made as asked, and why
+	snapErrors map[string]map[string]string // instance → snapshot → why it could not be saved or restored
 }
 
-// persisted is what the agent keeps across restarts: the reboots it has done per instance, so
-// that a restart neither reboots an instance again nor forgets one it owes.
+// persisted is what the agent keeps across restarts: the reboots and restores it has done per
+// instance, so that a restart neither does one again nor forgets one it owes.
 type persisted struct {
-	Reboots map[string]int `json:"reboots"`
+	Reboots  map[string]int `json:"reboots"`
+	Restores map[string]int `json:"restores,omitempty"`
 }
 
 // New checks opts and reads what the agent kept.
@@ -76,7 +81,7 @@ func New(opts Options) (*Agent, error) {
 	opts.HTTP = cmp.Or(opts.HTTP, &http.Client{Timeout: 10 * time.Minute})
 	opts.StatusEvery = cmp.Or(opts.StatusEvery, 30*time.Second)
 	opts.Logger = cmp.Or(opts.Logger, slog.New(slog.DiscardHandler))
-	for _, d := range []string{opts.Dir, filepath.Join(opts.Dir, "cache"), filepath.Join(opts.Dir, "consoles")} {
+	for _, d := range []string{opts.Dir, filepath.Join(opts.Dir, "cache"), filepath.Join(opts.Dir, "consoles"), filepath.Join(opts.Dir, "snapshots")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, fmt.Errorf("hostagent: %w", err)
 		}
@@ -85,7 +90,8 @@ func New(opts Options) (*Agent, error) {
 		}
 	}
 	a := &Agent{opts: opts, cache: &cache{dir: filepath.Join(opts.Dir, "cache"), http: opts.HTTP},
-		dirty: make(chan struct{}, 1), state: persisted{Reboots: map[string]int{}}, errored: map[string]string{}}
+		dirty: make(chan struct{}, 1), state: persisted{Reboots: map[string]int{}, Restores: map[string]int{}},
+		errored: map[string]string{}, snapErrors: map[string]map[string]string{}}
 	b, err := os.ReadFile(a.statePath())
 	switch {
 	case errors.Is(err, os.ErrNotExist):
@@ -98,6 +104,9 @@ func New(opts Options) (*Agent, error) {
 		if a.state.Reboots == nil {
 			a.state.Reboots = map[string]int{}
 		}
+		if a.state.Restores == nil {
+			a.state.Restores = map[string]int{}
+		}
 	}
 	return a, nil
 }
@@ -108,6 +117,24 @@ func (a *Agent) statePath() string { return filepath.Join(a.opts.Dir, "state.jso
 // must be (108 bytes).
 func (a *Agent) consolePath(id string) string {
 	return filepath.Join(a.opts.Dir, "consoles", id+".sock")
+}
+
+// snapshotPath is where a snapshot of an instance is saved (its memory; its disk beside it, in
+// <path>.disk).
+func (a *Agent) snapshotPath(instance, snapshot string) string {
+	return filepath.Join(a.opts.Dir, "snapshots", instance, snapshot)
+}
+
+// snapshotsOf lists the snapshots the host keeps of an instance.
+func (a *Agent) snapshotsOf(instance string) []string {
+	entries, _ := os.ReadDir(filepath.Join(a.opts.Dir, "snapshots", instance))
+	var out []string
+	for _, e := range entries {
+		if n := e.Name(); validID(n) {
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 // Extension is the agent's part of bcd node: the converger of vps.instances and the instances'
@@ -166,6 +193,23 @@ func (a *Agent) converge(ctx context.Context, version uint32, payload []byte) er
 	if err != nil {
 		return fmt.Errorf("hostagent: list the runtime's instances: %w", err)
 	}
+	// A new instance owes no reboots and no restores: those asked before the host knew it were
+	// its birth's.
+	fresh := false
+	for _, in := range want.Instances {
+		if _, ok := a.state.Reboots[in.ID]; !ok && validID(in.ID) {
+			a.state.Reboots[in.ID] = in.Reboots
+			if in.Restore != nil {
+				a.state.Restores[in.ID] = in.Restore.Serial
+			}
+			fresh = true
+		}
+	}
+	if fresh {
+		if err := a.save(); err != nil {
+			return err
+		}
+	}
 	wanted := map[string]bool{}
 	errored := map[string]string{}
 	for _, in := range want.Instances {
@@ -191,19 +235,21 @@ func (a *Agent) converge(ctx context.Context, version uint32, payload []byte) er
 			return fmt.Errorf("hostagent: delete instance %s: %w", st.ID, err)
 		}
 		_ = os.Remove(a.consolePath(st.ID))
+		_ = os.RemoveAll(filepath.Join(a.opts.Dir, "snapshots", st.ID))
 		a.opts.Logger.Info("vps: instance deleted", "instance", st.ID)
 	}
-	changed := false
-	for id := range a.state.Reboots {
+	for id := range a.snapErrors {
 		if !wanted[id] {
-			delete(a.state.Reboots, id)
-			changed = true
+			delete(a.snapErrors, id)
 		}
 	}
-	for _, in := range want.Instances {
-		if _, ok := a.state.Reboots[in.ID]; !ok && wanted[in.ID] {
-			a.state.Reboots[in.ID] = in.Reboots // a new instance owes no reboots
-			changed = true
+	changed := false
+	for _, counts := range []map[string]int{a.state.Reboots, a.state.Restores} {
+		for id := range counts {
+			if !wanted[id] {
+				delete(counts, id)
+				changed = true
+			}
 		}
 	}
 	if changed {
@@ -230,19 +276,80 @@ func (a *Agent) ensure(ctx context.Context, in hostapi.Instance) error {
 		}
 		*f.dst = p
 	}
+	if len(in.Env) > 0 && r.Kernel != "" {
+		b, _ := json.Marshal(in.Env)
+		r.Cmdline = strings.TrimSpace(r.Cmdline + " bc.env=" + base64.RawURLEncoding.EncodeToString(b))
+	}
 	st, err := a.opts.Runtime.Ensure(ctx, r)
 	if err != nil {
 		return err
 	}
-	done, known := a.state.Reboots[in.ID]
-	if known && in.Reboots > done && st.State == runtime.StateRunning {
+	if in.Reboots > a.state.Reboots[in.ID] && st.State == runtime.StateRunning {
 		if err := a.opts.Runtime.Reboot(ctx, in.ID); err != nil {
 			return fmt.Errorf("reboot: %w", err)
 		}
 		a.state.Reboots[in.ID] = in.Reboots
-		return a.save()
+		if err := a.save(); err != nil {
+			return err
+		}
 	}
+	a.snapshots(ctx, in, r)
 	return nil
+}
+
+// snapshots saves the snapshots of an instance the host does not have, removes those no longer
+// asked for, and restores one when asked. What fails is kept in snapErrors, for the status.
+func (a *Agent) snapshots(ctx context.Context, in hostapi.Instance, r runtime.Instance) {
+	errs := a.snapErrors[in.ID]
+	if errs == nil {
+		errs = map[string]string{}
+	}
+	keep := map[string]bool{}
+	for _, snap := range in.Snapshots {
+		if !validID(snap) {
+			continue
+		}
+		keep[snap] = true
+		p := a.snapshotPath(in.ID, snap)
+		if _, err := os.Stat(p); err == nil {
+			continue
+		}
+		if _, failed := errs[snap]; failed {
+			continue // tried and failed: not again on every push
+		}
+		if err := a.opts.Runtime.Save(ctx, in.ID, p); err != nil {
+			errs[snap] = err.Error()
+			_ = os.Remove(p)
+			_ = os.Remove(p + ".disk")
+			continue
+		}
+		a.opts.Logger.Info("vps: snapshot saved", "instance", in.ID, "snapshot", snap)
+	}
+	for _, snap := range a.snapshotsOf(in.ID) {
+		if !keep[snap] {
+			p := a.snapshotPath(in.ID, snap)
+			_ = os.Remove(p)
+			_ = os.Remove(p + ".disk")
+		}
+	}
+	for snap := range errs {
+		if !keep[snap] {
+			delete(errs, snap)
+		}
+	}
+	if rs := in.Restore; rs != nil && rs.Serial > a.state.Restores[in.ID] {
+		p := a.snapshotPath(in.ID, rs.Snapshot)
+		if _, err := os.Stat(p); err != nil || !validID(rs.Snapshot) {
+			errs[rs.Snapshot] = "restore: the host has no such snapshot of the instance"
+		} else if _, err := a.opts.Runtime.Restore(ctx, p, r); err != nil {
+			errs[rs.Snapshot] = "restore: " + err.Error()
+		} else {
+			a.opts.Logger.Info("vps: snapshot restored", "instance", in.ID, "snapshot", rs.Snapshot)
+		}
+		a.state.Restores[in.ID] = rs.Serial // done, or failed and said so: not tried again
+		_ = a.save()
+	}
+	a.snapErrors[in.ID] = errs
 }
 
 // save writes what the agent keeps, atomically.
@@ -280,7 +387,11 @@ func (a *Agent) Status(ctx context.Context) (hostapi.Status, error) {
 	out := hostapi.Status{Instances: []hostapi.InstanceStatus{}}
 	seen := map[string]bool{}
 	for _, st := range have {
-		s := hostapi.InstanceStatus{ID: st.ID, State: st.State, Detail: st.Detail, Reboots: a.state.Reboots[st.ID]}
+		s := hostapi.InstanceStatus{ID: st.ID, State: st.State, Detail: st.Detail, Reboots: a.state.Reboots[st.ID],
+			Snapshots: a.snapshotsOf(st.ID), Restores: a.state.Restores[st.ID]}
+		if errs := a.snapErrors[st.ID]; len(errs) > 0 {
+			s.SnapshotErrors = maps.Clone(errs)
+		}
 		if why, ok := a.errored[st.ID]; ok {
 			s.State, s.Detail = runtime.StateError, why
 		}

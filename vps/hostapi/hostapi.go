@@ -38,6 +38,21 @@ type Instance struct {
 	Power     string    `json:"power"`          // running, paused or stopped
 	Reboots   int       `json:"reboots"`        // when it grows past what the host has done, the host reboots it
 	GPUs      []string  `json:"gpus,omitempty"` // the UUIDs of the GPUs its reservation holds, passed through
+	// Env is given to the guest on a kernel's command line, as bc.env=<base64url of its JSON>
+	// (a sandbox template's env); an image that boots from its disk alone does not get it.
+	Env map[string]string `json:"env,omitempty"`
+	// Snapshots are the ids of the saved states (memory and disk) the host should keep of it:
+	// one missing is saved now, one no longer listed is removed.
+	Snapshots []string `json:"snapshots,omitempty"`
+	// Restore, when its Serial grows past the restores the host has done, puts the instance
+	// back to the state of one of its snapshots.
+	Restore *Restore `json:"restore,omitempty"`
+}
+
+// Restore asks for an instance to be put back to a snapshot.
+type Restore struct {
+	Snapshot string `json:"snapshot"`
+	Serial   int    `json:"serial"`
 }
 
 // Artifact is a file to fetch, checked by its SHA-256.
@@ -62,6 +77,11 @@ type InstanceStatus struct {
 	State   string `json:"state"` // running, paused, stopped, error
 	Detail  string `json:"detail,omitempty"`
 	Reboots int    `json:"reboots"` // the reboots done
+	// Snapshots are the saved states the host has of it; SnapshotErrors those it could not
+	// save (or restore), and why.
+	Snapshots      []string          `json:"snapshots,omitempty"`
+	SnapshotErrors map[string]string `json:"snapshotErrors,omitempty"`
+	Restores       int               `json:"restores,omitempty"` // the restores done
 }
 
 // ConsoleName is the name of an instance's serial console among its host's consoles
