@@ -1,9 +1,9 @@
 package vps
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
-	"cmp"
 	"errors"
 	"fmt"
 	"time"

@@ -30,7 +30,7 @@ type fleet struct {
 
 func newFleet(t *testing.T) *fleet {
 	t.Helper()
-	m, err := vps.New(vps.Options{ReconcileEvery: 200 * time.Millisecond})
+	m, err := vps.New(vps.Options{ReconcileEvery: 200 * time.Millisecond, SandboxEvery: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
