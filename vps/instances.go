@@ -446,13 +446,23 @@ func snapshotsReported(ctx context.Context, r *modules.Report, st hostapi.Instan
 		}
 		failed, why = append(failed, id), append(why, w)
 	}
-	_, err := r.Tx.Exec(ctx, `WITH mine AS (
+	// A snapshot that failed leaves the desired state: the host is told again, and forgets it.
+	var failedNow int
+	err := r.Tx.QueryRow(ctx, `WITH mine AS (
 			SELECT s.id FROM compute.vps_snapshots s JOIN compute.vps_instances i ON i.id = s.instance_id
-			WHERE i.id::text = $1 AND i.node_id = $2 AND s.deleted_at IS NULL)
-		UPDATE compute.vps_snapshots s SET
-			status = CASE WHEN s.status = 'pending' AND e.why IS NOT NULL THEN 'failed' WHEN s.status = 'pending' AND s.id::text = ANY($3) THEN 'ready' ELSE s.status END,
-			status_detail = coalesce(e.why, s.status_detail)
-		FROM mine LEFT JOIN unnest($4::text[], $5::text[]) AS e(id, why) ON e.id = mine.id::text
-		WHERE s.id = mine.id AND (s.id::text = ANY($3) OR e.why IS NOT NULL)`, st.ID, r.NodeID, st.Snapshots, failed, why)
-	return err
+			WHERE i.id::text = $1 AND i.node_id = $2 AND s.deleted_at IS NULL),
+		errs AS (SELECT * FROM unnest($4::text[], $5::text[]) AS e(id, why)),
+		pending AS (
+			UPDATE compute.vps_snapshots s SET status = CASE WHEN e.why IS NOT NULL THEN 'failed' ELSE 'ready' END, status_detail = coalesce(e.why, '')
+			FROM mine LEFT JOIN errs e ON e.id = mine.id::text
+			WHERE s.id = mine.id AND s.status = 'pending' AND (s.id::text = ANY($3) OR e.why IS NOT NULL) RETURNING s.status),
+		restores AS ( -- a ready one the host could not restore: said in its detail
+			UPDATE compute.vps_snapshots s SET status_detail = e.why FROM mine JOIN errs e ON e.id = mine.id::text
+			WHERE s.id = mine.id AND s.status = 'ready' AND s.status_detail <> e.why RETURNING 1)
+		SELECT count(*) FROM pending WHERE status = 'failed'`, -- restores runs unread, as a data-modifying WITH does
+		st.ID, r.NodeID, st.Snapshots, failed, why).Scan(&failedNow)
+	if err != nil || failedNow == 0 {
+		return err
+	}
+	return r.Runtime.Nodes.BumpDesired(ctx, r.Tx, r.NodeID)
 }
