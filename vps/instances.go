@@ -459,7 +459,7 @@ func snapshotsReported(ctx context.Context, r *modules.Report, st hostapi.Instan
 		restores AS ( -- a ready one the host could not restore: said in its detail
 			UPDATE compute.vps_snapshots s SET status_detail = e.why FROM mine JOIN errs e ON e.id = mine.id::text
 			WHERE s.id = mine.id AND s.status = 'ready' AND s.status_detail <> e.why RETURNING 1)
-		SELECT count(*) FROM pending WHERE status = 'failed'`, -- restores runs unread, as a data-modifying WITH does
+		SELECT count(*) FROM pending WHERE status = 'failed'`, // restores runs unread, as a data-modifying WITH does
 		st.ID, r.NodeID, st.Snapshots, failed, why).Scan(&failedNow)
 	if err != nil || failedNow == 0 {
 		return err
