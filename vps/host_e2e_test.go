@@ -2,6 +2,7 @@ package vps_test
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -26,13 +27,21 @@ import (
 	"github.com/better-compute/compute/vps/runtime/libvirt"
 )
 
-// TestInstancesRunOnARealBCDHost: the vps module with a real bcd node as its VM host, over a
-// private session-mode libvirtd and real VMs under TCG. An instance is booked and booted from
-// images the host fetches and checks; its serial console reaches the guest through a one-use
-// ticket and the node's session; it pauses, stops, starts and reboots as asked and its status
-// follows; an image whose checksum lies never boots; a delete removes the VM and frees its
-// capacity for the next instance.
-func TestInstancesRunOnARealBCDHost(t *testing.T) {
+// vmHost is a control plane with the vps module, a real bcd node as its VM host over a private
+// session-mode libvirtd, and an image server with the test guest's kernel and initramfs.
+type vmHost struct {
+	env    *computetest.Env
+	ctx    context.Context
+	c      *compute.Compute
+	key    string
+	cl     *client.Client
+	h      vmtest.Host
+	images string            // the image server's URL
+	sums   map[string]string // file → SHA-256
+}
+
+func startVMHost(t *testing.T) *vmHost {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("builds bcd and boots VMs")
 	}
@@ -56,16 +65,16 @@ func TestInstancesRunOnARealBCDHost(t *testing.T) {
 		files.HandleFunc("/"+name, func(w http.ResponseWriter, _ *http.Request) { w.Write(b) })
 	}
 	images := httptest.NewServer(files)
-	defer images.Close()
+	t.Cleanup(images.Close)
 
-	m, err := vps.New(vps.Options{ReconcileEvery: time.Second})
+	m, err := vps.New(vps.Options{ReconcileEvery: time.Second, SandboxEvery: 250 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	env := computetest.New(t, computetest.Options{Modules: []compute.Module{m},
 		Configure: func(o *compute.Options) { o.HeartbeatInterval = 300 * time.Millisecond }})
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
-	defer cancel()
+	t.Cleanup(cancel)
 	url := env.Server(t)
 	gw, _ := env.Gateway(t, "")
 	c, key := env.Compute, env.RootKey
@@ -82,33 +91,60 @@ func TestInstancesRunOnARealBCDHost(t *testing.T) {
 	}
 	node := exec.Command(bin, "node", "--state-dir", state, "--cdi-dir", filepath.Join(state, "cdi"), "--gateway", gw, "--fake-gpus", "0",
 		"--vps-runtime", "libvirt", "--vps-dir", filepath.Join(h.Dir, "vps"), "--libvirt-socket", h.Socket, "--libvirt-uri", "qemu:///session",
-		"--libvirt-domain-type", "qemu", "--libvirt-file-owner", h.Owner(), "--log-level", "warn")
+		"--libvirt-domain-type", "qemu", "--libvirt-file-owner", h.Owner(), "--log-level", cmp.Or(os.Getenv("BC_TEST_BCD_LOG"), "warn"))
 	node.Stdout, node.Stderr = os.Stderr, os.Stderr
 	if err := node.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = node.Process.Kill(); _ = node.Wait() }()
+	t.Cleanup(func() { _ = node.Process.Kill(); _ = node.Wait() })
+	cl, err := client.New(url, client.WithAPIKey(key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := &vmHost{env: env, ctx: ctx, c: c, key: key, cl: cl, h: h, images: images.URL, sums: sums}
+	if _, err := compute.Invoke(ctx, c, key, vps.VMImagesRegister, vps.RegisterVMImage{Name: "guest",
+		Kernel:  &vps.Artifact{URL: images.URL + "/vmlinuz", SHA256: sums["vmlinuz"]},
+		Initrd:  &vps.Artifact{URL: images.URL + "/initrd.gz", SHA256: sums["initrd.gz"]},
+		Cmdline: "console=ttyS0 quiet"}); err != nil {
+		t.Fatal(err)
+	}
+	// The node is a VM host once its first report is in.
+	waitFor(t, 60*time.Second, "the node is a VM host", func() bool {
+		var n int
+		_ = env.DB.Pool.QueryRow(ctx, `SELECT count(*) FROM compute.vps_hosts`).Scan(&n)
+		return n == 1
+	})
+	return v
+}
 
+// console opens the serial console of an instance or sandbox through ticket.
+func (v *vmHost) console(t *testing.T, ticket api.TunnelTicket) *consoleReader {
+	t.Helper()
+	tun, err := v.cl.OpenTunnel(v.ctx, ticket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tun.Close() })
+	return newConsoleReader(v.ctx, tun)
+}
+
+// TestInstancesRunOnARealBCDHost: the vps module with a real bcd node as its VM host, over a
+// private session-mode libvirtd and real VMs under TCG. An instance is booked and booted from
+// images the host fetches and checks; its serial console reaches the guest through a one-use
+// ticket and the node's session; it pauses, stops, starts and reboots as asked and its status
+// follows; an image whose checksum lies never boots; a delete removes the VM and frees its
+// capacity for the next instance.
+func TestInstancesRunOnARealBCDHost(t *testing.T) {
+	v := startVMHost(t)
+	ctx, c, key, h := v.ctx, v.c, v.key, v.h
 	flavor, err := compute.Invoke(ctx, c, key, vps.FlavorsCreate, vps.CreateFlavor{Name: "tiny", VCPUs: 1, MemoryGiB: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	img, err := compute.Invoke(ctx, c, key, vps.VMImagesRegister, vps.RegisterVMImage{Name: "guest",
-		Kernel:  &vps.Artifact{URL: images.URL + "/vmlinuz", SHA256: sums["vmlinuz"]},
-		Initrd:  &vps.Artifact{URL: images.URL + "/initrd.gz", SHA256: sums["initrd.gz"]},
-		Cmdline: "console=ttyS0 quiet"})
+	inst, err := compute.Invoke(ctx, c, key, vps.InstancesCreate, vps.CreateInstance{Name: "one", Pool: "vms", Flavor: flavor.Name, Image: "guest"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	// An instance is refused until the node says it is a VM host (its first report).
-	var inst vps.Instance
-	waitFor(t, 60*time.Second, "the node is a VM host", func() bool {
-		inst, err = compute.Invoke(ctx, c, key, vps.InstancesCreate, vps.CreateInstance{Name: "one", Pool: "vms", Flavor: flavor.Name, Image: img.Name})
-		if err != nil && !strings.Contains(err.Error(), "runs no VM runtime") && api.CodeOf(err) != api.CodeConflict {
-			t.Fatalf("instances.create: %v", err)
-		}
-		return err == nil
-	})
 	get := func(id string) vps.Instance {
 		t.Helper()
 		i, err := compute.Invoke(ctx, c, key, vps.InstancesGet, vps.InstanceRef{Instance: id})
@@ -123,22 +159,13 @@ func TestInstancesRunOnARealBCDHost(t *testing.T) {
 	}
 	status(inst.ID, "running")
 
-	cl, err := client.New(url, client.WithAPIKey(key))
-	if err != nil {
-		t.Fatal(err)
-	}
 	console := func() *consoleReader {
 		t.Helper()
 		ticket, err := compute.Invoke(ctx, c, key, vps.InstancesConsole, vps.InstanceRef{Instance: inst.ID})
 		if err != nil {
 			t.Fatal(err)
 		}
-		tun, err := cl.OpenTunnel(ctx, ticket)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { tun.Close() })
-		return newConsoleReader(ctx, tun)
+		return v.console(t, ticket)
 	}
 	con := console()
 	con.expect(t, `bc-guest: (up|tick)`, 3*time.Minute)
@@ -164,7 +191,7 @@ func TestInstancesRunOnARealBCDHost(t *testing.T) {
 
 	// An image whose checksum lies: the host refuses it, the instance says why.
 	liar, err := compute.Invoke(ctx, c, key, vps.VMImagesRegister, vps.RegisterVMImage{Name: "liar",
-		Kernel: &vps.Artifact{URL: images.URL + "/vmlinuz", SHA256: strings.Repeat("ab", 32)}})
+		Kernel: &vps.Artifact{URL: v.images + "/vmlinuz", SHA256: strings.Repeat("ab", 32)}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -312,7 +312,7 @@ func (m *Module) desiredInstances(ctx context.Context, q postgres.Querier, nodeI
 	rows, err := q.Query(ctx, `SELECT i.id::text, i.reservation_id::text, f.vcpus, f.memory_gib, f.disk_gib, m.kernel_url, m.kernel_sha256,
 		m.initrd_url, m.initrd_sha256, m.cmdline, m.disk_url, m.disk_sha256, i.power, i.reboots, coalesce(t.env, '{}'),
 		ARRAY(SELECT s.id::text FROM compute.vps_snapshots s WHERE s.instance_id = i.id AND s.deleted_at IS NULL AND s.status <> 'failed' ORDER BY s.id),
-		coalesce(i.restore_snapshot::text, ''), i.restores
+		coalesce(i.restore_snapshot::text, ''), i.restores, CASE WHEN i.kind = 'warm' THEN t.ready_line ELSE '' END
 		FROM compute.vps_instances i JOIN compute.vps_flavors f ON f.id = i.flavor_id JOIN compute.vps_images m ON m.id = i.image_id
 		LEFT JOIN compute.vps_sandbox_templates t ON t.id = i.template_id
 		WHERE i.node_id = $1 AND i.deleted_at IS NULL ORDER BY i.id`, nodeID)
@@ -328,7 +328,7 @@ func (m *Module) desiredInstances(ctx context.Context, q postgres.Querier, nodeI
 		var memGiB, restores int
 		var k, ks, ir, irs, d, ds, restore string
 		err := r.Scan(&x.ID, &x.reservation, &x.VCPUs, &memGiB, &x.DiskGiB, &k, &ks, &ir, &irs, &x.Cmdline, &d, &ds, &x.Power, &x.Reboots,
-			&x.Env, &x.Snapshots, &restore, &restores)
+			&x.Env, &x.Snapshots, &restore, &restores, &x.ReadyLine)
 		x.MemoryMiB = memGiB << 10
 		x.Kernel, x.Initrd, x.Disk = hostArtifact(k, ks), hostArtifact(ir, irs), hostArtifact(d, ds)
 		if restore != "" {
@@ -413,6 +413,12 @@ func statusReported(ctx context.Context, r *modules.Report) error {
 			return err
 		}
 		var tenant, name, kind string
+		if st.Ready {
+			if _, err := r.Tx.Exec(ctx, `UPDATE compute.vps_instances SET ready = true WHERE id::text = $1 AND node_id = $2 AND kind = 'warm' AND NOT ready`,
+				st.ID, r.NodeID); err != nil {
+				return err
+			}
+		}
 		err := r.Tx.QueryRow(ctx, `UPDATE compute.vps_instances SET status = $3, status_detail = $4, status_at = compute.compute_now()
 			WHERE id::text = $1 AND node_id = $2 AND deleted_at IS NULL AND (status <> $3 OR status_detail <> $4) RETURNING tenant_id, name, kind`,
 			st.ID, r.NodeID, st.State, st.Detail).Scan(&tenant, &name, &kind)

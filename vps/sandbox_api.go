@@ -64,8 +64,13 @@ type SandboxTemplate struct {
 	Network  string            `json:"network"`
 	TTL      string            `json:"ttl"`    // a sandbox's time to live unless its create says otherwise
 	MaxTTL   string            `json:"maxTTL"` // the most a sandbox may live, extensions included
-	Warm     int               `json:"warm"`   // how many wait booted and paused
-	Warmup   string            `json:"warmup"` // how long a warm one runs after its boot before it is paused
+	Warm     int               `json:"warm"` // how many wait booted and paused
+	// ReadyLine is what the guest prints on its serial console once it is up: a warm one is
+	// paused when its host has seen it. Without one, a warm one is paused Warmup after its boot.
+	ReadyLine string `json:"readyLine,omitempty"`
+	// Warmup is, with a ReadyLine, the longest a warm one may take to print it (it is replaced
+	// after); without, how long it runs after its boot before it is paused.
+	Warmup string `json:"warmup"`
 	// WarmReady is how many wait paused now; WarmBooting how many are on their way.
 	WarmReady   int       `json:"warmReady"`
 	WarmBooting int       `json:"warmBooting"`
@@ -88,12 +93,17 @@ type CreateSandboxTemplate struct {
 	TTL     string `json:"ttl,omitempty"`    // default 1h
 	MaxTTL  string `json:"maxTTL,omitempty"` // default 24h, and at least TTL
 	Warm    int    `json:"warm,omitempty"`
-	Warmup  string `json:"warmup,omitempty"` // default 5s
+	// ReadyLine is a part of a line the guest prints on its serial console once it is up.
+	ReadyLine string `json:"readyLine,omitempty"`
+	Warmup    string `json:"warmup,omitempty"` // default 5s, or 5m with a ReadyLine
 }
 
 // Durations returns the template's TTL, maximum TTL and warmup, defaults filled in.
 func (in CreateSandboxTemplate) Durations() (ttl, maxTTL, warmup time.Duration, err error) {
 	ttl, maxTTL, warmup = time.Hour, 24*time.Hour, 5*time.Second
+	if in.ReadyLine != "" {
+		warmup = 5 * time.Minute
+	}
 	for _, d := range []struct {
 		field, v string
 		dst      *time.Duration
@@ -134,6 +144,9 @@ func (in CreateSandboxTemplate) Validate() error {
 	}
 	if in.Network != "" && in.Network != NetNone {
 		return api.InvalidField("network", "%q: the network policy is none (networks for sandboxes are not built yet)", in.Network)
+	}
+	if err := api.ValidateText("readyLine", in.ReadyLine, 256); err != nil {
+		return err
 	}
 	if in.Warm < 0 || in.Warm > MaxWarm {
 		return api.InvalidField("warm", "must be between 0 and %d", MaxWarm)

@@ -27,7 +27,7 @@ const (
 var warmPrincipal = iam.Principal{ID: "vps:warm-pool", Name: "the vps module's warm pools"}
 
 const templateColumns = `t.id::text, t.tenant_id, t.name, t.pool_id::text, f.name, m.name, t.env, t.network,
-	t.ttl, t.max_ttl, t.warm, t.warmup, t.created_by, t.created_at,
+	t.ttl, t.max_ttl, t.warm, t.ready_line, t.warmup, t.created_by, t.created_at,
 	(SELECT count(*) FILTER (WHERE w.power = 'paused' AND w.status = 'paused') FROM compute.vps_instances w
 		WHERE w.template_id = t.id AND w.kind = 'warm' AND w.deleted_at IS NULL),
 	(SELECT count(*) FILTER (WHERE NOT (w.power = 'paused' AND w.status = 'paused')) FROM compute.vps_instances w
@@ -38,7 +38,7 @@ const templateFrom = ` FROM compute.vps_sandbox_templates t JOIN compute.vps_fla
 func scanTemplate(row pgx.Row) (SandboxTemplate, error) {
 	var t SandboxTemplate
 	var ttl, maxTTL, warmup time.Duration
-	err := row.Scan(&t.ID, &t.TenantID, &t.Name, &t.PoolID, &t.Flavor, &t.Image, &t.Env, &t.Network, &ttl, &maxTTL, &t.Warm, &warmup,
+	err := row.Scan(&t.ID, &t.TenantID, &t.Name, &t.PoolID, &t.Flavor, &t.Image, &t.Env, &t.Network, &ttl, &maxTTL, &t.Warm, &t.ReadyLine, &warmup,
 		&t.CreatedBy, &t.CreatedAt, &t.WarmReady, &t.WarmBooting)
 	t.TTL, t.MaxTTL, t.Warmup = ttl.String(), maxTTL.String(), warmup.String()
 	return t, err
@@ -153,9 +153,10 @@ func createTemplate(ctx context.Context, c *modules.Call, in CreateSandboxTempla
 		env = map[string]string{}
 	}
 	id := uuid.Must(uuid.NewV7()).String()
-	_, err = c.Tx.Exec(ctx, `INSERT INTO compute.vps_sandbox_templates (id, tenant_id, name, pool_id, flavor_id, image_id, env, network, ttl, max_ttl, warm, warmup, created_by)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)`,
-		id, c.Target.TenantID, in.Name, pool, f.ID, img.ID, env, NetNone, ttl, maxTTL, in.Warm, warmup, c.Principal.ID)
+	_, err = c.Tx.Exec(ctx, `INSERT INTO compute.vps_sandbox_templates (id, tenant_id, name, pool_id, flavor_id, image_id, env, network, ttl, max_ttl, warm, warmup,
+			ready_line, created_by)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)`,
+		id, c.Target.TenantID, in.Name, pool, f.ID, img.ID, env, NetNone, ttl, maxTTL, in.Warm, warmup, in.ReadyLine, c.Principal.ID)
 	if postgres.ErrorCode(err) == postgres.UniqueViolation {
 		return SandboxTemplate{}, api.Errorf(api.CodeConflict, "the tenant has a template named %q", in.Name).With("reason", "name_taken")
 	}
@@ -363,9 +364,11 @@ func sandboxRound(ctx context.Context, rt *modules.Runtime) error {
 	type doomed struct{ id, tenant, reason string }
 	var ends []doomed
 	err := rt.DB.Tx(ctx, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `SELECT id::text, tenant_id, CASE WHEN kind = 'sandbox' THEN 'expired' ELSE 'warm instance failed' END
-			FROM compute.vps_instances WHERE deleted_at IS NULL AND (
-				(kind = 'sandbox' AND expires_at <= compute.compute_now()) OR (kind = 'warm' AND status = 'error'))`)
+		// Expired sandboxes; warm ones in error, or that did not print their ready line in time.
+		rows, err := tx.Query(ctx, `SELECT i.id::text, i.tenant_id, CASE WHEN i.kind = 'sandbox' THEN 'expired' ELSE 'warm instance failed' END
+			FROM compute.vps_instances i LEFT JOIN compute.vps_sandbox_templates t ON t.id = i.template_id WHERE i.deleted_at IS NULL AND (
+				(i.kind = 'sandbox' AND i.expires_at <= compute.compute_now()) OR (i.kind = 'warm' AND i.status = 'error') OR
+				(i.kind = 'warm' AND t.ready_line <> '' AND NOT i.ready AND i.power = 'running' AND i.created_at + t.warmup <= compute.compute_now()))`)
 		if err != nil {
 			return err
 		}
@@ -376,10 +379,10 @@ func sandboxRound(ctx context.Context, rt *modules.Runtime) error {
 		if err != nil {
 			return err
 		}
-		// Warm ones booted long enough: paused, to wait.
+		// Warm ones up (their ready line seen, or run their warmup): paused, to wait.
 		rows, err = tx.Query(ctx, `UPDATE compute.vps_instances i SET power = 'paused' FROM compute.vps_sandbox_templates t
 			WHERE t.id = i.template_id AND i.kind = 'warm' AND i.deleted_at IS NULL AND i.power = 'running' AND i.status = 'running'
-			AND i.status_at + t.warmup <= compute.compute_now() RETURNING i.node_id::text`)
+			AND (i.ready OR (t.ready_line = '' AND i.status_at + t.warmup <= compute.compute_now())) RETURNING i.node_id::text`)
 		if err != nil {
 			return err
 		}

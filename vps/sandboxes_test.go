@@ -81,10 +81,14 @@ func TestWarmPoolsTTLAndTemplates(t *testing.T) {
 	if !sb.FromWarmPool || sb.Power != "running" || sb.Name != "job1" || sb.TemplateID != tmpl.ID || time.Until(sb.ExpiresAt) < 59*time.Minute {
 		t.Fatalf("the sandbox: %+v", sb)
 	}
-	d = f.desired(t, func(d hostapi.Instances) bool { return slices.Equal(powers(d), []string{"paused", "running", "running"}) })
+	d = f.desired(t, func(d hostapi.Instances) bool {
+		return slices.Equal(powers(d), []string{"paused", "running", "running"})
+	})
 	f.reportAsAsked(t, d)
 	// 64 vCPUs hold four of 16: the fourth is the refill; a cold one finds no room and books nothing.
-	d = f.desired(t, func(d hostapi.Instances) bool { return len(d.Instances) == 3 && slices.Equal(powers(d), []string{"paused", "paused", "running"}) })
+	d = f.desired(t, func(d hostapi.Instances) bool {
+		return len(d.Instances) == 3 && slices.Equal(powers(d), []string{"paused", "paused", "running"})
+	})
 	f.reportAsAsked(t, d)
 	second, err := compute.Invoke(f.ctx, f.Compute, key, vps.SandboxesCreate, vps.CreateSandbox{Template: "py", TTL: "1s"})
 	if err != nil || !second.FromWarmPool || !strings.HasPrefix(second.Name, "sbx-") {

@@ -59,6 +59,8 @@ type Agent struct {
 	state      persisted
 	errored    map[string]string            // instances that could not be made as asked, and why
 	snapErrors map[string]map[string]string // instance → snapshot → why it could not be saved or restored
+	watches    map[string]*readyWatch       // warm instances whose console is watched for their ready line
+	ready      map[string]bool              // those whose guest printed it
 }
 
 // persisted is what the agent keeps across restarts: the reboots and restores it has done per
@@ -91,7 +93,7 @@ func New(opts Options) (*Agent, error) {
 	}
 	a := &Agent{opts: opts, cache: &cache{dir: filepath.Join(opts.Dir, "cache"), http: opts.HTTP},
 		dirty: make(chan struct{}, 1), state: persisted{Reboots: map[string]int{}, Restores: map[string]int{}},
-		errored: map[string]string{}, snapErrors: map[string]map[string]string{}}
+		errored: map[string]string{}, snapErrors: map[string]map[string]string{}, watches: map[string]*readyWatch{}, ready: map[string]bool{}}
 	b, err := os.ReadFile(a.statePath())
 	switch {
 	case errors.Is(err, os.ErrNotExist):
@@ -189,6 +191,8 @@ func (a *Agent) converge(ctx context.Context, version uint32, payload []byte) er
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	defer a.markDirty()
+	began := time.Now()
+	defer func() { a.opts.Logger.Debug("vps: converged", "instances", len(want.Instances), "took", time.Since(began)) }()
 	have, err := a.opts.Runtime.List(ctx)
 	if err != nil {
 		return fmt.Errorf("hostagent: list the runtime's instances: %w", err)
@@ -227,6 +231,13 @@ func (a *Agent) converge(ctx context.Context, version uint32, payload []byte) er
 		}
 	}
 	a.errored = errored
+	readyLines := map[string]string{}
+	for _, in := range want.Instances {
+		if in.ReadyLine != "" && wanted[in.ID] && errored[in.ID] == "" {
+			readyLines[in.ID] = in.ReadyLine
+		}
+	}
+	a.watchReady(readyLines)
 	for _, st := range have {
 		if wanted[st.ID] {
 			continue
@@ -388,7 +399,7 @@ func (a *Agent) Status(ctx context.Context) (hostapi.Status, error) {
 	seen := map[string]bool{}
 	for _, st := range have {
 		s := hostapi.InstanceStatus{ID: st.ID, State: st.State, Detail: st.Detail, Reboots: a.state.Reboots[st.ID],
-			Snapshots: a.snapshotsOf(st.ID), Restores: a.state.Restores[st.ID]}
+			Snapshots: a.snapshotsOf(st.ID), Restores: a.state.Restores[st.ID], Ready: a.ready[st.ID]}
 		if errs := a.snapErrors[st.ID]; len(errs) > 0 {
 			s.SnapshotErrors = maps.Clone(errs)
 		}

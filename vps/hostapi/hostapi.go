@@ -47,6 +47,9 @@ type Instance struct {
 	// Restore, when its Serial grows past the restores the host has done, puts the instance
 	// back to the state of one of its snapshots.
 	Restore *Restore `json:"restore,omitempty"`
+	// ReadyLine, on a warm instance, is what its guest prints on its serial console once it is
+	// ready: the host watches the console from its boot and reports Ready when it sees it.
+	ReadyLine string `json:"readyLine,omitempty"`
 }
 
 // Restore asks for an instance to be put back to a snapshot.
@@ -82,6 +85,7 @@ type InstanceStatus struct {
 	Snapshots      []string          `json:"snapshots,omitempty"`
 	SnapshotErrors map[string]string `json:"snapshotErrors,omitempty"`
 	Restores       int               `json:"restores,omitempty"` // the restores done
+	Ready          bool              `json:"ready,omitempty"`    // its console printed its ReadyLine
 }
 
 // ConsoleName is the name of an instance's serial console among its host's consoles

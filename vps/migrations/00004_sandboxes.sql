@@ -16,6 +16,7 @@ CREATE TABLE compute.vps_sandbox_templates (
   max_ttl     interval NOT NULL CHECK (max_ttl >= ttl),
   warm        int NOT NULL DEFAULT 0 CHECK (warm BETWEEN 0 AND 64),
   warmup      interval NOT NULL DEFAULT '5 seconds',
+  ready_line  text NOT NULL DEFAULT '' CHECK (length(ready_line) <= 256),
   created_by  text NOT NULL,
   created_at  timestamptz NOT NULL DEFAULT compute.compute_now(),
   deleted_at  timestamptz
@@ -31,6 +32,7 @@ ALTER TABLE compute.vps_instances
   ADD COLUMN from_warm_pool boolean NOT NULL DEFAULT false,
   ADD COLUMN restore_snapshot uuid,
   ADD COLUMN restores int NOT NULL DEFAULT 0, -- a restore asked is one more; the host restores when it grows
+  ADD COLUMN ready boolean NOT NULL DEFAULT false, -- a warm one's guest printed its template's ready line
   ADD CONSTRAINT vps_instances_sandbox CHECK ((kind = 'instance') = (template_id IS NULL)),
   ADD CONSTRAINT vps_instances_expires CHECK ((kind = 'sandbox') = (expires_at IS NOT NULL));
 CREATE INDEX vps_instances_warm ON compute.vps_instances (template_id, created_at) WHERE kind = 'warm' AND deleted_at IS NULL;
@@ -52,5 +54,5 @@ CREATE UNIQUE INDEX vps_snapshots_name ON compute.vps_snapshots (instance_id, na
 -- +goose Down
 DROP TABLE compute.vps_snapshots;
 ALTER TABLE compute.vps_instances DROP COLUMN kind, DROP COLUMN template_id, DROP COLUMN expires_at, DROP COLUMN from_warm_pool,
-  DROP COLUMN restore_snapshot, DROP COLUMN restores;
+  DROP COLUMN restore_snapshot, DROP COLUMN restores, DROP COLUMN ready;
 DROP TABLE compute.vps_sandbox_templates;

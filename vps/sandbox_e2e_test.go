@@ -1,0 +1,252 @@
+package vps_test
+
+import (
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/better-compute/compute"
+	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/vps"
+	"github.com/better-compute/compute/vps/runtime/libvirt"
+)
+
+// answers waits until the guest of a sandbox answers a line on its serial console, attaching
+// again while it cannot yet (the VM not yet made, its console not yet bound).
+func (v *vmHost) answers(t *testing.T, sandbox string, within time.Duration) {
+	t.Helper()
+	end := time.Now().Add(within)
+	for time.Now().Before(end) {
+		ticket, err := compute.Invoke(v.ctx, v.c, v.key, vps.SandboxesConsole, vps.SandboxRef{Sandbox: sandbox})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tun, err := v.cl.OpenTunnel(v.ctx, ticket)
+		if err != nil {
+			t.Logf("DEBUG %s open: %v", time.Now().Format("15:04:05.000"), err)
+			time.Sleep(20 * time.Millisecond)
+			continue
+		}
+		t.Logf("DEBUG %s opened", time.Now().Format("15:04:05.000"))
+		con := newConsoleReader(v.ctx, tun)
+		for attached := true; attached && time.Now().Before(end); {
+			tun.Write([]byte("ping\n"))
+			wait := time.After(100 * time.Millisecond)
+			for waiting := true; waiting; {
+				select {
+				case l, ok := <-con.lines:
+					t.Logf("DEBUG %s line %q %v", time.Now().Format("15:04:05.000"), l, ok)
+					if !ok {
+						attached, waiting = false, false
+					} else if strings.Contains(l, `you said "ping"`) {
+						tun.Close()
+						return
+					}
+				case <-wait:
+					waiting = false
+				}
+			}
+		}
+		tun.Close()
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("sandbox %s's guest did not answer within %s", sandbox, within)
+}
+
+var tickRE = regexp.MustCompile(`bc-guest: tick (\d+)`)
+
+// nextTick returns the number of the next tick the console shows.
+func (c *consoleReader) nextTick(t *testing.T, within time.Duration) int {
+	t.Helper()
+	end := time.After(within)
+	for {
+		select {
+		case l, ok := <-c.lines:
+			if !ok {
+				t.Fatal("the console ended")
+			}
+			if m := tickRE.FindStringSubmatch(l); m != nil {
+				n, _ := strconv.Atoi(m[1])
+				return n
+			}
+		case <-end:
+			t.Fatalf("no tick within %s", within)
+		}
+	}
+}
+
+// TestSandboxesOnARealBCDHost: sandboxes on a real bcd VM host over a private libvirtd, under
+// TCG. A cold sandbox boots with its template's env; a warm pool's instance boots, runs its
+// warmup and waits paused, and a sandbox taken from it answers on its console far sooner than a
+// cold one does (both measured and printed: docs/benchmarks.md records them); a sandbox pauses
+// (its guest falls silent) and resumes; a snapshot with memory is saved and restored (the guest
+// counts on from where it was saved); deleting everything leaves no VM.
+func TestSandboxesOnARealBCDHost(t *testing.T) {
+	v := startVMHost(t)
+	ctx, c, key := v.ctx, v.c, v.key
+	if _, err := compute.Invoke(ctx, c, key, vps.FlavorsCreate, vps.CreateFlavor{Name: "tiny", VCPUs: 1, MemoryGiB: 1}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tmpl := range []vps.CreateSandboxTemplate{
+		{Name: "cold", Pool: "vms", Flavor: "tiny", Image: "guest", Env: map[string]string{"GREETING": "hello", "LANG": "C.UTF-8"}},
+		{Name: "warm", Pool: "vms", Flavor: "tiny", Image: "guest", Warm: 1, ReadyLine: "bc-guest: tick"},
+	} {
+		if _, err := compute.Invoke(ctx, c, key, vps.SandboxTemplatesCreate, tmpl); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Cold: booked, booted, answering.
+	start := time.Now()
+	cold, err := compute.Invoke(ctx, c, key, vps.SandboxesCreate, vps.CreateSandbox{Template: "cold", Name: "cold1"})
+	if err != nil || cold.FromWarmPool {
+		t.Fatalf("a cold sandbox: %+v %v", cold, err)
+	}
+	v.answers(t, "cold1", 3*time.Minute)
+	coldLatency := time.Since(start)
+	ticket, err := compute.Invoke(ctx, c, key, vps.SandboxesConsole, vps.SandboxRef{Sandbox: "cold1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	con := v.console(t, ticket)
+	con.tun.Write([]byte("env\n"))
+	con.expect(t, `bc-guest: env GREETING=hello`, 30*time.Second)
+	con.expect(t, `bc-guest: env LANG=C.UTF-8`, 30*time.Second)
+
+	// Warm: one waits paused; taken, it answers as soon as it is resumed.
+	waitFor(t, 3*time.Minute, "a warm instance waits", func() bool {
+		tm, err := compute.Invoke(ctx, c, key, vps.SandboxTemplatesGet, vps.SandboxTemplateRef{Template: "warm"})
+		return err == nil && tm.WarmReady == 1
+	})
+	start = time.Now()
+	warm, err := compute.Invoke(ctx, c, key, vps.SandboxesCreate, vps.CreateSandbox{Template: "warm", Name: "warm1"})
+	if err != nil || !warm.FromWarmPool {
+		t.Fatalf("a warm sandbox: %+v %v", warm, err)
+	}
+	v.answers(t, "warm1", time.Minute)
+	warmLatency := time.Since(start)
+	t.Logf("sandbox create → its guest answers on its console: cold %s, from the warm pool %s (TCG, no KVM)", coldLatency.Round(time.Millisecond), warmLatency.Round(time.Millisecond))
+	if warmLatency*2 > coldLatency {
+		t.Errorf("a sandbox from the warm pool answered in %s, a cold one in %s: the pool should at least halve it", warmLatency, coldLatency)
+	}
+
+	// Paused, the guest is silent; resumed, it answers.
+	status := func(name, want string) {
+		t.Helper()
+		waitFor(t, time.Minute, name+" "+want, func() bool {
+			s, err := compute.Invoke(ctx, c, key, vps.SandboxesGet, vps.SandboxRef{Sandbox: name})
+			return err == nil && s.Status == want
+		})
+	}
+	ticket, err = compute.Invoke(ctx, c, key, vps.SandboxesConsole, vps.SandboxRef{Sandbox: "warm1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wcon := v.console(t, ticket)
+	wcon.nextTick(t, 30*time.Second)
+	if _, err := compute.Invoke(ctx, c, key, vps.SandboxesPause, vps.SandboxRef{Sandbox: "warm1"}); err != nil {
+		t.Fatal(err)
+	}
+	status("warm1", "paused")
+	time.Sleep(300 * time.Millisecond) // a tick on its way when it paused
+	for drained := false; !drained; {
+		select {
+		case <-wcon.lines:
+		default:
+			drained = true
+		}
+	}
+	select {
+	case l := <-wcon.lines:
+		t.Fatalf("a paused guest said %q", l)
+	case <-time.After(2500 * time.Millisecond):
+	}
+	if _, err := compute.Invoke(ctx, c, key, vps.SandboxesResume, vps.SandboxRef{Sandbox: "warm1"}); err != nil {
+		t.Fatal(err)
+	}
+	status("warm1", "running")
+	wcon.nextTick(t, 30*time.Second)
+
+	// A snapshot with memory, and back to it.
+	saved := con.nextTick(t, 30*time.Second)
+	snap, err := compute.Invoke(ctx, c, key, vps.SandboxSnapshotsCreate, vps.CreateSnapshot{SandboxRef: vps.SandboxRef{Sandbox: "cold1"}, Name: "s1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 2*time.Minute, "the snapshot is ready", func() bool {
+		l, err := compute.Invoke(ctx, c, key, vps.SandboxSnapshotsList, vps.ListSnapshots{SandboxRef: vps.SandboxRef{Sandbox: "cold1"}})
+		if err != nil || len(l.Items) != 1 {
+			t.Fatalf("snapshots: %+v %v", l.Items, err)
+		}
+		if l.Items[0].Status == "failed" {
+			t.Fatalf("the snapshot failed: %s", l.Items[0].StatusDetail)
+		}
+		return l.Items[0].Status == "ready"
+	})
+	later := 0
+	for later < saved+8 { // the guest runs on well past the snapshot
+		later = con.nextTick(t, 30*time.Second)
+	}
+	if _, err := compute.Invoke(ctx, c, key, vps.SandboxSnapshotsRestore, vps.SnapshotRef{Snapshot: snap.ID}); err != nil {
+		t.Fatal(err)
+	}
+	var back int
+	waitFor(t, 2*time.Minute, "the guest counts from its snapshot", func() bool {
+		ticket, err := compute.Invoke(ctx, c, key, vps.SandboxesConsole, vps.SandboxRef{Sandbox: "cold1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tun, err := v.cl.OpenTunnel(ctx, ticket)
+		if err != nil {
+			return false
+		}
+		defer tun.Close()
+		rc := newConsoleReader(ctx, tun)
+		select {
+		case l, ok := <-rc.lines:
+			t.Logf("DEBUG restored: %q %v", l, ok)
+			for ok {
+				if m := tickRE.FindStringSubmatch(l); m != nil {
+					back, _ = strconv.Atoi(m[1])
+					return back < later
+				}
+				select {
+				case l, ok = <-rc.lines:
+				case <-time.After(3 * time.Second):
+					return false
+				}
+			}
+		case <-time.After(3 * time.Second):
+		}
+		return false
+	})
+	if back < saved || back > saved+5 {
+		t.Fatalf("restored, the guest counts %d: saved at about %d, it had reached %d", back, saved, later)
+	}
+
+	// Deleted, and the warm pool's template with them: no VM is left.
+	for _, s := range []string{"cold1", "warm1"} {
+		if _, err := compute.Invoke(ctx, c, key, vps.SandboxesDelete, vps.SandboxRef{Sandbox: s}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tm := range []string{"cold", "warm"} {
+		if _, err := compute.Invoke(ctx, c, key, vps.SandboxTemplatesDelete, vps.SandboxTemplateRef{Template: tm}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rt, err := libvirt.New(libvirt.Options{Socket: v.h.Socket, URI: "qemu:///session", StateDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	waitFor(t, time.Minute, "no VM is left", func() bool {
+		list, err := rt.List(ctx)
+		return err == nil && len(list) == 0
+	})
+	if rs, err := c.API.Reservations.List(ctx, key, api.ListReservations{State: api.ReservationActive}); err != nil || len(rs.Items) != 0 {
+		t.Fatalf("active reservations after everything went: %d %v", len(rs.Items), err)
+	}
+}
