@@ -15,6 +15,7 @@ import (
 	"github.com/better-compute/compute/iam"
 	"github.com/better-compute/compute/internal/fleet"
 	"github.com/better-compute/compute/internal/fleetconfig"
+	"github.com/better-compute/compute/postgres"
 	"github.com/better-compute/compute/postgres/pgtest"
 )
 
@@ -552,5 +553,27 @@ func TestDriftJobOnRiver(t *testing.T) {
 			t.Fatal("no fleet.drifted event within a minute of the worker's start")
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// TestMigrationsUpDownUp: the package's schema rolls back and applies again.
+func TestMigrationsUpDownUp(t *testing.T) {
+	ctx := context.Background()
+	db := pgtest.New(t, postgres.Core, fleetconfig.Migrations)
+	exists := func() bool {
+		var ok bool
+		if err := db.Pool.QueryRow(ctx, `SELECT to_regclass('compute.fleet_configs') IS NOT NULL`).Scan(&ok); err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	if !exists() {
+		t.Fatal("no compute.fleet_configs after the migrations")
+	}
+	if err := postgres.MigrateDown(ctx, db, fleetconfig.Migrations); err != nil || exists() {
+		t.Fatalf("roll back: %v; the table is still there: %v", err, exists())
+	}
+	if err := postgres.Migrate(ctx, db, postgres.Core, fleetconfig.Migrations); err != nil || !exists() {
+		t.Fatalf("apply again: %v", err)
 	}
 }
