@@ -26,10 +26,11 @@ type API struct {
 	Audit        AuditGroup
 	Workflows    WorkflowsGroup
 	Access       AccessGroup
+	Fleet        FleetGroup
 }
 
 func newAPI(c *Compute) API {
-	return API{Sites: SitesGroup{c}, Pools: PoolsGroup{c}, Nodes: NodesGroup{c}, Reservations: ReservationsGroup{c}, Capacity: CapacityGroup{c}, Quotas: QuotasGroup{c}, Devices: DevicesGroup{c}, JoinTokens: JoinTokensGroup{c}, Commands: CommandsGroup{c}, Events: EventsGroup{c}, Webhooks: WebhooksGroup{c}, Audit: AuditGroup{c}, Workflows: WorkflowsGroup{c}, Access: AccessGroup{c}}
+	return API{Sites: SitesGroup{c}, Pools: PoolsGroup{c}, Nodes: NodesGroup{c}, Reservations: ReservationsGroup{c}, Capacity: CapacityGroup{c}, Quotas: QuotasGroup{c}, Devices: DevicesGroup{c}, JoinTokens: JoinTokensGroup{c}, Commands: CommandsGroup{c}, Events: EventsGroup{c}, Webhooks: WebhooksGroup{c}, Audit: AuditGroup{c}, Workflows: WorkflowsGroup{c}, Access: AccessGroup{c}, Fleet: FleetGroup{c}}
 }
 
 // SitesGroup is the sites group.
@@ -527,4 +528,32 @@ func (g AccessGroup) Console(ctx context.Context, cred string, in api.OpenTunnel
 // ConsoleTx calls access.console in the host's transaction tx: see InvokeTx.
 func (g AccessGroup) ConsoleTx(ctx context.Context, tx pgx.Tx, cred string, in api.OpenTunnel) (api.TunnelTicket, error) {
 	return InvokeTx(ctx, g.c, tx, cred, api.AccessConsole, in)
+}
+
+// FleetGroup is the fleet group.
+type FleetGroup struct{ c *Compute }
+
+// Export calls fleet.export: The tenant's sites, pools, quotas and webhooks as one FleetConfig document (YAML), without secrets.
+func (g FleetGroup) Export(ctx context.Context, cred string, in api.ExportFleet) (api.ExportedFleet, error) {
+	return Invoke(ctx, g.c, cred, api.FleetExport, in)
+}
+
+// Plan calls fleet.plan: What applying a FleetConfig would create, update and delete, field by field, and the fingerprint of the live state it was computed against.
+func (g FleetGroup) Plan(ctx context.Context, cred string, in api.PlanFleet) (api.FleetDiff, error) {
+	return Invoke(ctx, g.c, cred, api.FleetPlan, in)
+}
+
+// Apply calls fleet.apply: Apply a FleetConfig in one transaction, if the live state still has the plan's fingerprint.
+func (g FleetGroup) Apply(ctx context.Context, cred string, in api.ApplyFleet) (api.AppliedFleet, error) {
+	return Invoke(ctx, g.c, cred, api.FleetApply, in)
+}
+
+// ApplyTx calls fleet.apply in the host's transaction tx: see InvokeTx.
+func (g FleetGroup) ApplyTx(ctx context.Context, tx pgx.Tx, cred string, in api.ApplyFleet) (api.AppliedFleet, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.FleetApply, in)
+}
+
+// Drift calls fleet.drift: How the live state differs now from the FleetConfig last applied.
+func (g FleetGroup) Drift(ctx context.Context, cred string, in api.GetFleetDrift) (api.DriftReport, error) {
+	return Invoke(ctx, g.c, cred, api.FleetDrift, in)
 }

@@ -41,6 +41,7 @@ import (
 	"github.com/better-compute/compute/internal/envelope"
 	"github.com/better-compute/compute/internal/events"
 	"github.com/better-compute/compute/internal/fleet"
+	"github.com/better-compute/compute/internal/fleetconfig"
 	"github.com/better-compute/compute/internal/gateway"
 	"github.com/better-compute/compute/internal/metrics"
 	"github.com/better-compute/compute/internal/nodes"
@@ -239,7 +240,7 @@ func (m gatewayModule) Register(r *modules.Registry) error {
 // checks the whole.
 func registry(ev *events.Module, capm capacity.Module, mods []Module) (*modules.Registry, error) {
 	reg := modules.NewRegistry()
-	for _, m := range append([]Module{coreModule{}, fleet.Module{}, ev, audit.Module{}, capm, workflow.Module{}, access.Module{}}, mods...) {
+	for _, m := range append([]Module{coreModule{}, fleet.Module{}, ev, audit.Module{}, capm, workflow.Module{}, access.Module{}, fleetconfig.Module{}}, mods...) {
 		if err := reg.Add(m); err != nil {
 			return nil, fmt.Errorf("compute: %w", err)
 		}

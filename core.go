@@ -70,7 +70,14 @@ func newJobs(o Options, reg *modules.Registry, rt *modules.Runtime) (*jobs.Clien
 	}
 	workers := river.NewWorkers()
 	var queues []jobs.Queue
+	var periodic []*river.PeriodicJob
 	for _, q := range reg.JobQueues() {
+		for _, p := range q.Periodic {
+			queue := q.Name
+			periodic = append(periodic, river.NewPeriodicJob(river.PeriodicInterval(p.Every), func() (river.JobArgs, *river.InsertOpts) {
+				return p.Args(), &river.InsertOpts{Queue: queue}
+			}, &river.PeriodicJobOpts{RunOnStart: true}))
+		}
 		if err := q.AddWorkers(workers, rt); err != nil {
 			return nil, fmt.Errorf("compute: job queue %s: %w", q.Name, err)
 		}
@@ -80,7 +87,7 @@ func newJobs(o Options, reg *modules.Registry, rt *modules.Runtime) (*jobs.Clien
 		}
 		queues = append(queues, jobs.Queue{Name: q.Name, MaxWorkers: n})
 	}
-	c, err := jobs.New(jobs.Config{Pool: o.Database.Pool, Logger: o.Logger, Workers: workers, Queues: queues, RescueAfter: o.JobRescueAfter})
+	c, err := jobs.New(jobs.Config{Pool: o.Database.Pool, Logger: o.Logger, Workers: workers, Queues: queues, RescueAfter: o.JobRescueAfter, Periodic: periodic})
 	if err != nil {
 		return nil, fmt.Errorf("compute: %w", err)
 	}

@@ -279,6 +279,16 @@ func TestOneDecisionPerMutation(t *testing.T) {
 		}, false},
 		{"webhooks/delete", func() string { return `{"webhook": "` + ids["webhooks/create"] + `"}` }, false},
 		{"workflows/cancel", func() string { return `{"run": "` + aRun(t, env) + `"}` }, false},
+		{"fleet/apply", func() string {
+			// The plan's own (read) decision is not the apply's: count from here.
+			doc := `apiVersion: compute/v1\nkind: FleetConfig\nspec:\n  manages: [sites]\n  sites: [{name: s1}, {name: fra2}]\n`
+			p := post(t, url, env.RootKey, "fleet/plan", `{"document": "`+doc+`"}`)
+			if p.status != 200 {
+				t.Fatalf("fleet/plan = %d %s", p.status, p.raw)
+			}
+			env.Counter.Reset()
+			return `{"document": "` + doc + `", "fingerprint": "` + p.body["fingerprint"].(string) + `"}`
+		}, true},
 		{"nodes/drain", fixed(`{"node": "n1", "pool": "p1"}`), false},
 		{"nodes/retire", func() string { return `{"node": "` + ff.nodeID + `"}` }, false},
 	}

@@ -125,6 +125,10 @@ func (ff *fuzzFleet) examples() map[string]string {
 		"audit.checkpoint":          `{}`,
 		"audit.proveInclusion":      `{"seq":1,"size":2}`,
 		"audit.proveConsistency":    `{"from":1,"to":2}`,
+		"fleet.export":              `{}`,
+		"fleet.plan":                `{"document":"apiVersion: compute/v1\nkind: FleetConfig\nspec:\n  manages: [sites, pools]\n  sites: [{name: s1, labels: {rack: a1}}]\n  pools: [{name: p1, site: s1}]\n","prune":true}`,
+		"fleet.apply":               `{"document":"apiVersion: compute/v1\nkind: FleetConfig\nspec:\n  manages: [quotas]\n  quotas: [{tenant: t1, pool: p1, resource: gpus, limit: 2}]\n","fingerprint":"sha256:` + strings.Repeat("0", 64) + `","prune":true}`,
+		"fleet.drift":               `{}`,
 	}
 }
 

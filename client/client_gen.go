@@ -24,10 +24,11 @@ type groups struct {
 	Audit        AuditGroup
 	Workflows    WorkflowsGroup
 	Access       AccessGroup
+	Fleet        FleetGroup
 }
 
 func newGroups(c *Client) groups {
-	return groups{Sites: SitesGroup{c}, Pools: PoolsGroup{c}, Nodes: NodesGroup{c}, Reservations: ReservationsGroup{c}, Capacity: CapacityGroup{c}, Quotas: QuotasGroup{c}, Devices: DevicesGroup{c}, JoinTokens: JoinTokensGroup{c}, Commands: CommandsGroup{c}, Events: EventsGroup{c}, Webhooks: WebhooksGroup{c}, Audit: AuditGroup{c}, Workflows: WorkflowsGroup{c}, Access: AccessGroup{c}}
+	return groups{Sites: SitesGroup{c}, Pools: PoolsGroup{c}, Nodes: NodesGroup{c}, Reservations: ReservationsGroup{c}, Capacity: CapacityGroup{c}, Quotas: QuotasGroup{c}, Devices: DevicesGroup{c}, JoinTokens: JoinTokensGroup{c}, Commands: CommandsGroup{c}, Events: EventsGroup{c}, Webhooks: WebhooksGroup{c}, Audit: AuditGroup{c}, Workflows: WorkflowsGroup{c}, Access: AccessGroup{c}, Fleet: FleetGroup{c}}
 }
 
 // SitesGroup is the sites group.
@@ -360,4 +361,27 @@ func (g AccessGroup) Exec(ctx context.Context, in api.OpenTunnel) (api.TunnelTic
 // Console calls access.console: A single-use ticket to a node's console, over its session.
 func (g AccessGroup) Console(ctx context.Context, in api.OpenTunnel) (api.TunnelTicket, error) {
 	return call(ctx, g.c, api.AccessConsole, in)
+}
+
+// FleetGroup is the fleet group.
+type FleetGroup struct{ c *Client }
+
+// Export calls fleet.export: The tenant's sites, pools, quotas and webhooks as one FleetConfig document (YAML), without secrets.
+func (g FleetGroup) Export(ctx context.Context, in api.ExportFleet) (api.ExportedFleet, error) {
+	return call(ctx, g.c, api.FleetExport, in)
+}
+
+// Plan calls fleet.plan: What applying a FleetConfig would create, update and delete, field by field, and the fingerprint of the live state it was computed against.
+func (g FleetGroup) Plan(ctx context.Context, in api.PlanFleet) (api.FleetDiff, error) {
+	return call(ctx, g.c, api.FleetPlan, in)
+}
+
+// Apply calls fleet.apply: Apply a FleetConfig in one transaction, if the live state still has the plan's fingerprint.
+func (g FleetGroup) Apply(ctx context.Context, in api.ApplyFleet) (api.AppliedFleet, error) {
+	return call(ctx, g.c, api.FleetApply, in)
+}
+
+// Drift calls fleet.drift: How the live state differs now from the FleetConfig last applied.
+func (g FleetGroup) Drift(ctx context.Context, in api.GetFleetDrift) (api.DriftReport, error) {
+	return call(ctx, g.c, api.FleetDrift, in)
 }

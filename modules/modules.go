@@ -195,6 +195,17 @@ type JobQueue struct {
 	// AddWorkers adds the queue's River workers (river.AddWorker). It runs once, in
 	// compute.New, with the Runtime the workers will use.
 	AddWorkers func(w *river.Workers, rt *Runtime) error
+	// Periodic are jobs River inserts into the queue on a schedule: once when a process becomes
+	// River's leader, then every Every. Only the leader inserts them, so a fleet of worker
+	// processes runs each once per period.
+	Periodic []PeriodicJob
+}
+
+// PeriodicJob is a job inserted every Every: a check that must run now and then, with River's
+// retries (the fleet's drift check).
+type PeriodicJob struct {
+	Every time.Duration
+	Args  func() river.JobArgs
 }
 
 // RunsIn reports whether w runs in process mode mode.

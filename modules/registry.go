@@ -145,6 +145,12 @@ func (r *Registry) JobQueue(q JobQueue) {
 		r.fail(errors.New("a job queue needs a name and an AddWorkers function"))
 		return
 	}
+	for _, p := range q.Periodic {
+		if p.Every <= 0 || p.Args == nil {
+			r.fail(fmt.Errorf("job queue %q: a periodic job needs a positive Every and an Args function", q.Name))
+			return
+		}
+	}
 	for _, o := range r.jobQueues {
 		if o.Name == q.Name {
 			r.fail(fmt.Errorf("job queue %q registered twice", q.Name))

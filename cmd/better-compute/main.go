@@ -104,6 +104,10 @@ config file (--config, default ` + defaultConfigPath() + `: {"url": …, "apiKey
 		if g.Name() == "workflows" {
 			g.AddCommand(workflowsWatchCmd(p))
 		}
+		if g.Name() == "fleet" { // commands of its own, in place of the table's
+			g.RemoveCommand(g.Commands()...)
+			g.AddCommand(fleetCmds(p)...)
+		}
 		root.AddCommand(g)
 	}
 	root.AddCommand(devCmd(), serveCmd(), simCmd(p), iamCmd(p), mcpCmd(p), methodsCmd(p), callCmd(p), execCmd(p), consoleCmd(p))

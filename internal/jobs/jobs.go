@@ -77,6 +77,8 @@ type Config struct {
 	// RescueAfter is when a running job whose process died is worked again: it must exceed every
 	// worker's timeout, or a slow attempt would be run twice at once. Default JobTimeout + 1 min.
 	RescueAfter time.Duration
+	// Periodic are jobs the leader inserts on a schedule (river.NewPeriodicJob), once the client runs.
+	Periodic []*river.PeriodicJob
 }
 
 // Client enqueues jobs and, once Run, works them.
@@ -111,6 +113,7 @@ func New(cfg Config) (*Client, error) {
 		// A job whose process died mid-attempt is rescued once no live attempt could still be
 		// running it.
 		RescueStuckJobsAfter: cmp.Or(cfg.RescueAfter, cfg.JobTimeout+time.Minute),
+		PeriodicJobs:         cfg.Periodic,
 	}
 	if len(cfg.Queues) > 0 {
 		rc.Queues = map[string]river.QueueConfig{}

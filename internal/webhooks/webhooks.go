@@ -279,3 +279,14 @@ func rotate(ctx context.Context, c *modules.Call, in api.RotateWebhookSecret) (a
 	w.Secret = secret
 	return w, err
 }
+
+// UpdateEndpoint sets an endpoint's description and event types in tx, keeping its URL, its
+// secrets and its deliveries: what fleet.apply does to an endpoint its document lists with other
+// fields (docs/fleet.md). An endpoint of no such id in tenant is not found.
+func UpdateEndpoint(ctx context.Context, tx pgx.Tx, tenant, id, description string, eventTypes []string) (api.Webhook, error) {
+	if eventTypes == nil {
+		eventTypes = []string{}
+	}
+	return one(tx.QueryRow(ctx, `UPDATE compute.webhook_endpoints SET description = $3, event_types = $4
+		WHERE id = $1 AND tenant_id = $2 RETURNING `+endpointColumns, id, tenant, description, eventTypes), id)
+}
