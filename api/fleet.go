@@ -60,7 +60,7 @@ type PoolAttestation struct {
 	TPM string `json:"tpm"`
 	// EKRoots are PEM certificates of the CAs an EK certificate must chain to (a TPM
 	// manufacturer's). None: an EK is trusted on first use, and pinned to the node it admitted.
-	EKRoots []string `json:"ekRoots,omitempty"`
+	EKRoots []string `json:"ekRoots"`
 }
 
 // Validate checks a policy, under field.
