@@ -339,7 +339,6 @@ func instanceNICs(ctx context.Context, q postgres.Querier, instanceIDs []string)
 	return out, rows.Err()
 }
 
-
 // prefixScan scans leading columns into first, the rest into what Scan is given.
 type prefixScan struct {
 	row   pgx.Row
