@@ -3,7 +3,6 @@ package vps
 import (
 	"encoding/json"
 	"fmt"
-	"net/netip"
 	"strings"
 	"unicode/utf8"
 
@@ -62,21 +61,15 @@ func networkConfig(nics []hostapi.NIC) string {
 		fmt.Fprintf(&b, "  %s:\n    match:\n      macaddress: %s\n    set-name: %s\n", name, yamlString(n.MAC), yamlString(name))
 		b.WriteString("    dhcp4: false\n    dhcp6: false\n")
 		list(&b, "    addresses:\n", "      - ", n.Addresses)
-		var routes []string
+		// gateway4/gateway6 rather than routes: cloud-init 22.4 (Debian 12's) renders a route
+		// to ::/0 as one to ::/64, and netplan only warns that these keys are old.
 		if n.Gateway != "" && !route4 {
 			route4 = true
-			routes = append(routes, "      - to: "+yamlString("0.0.0.0/0")+"\n        via: "+yamlString(n.Gateway)+"\n")
+			b.WriteString("    gateway4: " + yamlString(n.Gateway) + "\n")
 		}
 		if n.Gateway6 != "" && !route6 {
 			route6 = true
-			r := "      - to: " + yamlString("::/0") + "\n        via: " + yamlString(n.Gateway6) + "\n"
-			if a, err := netip.ParseAddr(n.Gateway6); err == nil && a.IsLinkLocalUnicast() {
-				r += "        on-link: true\n" // a link-local gateway is outside the NIC's range
-			}
-			routes = append(routes, r)
-		}
-		if len(routes) > 0 {
-			b.WriteString("    routes:\n" + strings.Join(routes, ""))
+			b.WriteString("    gateway6: " + yamlString(n.Gateway6) + "\n")
 		}
 		if len(n.DNS) > 0 {
 			b.WriteString("    nameservers:\n")

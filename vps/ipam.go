@@ -229,26 +229,30 @@ func leasedAddr(ctx context.Context, tx pgx.Tx, network string, a netip.Addr) bo
 	return err == nil && taken
 }
 
-// lowestFreeSQL finds the lowest free address of a network: the least of its first host
-// address, the address after its gateway, the one after its reserved range, and the one after
-// the first lease (in address order) whose successor is free, that is free itself and neither
-// the gateway nor reserved. The walk reads the leases up to the first gap through the
-// (network_id, address) index, and no further: picking in a sparse network reads a few rows.
-// COL is address or address6; $1 the network, $2 its first and $3 its last host address, $4 its
-// gateway, $5 and $6 its reserved range (NULL when none).
+// lowestFreeSQL finds the lowest free address of a network. The lowest free address is its
+// first host address, the one after its gateway, the one after its reserved range, or the one
+// after a lease: "cheap" is the least of the first three that is free, and the walk reads the
+// leases below it in address order (the (network_id, address) index), with the next lease of
+// each beside it, up to the first whose successor is free and may be given. It reads no lease
+// above the answer: picking in a sparse network reads a few rows, in a packed one the leases
+// up to the first gap, in the database. COL is address or address6; $1 is the network, $2 its
+// first and $3 its last host address, $4 its gateway, $5 and $6 its reserved range (NULL when
+// none).
 const lowestFreeSQL = `
-SELECT host(min(c.a)) FROM (
-  SELECT $2::inet AS a
-  UNION ALL SELECT $4::inet + 1 WHERE $4::inet < $3::inet
-  UNION ALL SELECT $6::inet + 1 WHERE $6::inet < $3::inet
-  UNION ALL (SELECT l.COL + 1 FROM compute.vps_addresses l
-    WHERE l.network_id = $1 AND l.COL >= $2::inet AND l.COL < $3::inet AND l.COL + 1 <> $4::inet
-      AND NOT coalesce(l.COL + 1 BETWEEN $5::inet AND $6::inet, false)
-      AND NOT EXISTS (SELECT 1 FROM compute.vps_addresses x WHERE x.network_id = $1 AND x.COL = l.COL + 1)
-    ORDER BY l.COL LIMIT 1)
-) c
-WHERE c.a BETWEEN $2::inet AND $3::inet AND c.a <> $4::inet AND NOT coalesce(c.a BETWEEN $5::inet AND $6::inet, false)
-  AND NOT EXISTS (SELECT 1 FROM compute.vps_addresses x WHERE x.network_id = $1 AND x.COL = c.a)`
+WITH cheap AS (
+  SELECT min(c.a) AS a FROM (VALUES ($2::inet), (CASE WHEN $4::inet < $3::inet THEN $4::inet + 1 END),
+    (CASE WHEN $6::inet < $3::inet THEN $6::inet + 1 END)) c (a)
+  WHERE c.a BETWEEN $2::inet AND $3::inet AND c.a <> $4::inet AND NOT coalesce(c.a BETWEEN $5::inet AND $6::inet, false)
+    AND NOT EXISTS (SELECT 1 FROM compute.vps_addresses x WHERE x.network_id = $1 AND x.COL = c.a)
+)
+SELECT host(least((SELECT a FROM cheap), (
+  SELECT w.at + 1 FROM (
+    SELECT l.COL AS at, lead(l.COL) OVER (ORDER BY l.COL) AS next FROM compute.vps_addresses l
+    WHERE l.network_id = $1 AND l.COL >= $2::inet AND l.COL <= coalesce((SELECT a FROM cheap), $3::inet)
+  ) w
+  WHERE w.at < $3::inet AND (w.next IS NULL OR w.next <> w.at + 1) AND w.at + 1 <> $4::inet
+    AND NOT coalesce(w.at + 1 BETWEEN $5::inet AND $6::inet, false)
+  ORDER BY w.at LIMIT 1)))`
 
 var (
 	lowestFree4SQL = strings.ReplaceAll(lowestFreeSQL, "COL", "address")

@@ -125,7 +125,7 @@ func (in CreateNetwork) spec() (networkSpec, error) {
 		if s.cidr6, err = parseRange("cidr6", in.CIDR6, true); err != nil {
 			return s, err
 		}
-		if s.gateway6, err = hostIn("gateway6", in.Gateway6, s.cidr6, true); err != nil {
+		if s.gateway6, err = hostIn("gateway6", in.Gateway6, s.cidr6, false); err != nil {
 			return s, err
 		}
 	}
