@@ -98,9 +98,7 @@ func TestCloudInitNetworkConfigIsReadByCloudInit(t *testing.T) {
 				for _, a := range n.Addresses {
 					want = append(want, "Address="+a)
 				}
-				for _, d := range n.DNS {
-					want = append(want, d)
-				}
+				want = append(want, n.DNS...)
 				if i == 0 {
 					for _, gw := range []string{n.Gateway, n.Gateway6} {
 						if gw != "" {

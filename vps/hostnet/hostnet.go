@@ -12,14 +12,18 @@ import (
 	"net"
 	"regexp"
 	"strconv"
-	"syscall"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
+// routeFamily is NETLINK_ROUTE, spelled here so that the package builds on every platform
+// (netlink answers "not implemented" off Linux).
+const routeFamily = 0
+
 // errExist is LinkAdd's answer when another process made the link first.
-var errExist = syscall.EEXIST
+var errExist = unix.EEXIST
 
 // Segment is one network's part of a host.
 type Segment struct {
@@ -54,12 +58,14 @@ func VLANName(uplink string, vlan int) string {
 	return uplink + suffix
 }
 
-// Links changes the links of one network namespace.
+// Links changes the links of one network namespace. It speaks rtnetlink only: netlink's
+// default handle also opens XFRM and netfilter sockets, which fail where their modules
+// (xfrm_user) are not loaded.
 type Links struct{ h *netlink.Handle }
 
 // New returns Links of the calling process's network namespace.
 func New() (*Links, error) {
-	h, err := netlink.NewHandle()
+	h, err := netlink.NewHandle(routeFamily)
 	if err != nil {
 		return nil, fmt.Errorf("hostnet: netlink: %w", err)
 	}
@@ -68,7 +74,7 @@ func New() (*Links, error) {
 
 // At returns Links of the network namespace ns.
 func At(ns netns.NsHandle) (*Links, error) {
-	h, err := netlink.NewHandleAt(ns)
+	h, err := netlink.NewHandleAt(ns, routeFamily)
 	if err != nil {
 		return nil, fmt.Errorf("hostnet: netlink in namespace %s: %w", ns, err)
 	}
@@ -79,8 +85,9 @@ func At(ns netns.NsHandle) (*Links, error) {
 func (l *Links) Close() { l.h.Close() }
 
 // Ensure makes s exist and be up: its bridge, and on a VLAN, the uplink's sub-interface for it
-// as the bridge's port. The uplink itself is left as it is (it is the host's). Everything in
-// the way is found before anything is made, so a refusal leaves the host as it was.
+// as the bridge's port. Of the uplink (the host's), Ensure changes nothing but to set it up
+// when it is down, as a VLAN cannot be up on a parent that is down. Everything in the way is
+// found before anything is made, so a refusal leaves the host as it was.
 func (l *Links) Ensure(s Segment) error {
 	if err := s.Validate(); err != nil {
 		return err
@@ -113,6 +120,13 @@ func (l *Links) Ensure(s Segment) error {
 			if v, err = l.vlan(s, true); err != nil {
 				return err
 			}
+		}
+		up, err := l.find(s.Uplink)
+		if err != nil || up == nil {
+			return fmt.Errorf("hostnet: the uplink %s went away: %v", s.Uplink, err)
+		}
+		if err := l.up(up); err != nil {
+			return err
 		}
 		if v.Attrs().MasterIndex != br.Attrs().Index {
 			if err := l.h.LinkSetMaster(v, br); err != nil {

@@ -47,7 +47,7 @@ func namespace(t *testing.T) (netns.NsHandle, *hostnet.Links, *netlink.Handle) {
 		t.Fatal(err)
 	}
 	t.Cleanup(l.Close)
-	h, err := netlink.NewHandleAt(ns)
+	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,6 +156,9 @@ func TestEnsureMakesAVLANSegmentOnce(t *testing.T) {
 	if v.Attrs().MasterIndex != br.Attrs().Index || v.Attrs().Flags&net.FlagUp == 0 {
 		t.Fatalf("up0.100 has master %d and flags %v: want a port of br100 (%d), up", v.Attrs().MasterIndex, v.Attrs().Flags, br.Attrs().Index)
 	}
+	if up := link(t, h, "up0"); up.Attrs().Flags&net.FlagUp == 0 || up.Attrs().MasterIndex != 0 {
+		t.Fatalf("the uplink has flags %v and master %d: want it up (its VLAN cannot be up otherwise), in no bridge", up.Attrs().Flags, up.Attrs().MasterIndex)
+	}
 	if err := l.Ensure(seg); err != nil {
 		t.Fatalf("ensured again: %v", err)
 	}
@@ -181,7 +184,7 @@ func TestEnsureMakesAVLANSegmentOnce(t *testing.T) {
 			t.Errorf("%s was made by an Ensure that was refused: a refusal leaves the host as it was", name)
 		}
 	}
-	if got := hostnet.VLANName("enp129s0f1np1", 4094); got != "enp129s0f.4094" {
+	if got := hostnet.VLANName("enp129s0f1np1", 4094); got != "enp129s0f1.4094" {
 		t.Errorf("VLANName = %q, want the uplink's name cut to fit 15 characters", got)
 	}
 }
