@@ -351,15 +351,15 @@ type prefixScan struct {
 
 func (p prefixScan) Scan(dest ...any) error { return p.row.Scan(append(p.first, dest...)...) }
 
-func listAddresses(ctx context.Context, c *modules.Call, in ListAddresses) (api.Page[Address], error) {
+func listAddresses(ctx context.Context, c *modules.Call, in ListAddresses) (api.Page[AddressLease], error) {
 	var after *string
 	if in.Cursor != "" {
 		key, err := api.DecodeCursor("va1", in.Cursor)
 		if err != nil {
-			return api.Page[Address]{}, err
+			return api.Page[AddressLease]{}, err
 		}
 		if _, err := netip.ParseAddr(key); err != nil {
-			return api.Page[Address]{}, api.InvalidField("cursor", "is not a cursor returned by this API")
+			return api.Page[AddressLease]{}, api.InvalidField("cursor", "is not a cursor returned by this API")
 		}
 		after = &key
 	}
@@ -368,10 +368,10 @@ func listAddresses(ctx context.Context, c *modules.Call, in ListAddresses) (api.
 		FROM compute.vps_addresses WHERE network_id = $1 AND ($2::inet IS NULL OR address > $2::inet) ORDER BY address LIMIT $3`,
 		c.Target.ResourceID, after, limit+1)
 	if err != nil {
-		return api.Page[Address]{}, err
+		return api.Page[AddressLease]{}, err
 	}
-	items, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Address, error) {
-		var a Address
+	items, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (AddressLease, error) {
+		var a AddressLease
 		var a6 *string
 		err := r.Scan(&a.NetworkID, &a.InstanceID, &a.NIC, &a.MAC, &a.Address, &a6, &a.Static, &a.CreatedAt)
 		if a6 != nil {
@@ -380,7 +380,7 @@ func listAddresses(ctx context.Context, c *modules.Call, in ListAddresses) (api.
 		return a, err
 	})
 	if err != nil {
-		return api.Page[Address]{}, err
+		return api.Page[AddressLease]{}, err
 	}
-	return api.PageOf(items, limit, "va1", func(a Address) string { return a.Address }), nil
+	return api.PageOf(items, limit, "va1", func(a AddressLease) string { return a.Address }), nil
 }

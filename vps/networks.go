@@ -36,7 +36,7 @@ var (
 	NetworksGet       = api.NewMethod[NetworkRef, Network]("networks", "get", false, ResourceNetwork, "v0.5", "Get a network.")
 	NetworksList      = api.NewMethod[ListNetworks, api.Page[Network]]("networks", "list", false, ResourceNetwork, "v0.5", "List networks.")
 	NetworksDelete    = api.NewMethod[NetworkRef, Network]("networks", "delete", true, ResourceNetwork, "v0.5", "Remove a network no instance has an address on.")
-	NetworksAddresses = api.NewMethod[ListAddresses, api.Page[Address]]("networks", "addresses", false, ResourceNetwork, "v0.5", "List a network's address leases: which instance's NIC holds which address, in address order.")
+	NetworksAddresses = api.NewMethod[ListAddresses, api.Page[AddressLease]]("networks", "addresses", false, ResourceNetwork, "v0.5", "List a network's address leases: which instance's NIC holds which address, in address order.")
 )
 
 // Limits of a network.
@@ -266,8 +266,8 @@ func (in ListAddresses) Validate() error {
 	return in.PageRequest.Validate()
 }
 
-// Address is a lease: the addresses of one NIC of an instance on a network.
-type Address struct {
+// AddressLease is a lease: the addresses of one NIC of an instance on a network.
+type AddressLease struct {
 	NetworkID  string    `json:"networkId"`
 	InstanceID string    `json:"instanceId"`
 	NIC        int       `json:"nic"` // its index among the instance's NICs
@@ -382,17 +382,18 @@ func networkConflict(err error, name string, s networkSpec) error {
 		return api.Errorf(api.CodeConflict, "the tenant has a network named %q", name).With("reason", "name_taken")
 	case code != postgres.ExclusionViolation:
 		return err
-	case constraint == "vps_networks_tenant_id_cidr_excl":
+	case constraint == "vps_networks_tenant_overlap":
 		return api.Errorf(api.CodeConflict, "%s overlaps another of the tenant's networks: a tenant's ranges may not overlap", s.cidr).With("reason", "overlap").With("field", "cidr")
-	case constraint == "vps_networks_tenant_id_cidr6_excl":
+	case constraint == "vps_networks_tenant_overlap6":
 		return api.Errorf(api.CodeConflict, "%s overlaps another of the tenant's networks: a tenant's ranges may not overlap", s.cidr6).With("reason", "overlap").With("field", "cidr6")
-	case constraint == "vps_networks_bridge_coalesce_cidr_excl":
+	case constraint == "vps_networks_segment_overlap":
 		return api.Errorf(api.CodeConflict, "another network on bridge %s (VLAN %d) overlaps %s: one segment has one address plan", s.bridge, s.vlan, s.cidr).
 			With("reason", "segment_overlap").With("field", "cidr")
-	default:
+	case constraint == "vps_networks_bridge_vlan":
 		return api.Errorf(api.CodeConflict, "bridge %s carries another VLAN for another network: a bridge carries one VLAN (give another bridge)", s.bridge).
 			With("reason", "bridge_vlan").With("field", "bridge")
 	}
+	return err
 }
 
 func deleteNetwork(ctx context.Context, c *modules.Call, in NetworkRef) (Network, error) {

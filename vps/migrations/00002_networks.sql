@@ -27,13 +27,13 @@ CREATE TABLE compute.vps_networks (
   CHECK ((reserved_first IS NULL) = (reserved_last IS NULL)),
   CHECK (reserved_first IS NULL OR (reserved_first << cidr AND reserved_last << cidr AND reserved_first <= reserved_last)),
   -- A tenant's networks never overlap: an address names one of its NICs.
-  EXCLUDE USING gist (tenant_id WITH =, cidr inet_ops WITH &&),
-  EXCLUDE USING gist (tenant_id WITH =, cidr6 inet_ops WITH &&),
+  CONSTRAINT vps_networks_tenant_overlap EXCLUDE USING gist (tenant_id WITH =, cidr inet_ops WITH &&),
+  CONSTRAINT vps_networks_tenant_overlap6 EXCLUDE USING gist (tenant_id WITH =, cidr6 inet_ops WITH &&),
   -- One segment (a bridge with its VLAN) has one IPAM: two networks on it, any tenants', may
   -- not overlap, or both would hand out one address on one wire.
-  EXCLUDE USING gist (bridge WITH =, (coalesce(vlan, 0)) WITH =, cidr inet_ops WITH &&),
+  CONSTRAINT vps_networks_segment_overlap EXCLUDE USING gist (bridge WITH =, (coalesce(vlan, 0)) WITH =, cidr inet_ops WITH &&),
   -- A host bridge carries one VLAN (its port is that VLAN's sub-interface of the uplink).
-  EXCLUDE USING gist (bridge WITH =, (coalesce(vlan, 0)) WITH <>)
+  CONSTRAINT vps_networks_bridge_vlan EXCLUDE USING gist (bridge WITH =, (coalesce(vlan, 0)) WITH <>)
 );
 
 -- An address lease: a NIC of an instance on a network, with its IPv4 (and IPv6) address. A row
@@ -51,8 +51,8 @@ CREATE TABLE compute.vps_addresses (
   PRIMARY KEY (instance_id, nic),
   UNIQUE (instance_id, network_id),
   -- The referees: an address of a network is never leased twice.
-  EXCLUDE USING gist (network_id WITH =, address inet_ops WITH &&),
-  EXCLUDE USING gist (network_id WITH =, address6 inet_ops WITH &&)
+  CONSTRAINT vps_addresses_once EXCLUDE USING gist (network_id WITH =, address inet_ops WITH &&),
+  CONSTRAINT vps_addresses_once6 EXCLUDE USING gist (network_id WITH =, address6 inet_ops WITH &&)
 );
 -- In address order, for the allocator's walk to the first gap and for networks.addresses.
 CREATE INDEX vps_addresses_order ON compute.vps_addresses (network_id, address);
