@@ -41,7 +41,8 @@ func Methods() []api.MethodInfo {
 	return []api.MethodInfo{FlavorsCreate.Info(), FlavorsList.Info(), FlavorsDelete.Info(),
 		VMImagesRegister.Info(), VMImagesList.Info(), VMImagesDelete.Info(),
 		InstancesCreate.Info(), InstancesGet.Info(), InstancesList.Info(), InstancesStart.Info(), InstancesStop.Info(),
-		InstancesPause.Info(), InstancesReboot.Info(), InstancesDelete.Info(), InstancesConsole.Info()}
+		InstancesPause.Info(), InstancesReboot.Info(), InstancesDelete.Info(), InstancesConsole.Info(),
+		NetworksCreate.Info(), NetworksGet.Info(), NetworksList.Info(), NetworksDelete.Info(), NetworksAddresses.Info()}
 }
 
 // Limits of a flavor.

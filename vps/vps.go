@@ -89,6 +89,7 @@ func (m *Module) Register(r *modules.Registry) error {
 	m.registerImages(r)
 	m.registerInstances(r)
 	m.registerSandboxes(r)
+	m.registerNetworks(r)
 	r.DesiredKind(modules.DesiredKind{Name: hostapi.KindInstances, Version: hostapi.InstancesVersion, Optional: true, State: m.desiredInstances})
 	r.ReportKind(
 		modules.ReportKind{Name: hostapi.KindHost, Handle: hostReported},

@@ -50,6 +50,9 @@ type Instance struct {
 	// ReadyLine, on a warm instance, is what its guest prints on its serial console once it is
 	// ready: the host watches the console from its boot and reports Ready when it sees it.
 	ReadyLine string `json:"readyLine,omitempty"`
+	NICs      []NIC  `json:"nics,omitempty"` // in order: the first is the guest's eth0
+	// CloudInit is the instance's NoCloud seed, when it has one.
+	CloudInit *CloudInit `json:"cloudInit,omitempty"`
 }
 
 // Restore asks for an instance to be put back to a snapshot.
@@ -62,6 +65,30 @@ type Restore struct {
 type Artifact struct {
 	URL    string `json:"url"`
 	SHA256 string `json:"sha256"`
+}
+
+// NIC is one network interface of an instance: the segment its host plugs it into, and the
+// addresses its guest is told (through CloudInit.NetworkConfig).
+type NIC struct {
+	Network string `json:"network"` // the network's id
+	MAC     string `json:"mac"`     // locally administered, fixed for the instance's life
+	Bridge  string `json:"bridge"`  // the host bridge it plugs into
+	// VLAN is the VLAN the bridge carries (0: untagged). A Linux bridge carries it through a
+	// VLAN sub-interface of the host's uplink as its port (vps/hostnet), and the NIC is
+	// plugged in untagged.
+	VLAN      int      `json:"vlan,omitempty"`
+	Addresses []string `json:"addresses"` // with the network's prefix length: 10.20.0.7/24, 2001:db8::7/64
+	Gateway   string   `json:"gateway,omitempty"`
+	Gateway6  string   `json:"gateway6,omitempty"`
+	DNS       []string `json:"dns,omitempty"`
+}
+
+// CloudInit is an instance's NoCloud seed (cloud-init's datasource): the three files its host
+// writes to a small volume labelled "cidata" that the guest finds at boot.
+type CloudInit struct {
+	MetaData      string `json:"metaData"`      // the file meta-data
+	UserData      string `json:"userData"`      // user-data, as the tenant gave it
+	NetworkConfig string `json:"networkConfig"` // network-config, version 2
 }
 
 // Host is the payload of KindHost.
