@@ -488,4 +488,3 @@ func (p *Provider) List(ctx context.Context, a provider.Account, prefix string) 
 	}
 	return out, nil
 }
-
