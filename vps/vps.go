@@ -15,6 +15,7 @@ import (
 	"github.com/better-compute/compute/modules"
 	"github.com/better-compute/compute/postgres"
 	"github.com/better-compute/compute/vps/hostapi"
+	"github.com/better-compute/compute/vps/provider"
 )
 
 //go:embed migrations/*.sql
@@ -35,12 +36,19 @@ type Options struct {
 	// ReconcileEvery is how often the worker ends the instances whose reservation ended
 	// (expired, preempted, drained); default 15 s.
 	ReconcileEvery time.Duration
+	// Providers are the providers of provider pools; default hetzner and proxmox.
+	Providers []provider.Provider
+	// ProviderReconcileEvery is how often each provider account's servers are listed and
+	// compared with its instances; default 1 min.
+	ProviderReconcileEvery time.Duration
 }
 
 // Module is the vps module: vps.New(vps.Options{}) in compute.Options.Modules.
 type Module struct {
 	opts     Options
 	capacity modules.Capacity // the runtime's, from Initialize: desired parts read reservations
+
+	providers map[string]provider.Provider // provider pools' providers, by name (providers.go)
 }
 
 // New returns the module.
@@ -48,7 +56,11 @@ func New(opts Options) (*Module, error) {
 	if opts.ReconcileEvery <= 0 {
 		opts.ReconcileEvery = 15 * time.Second
 	}
-	return &Module{opts: opts}, nil
+	m := &Module{opts: opts}
+	if err := m.setUpProviders(); err != nil {
+		return nil, err
+	}
+	return m, nil
 }
 
 // Name implements modules.Module.
@@ -75,6 +87,7 @@ func (m *Module) Register(r *modules.Registry) error {
 	m.registerFlavors(r)
 	m.registerImages(r)
 	m.registerInstances(r)
+	m.registerProviders(r)
 	r.DesiredKind(modules.DesiredKind{Name: hostapi.KindInstances, Version: hostapi.InstancesVersion, Optional: true, State: m.desiredInstances})
 	r.ReportKind(
 		modules.ReportKind{Name: hostapi.KindHost, Handle: hostReported},
