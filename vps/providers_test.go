@@ -20,6 +20,8 @@ import (
 	"github.com/better-compute/compute/vps"
 	"github.com/better-compute/compute/vps/provider/hetzner"
 	"github.com/better-compute/compute/vps/provider/hetzner/hetznerfake"
+	"github.com/better-compute/compute/vps/provider/proxmox"
+	"github.com/better-compute/compute/vps/provider/proxmox/proxmoxfake"
 )
 
 // Provider pools are tested against hetznerfake, a local server that answers as Hetzner
@@ -357,7 +359,79 @@ func waitFor(t *testing.T, what string, ok func() bool) {
 	t.Helper()
 	for deadline := time.Now().Add(30 * time.Second); !ok(); time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatal(fmt.Sprintf("timed out waiting for %s", what))
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+// TestProviderInstancesAtProxmox runs instances through the proxmox provider against
+// proxmoxfake (a local server answering as Proxmox VE's documented API does; no real cluster is
+// used): an account whose node is not in the cluster is refused; an instance is a clone of the
+// template on the account's node, sized by its flavor, with the SSH key, tagged and running;
+// user data is refused with the reason; a VM destroyed behind our back makes its instance lost,
+// and deleting that instance leaves alone the VM that took its VMID since; deleting an instance
+// destroys its VM.
+func TestProviderInstancesAtProxmox(t *testing.T) {
+	ctx := context.Background()
+	e := startProviders(t)
+	const pxToken = "root@pam!bc=6f1c0d2e-Secret"
+	px := proxmoxfake.Start(t, pxToken, "debian-12-cloud", "pve1", "pve2")
+	acct := vps.CreateProviderAccount{Name: "pve", Kind: proxmox.Name, Endpoint: px.Endpoint(), Token: pxToken, Options: map[string]string{"node": "pve9"}}
+	if _, err := client.Call(ctx, e.cl, vps.ProviderAccountsCreate, acct); apiErr(err).Details["reason"] != "account_refused" || !strings.Contains(err.Error(), "pve1, pve2") {
+		t.Errorf("a node not in the cluster: %v", err)
+	}
+	acct.Options = map[string]string{"node": "pve2", "ciuser": "debian"}
+	if _, err := client.Call(ctx, e.cl, vps.ProviderAccountsCreate, acct); err != nil {
+		t.Fatal(err)
+	}
+
+	db1, err := client.Call(ctx, e.cl, vps.ProviderInstancesCreate, vps.CreateProviderInstance{Name: "db-1", Provider: "pve", Flavor: "small",
+		Image: "debian-12-cloud", SSHKeys: []string{sshKey}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db1 = e.waitInstance(t, db1.ID, "running", func(i vps.ProviderInstance) bool { return i.Status == vps.ProviderRunning })
+	vms := px.VMs()
+	if len(vms) != 1 {
+		t.Fatalf("the cluster has %d VMs, want 1: %+v", len(vms), vms)
+	}
+	v := vms[0]
+	if db1.ServerID != fmt.Sprintf("pve2/%d/bc-%s", v.VMID, db1.ID) || v.Node != "pve2" || v.Name != "bc-"+db1.ID || v.Status != "running" ||
+		v.Config["cores"] != float64(2) || v.Config["memory"] != float64(4096) || v.Config["tags"] != "better-compute" || v.Config["ciuser"] != "debian" ||
+		!strings.Contains(fmt.Sprint(v.Config["sshkeys"]), "ssh-ed25519%20AAAA") || v.Config["scsi0"] != fmt.Sprintf("local-lvm:vm-%d-disk-0,size=40G", v.VMID) ||
+		!strings.Contains(fmt.Sprint(v.Config["description"]), vps.LabelInstance+"="+db1.ID) {
+		t.Errorf("the VM is %+v for %+v", v, db1)
+	}
+
+	ud, err := client.Call(ctx, e.cl, vps.ProviderInstancesCreate, vps.CreateProviderInstance{Name: "ud", Provider: "pve", Flavor: "small",
+		Image: "debian-12-cloud", UserData: "#cloud-config\n"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ud = e.waitInstance(t, ud.ID, "error", func(i vps.ProviderInstance) bool { return i.Status == vps.ProviderError })
+	if !strings.Contains(ud.StatusDetail, "SSH keys") {
+		t.Errorf("user data at Proxmox: %q", ud.StatusDetail)
+	}
+
+	px.Remove(v.VMID)
+	e.waitInstance(t, db1.ID, "lost", func(i vps.ProviderInstance) bool { return i.Status == vps.ProviderLost })
+
+	db2, err := client.Call(ctx, e.cl, vps.ProviderInstancesCreate, vps.CreateProviderInstance{Name: "db-2", Provider: "pve", Flavor: "small", Image: "9000"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db2 = e.waitInstance(t, db2.ID, "running", func(i vps.ProviderInstance) bool { return i.Status == vps.ProviderRunning })
+	// Proxmox gave db-2 the VMID db-1's VM had: deleting db-1 leaves db-2's VM alone.
+	if !strings.HasPrefix(db2.ServerID, fmt.Sprintf("pve2/%d/", v.VMID)) {
+		t.Fatalf("db-2 is %s: the cluster did not reuse VMID %d, which this test is about", db2.ServerID, v.VMID)
+	}
+	for n, id := range []string{db1.ID, db2.ID} {
+		if _, err := client.Call(ctx, e.cl, vps.ProviderInstancesDelete, vps.ProviderInstanceRef{Instance: id}); err != nil {
+			t.Fatal(err)
+		}
+		e.waitInstance(t, id, "deleted", func(i vps.ProviderInstance) bool { return i.Status == vps.ProviderDeleted })
+		if vms := px.VMs(); len(vms) != 1-n {
+			t.Fatalf("after deleting %s the cluster has %+v", id, vms)
 		}
 	}
 }

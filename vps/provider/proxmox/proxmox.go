@@ -2,8 +2,8 @@
 // github.com/luthermonson/go-proxmox. A server is a full clone of a template VM (the spec's
 // image: the template's VMID or name), sized by the spec (cores, memory, the disk grown),
 // given the SSH keys through Proxmox's own cloud-init drive, tagged better-compute and
-// started; its id is node/vmid. List lists only VMs with that tag, and Delete refuses a VM
-// without it, since Proxmox reuses VMIDs.
+// started; its id is node/vmid/name. List lists only VMs with that tag; since Proxmox reuses
+// VMIDs, Delete and Reinstall act only on a VM of the id's name that carries the tag.
 //
 // Account options: node (required: where new VMs go, unless a spec names a location), storage
 // (the clone's target storage), pool (a Proxmox resource pool), disk (the disk to grow,
@@ -238,7 +238,7 @@ func (p *Provider) Create(ctx context.Context, a provider.Account, s provider.Sp
 		}
 		return provider.Server{}, err
 	}
-	return provider.Server{ID: serverID(node, vmid), Name: s.Name, Status: provider.StatusRunning}, nil
+	return provider.Server{ID: serverID(node, vmid, s.Name), Name: s.Name, Status: provider.StatusRunning}, nil
 }
 
 func (k *conn) clone(ctx context.Context, tpl *px.ClusterResource, vmid int, name, node string) error {
@@ -307,17 +307,19 @@ func description(labels map[string]string) string {
 	return strings.Join(lines, "\n")
 }
 
-func serverID(node string, vmid int) string { return node + "/" + strconv.Itoa(vmid) }
+// serverID is node/vmid/name: Proxmox reuses a VMID once its VM is destroyed, so the name (which
+// holds the instance's id) tells the VM that was made from another that took its number.
+func serverID(node string, vmid int, name string) string { return node + "/" + strconv.Itoa(vmid) + "/" + name }
 
-var idRE = regexp.MustCompile(`^([A-Za-z0-9][A-Za-z0-9.-]*)/([1-9][0-9]{2,8})$`)
+var idRE = regexp.MustCompile(`^([A-Za-z0-9][A-Za-z0-9.-]*)/([1-9][0-9]{2,8})/([^/]+)$`)
 
-func parseID(id string) (string, int, error) {
+func parseID(id string) (node string, vmid int, name string, err error) {
 	m := idRE.FindStringSubmatch(id)
 	if m == nil {
-		return "", 0, fmt.Errorf("proxmox: %q is not a server id (node/vmid): %w", id, provider.ErrInvalid)
+		return "", 0, "", fmt.Errorf("proxmox: %q is not a server id (node/vmid/name): %w", id, provider.ErrInvalid)
 	}
 	n, _ := strconv.Atoi(m[2])
-	return m[1], n, nil
+	return m[1], n, m[3], nil
 }
 
 // vm is what this provider reads of a VM: its status and its configuration.
@@ -340,8 +342,9 @@ func (k *conn) status(ctx context.Context, node string, vmid int) (string, error
 	return st.Status, nil
 }
 
-// ours reads a VM (nil when it is gone) and refuses one without the tag.
-func (k *conn) ours(ctx context.Context, node string, vmid int) (*vm, error) {
+// ours reads a VM (nil when it is gone, or when its VMID now holds a VM of another name) and
+// refuses one without the tag.
+func (k *conn) ours(ctx context.Context, node string, vmid int, name string) (*vm, error) {
 	st, err := k.status(ctx, node, vmid)
 	if err != nil || st == "" {
 		return nil, err
@@ -352,6 +355,9 @@ func (k *conn) ours(ctx context.Context, node string, vmid int) (*vm, error) {
 			return nil, nil
 		}
 		return nil, mapErr(fmt.Sprintf("read VM %d's configuration", vmid), err)
+	}
+	if got, _ := v.config["name"].(string); got != name {
+		return nil, nil // destroyed, and the VMID given to another VM since
 	}
 	tags, _ := v.config["tags"].(string)
 	if !slices.Contains(strings.FieldsFunc(tags, func(r rune) bool { return r == ';' || r == ',' || r == ' ' }), Tag) {
@@ -381,7 +387,7 @@ func (k *conn) destroy(ctx context.Context, node string, vmid int, status string
 
 // Delete implements provider.Provider.
 func (p *Provider) Delete(ctx context.Context, a provider.Account, id string) error {
-	node, vmid, err := parseID(id)
+	node, vmid, name, err := parseID(id)
 	if err != nil {
 		return err
 	}
@@ -389,7 +395,7 @@ func (p *Provider) Delete(ctx context.Context, a provider.Account, id string) er
 	if err != nil {
 		return err
 	}
-	v, err := k.ours(ctx, node, vmid)
+	v, err := k.ours(ctx, node, vmid, name)
 	if err != nil || v == nil {
 		return err
 	}
@@ -400,7 +406,7 @@ func (p *Provider) Delete(ctx context.Context, a provider.Account, id string) er
 // template cloned again under the same VMID and name, with the same cores, memory, keys, network
 // card (its MAC: the same DHCP lease) and disk size, and started.
 func (p *Provider) Reinstall(ctx context.Context, a provider.Account, id, image string) error {
-	node, vmid, err := parseID(id)
+	node, vmid, name, err := parseID(id)
 	if err != nil {
 		return err
 	}
@@ -408,7 +414,7 @@ func (p *Provider) Reinstall(ctx context.Context, a provider.Account, id, image 
 	if err != nil {
 		return err
 	}
-	v, err := k.ours(ctx, node, vmid)
+	v, err := k.ours(ctx, node, vmid, name)
 	if err != nil {
 		return err
 	}
@@ -423,7 +429,6 @@ func (p *Provider) Reinstall(ctx context.Context, a provider.Account, id, image 
 	if err != nil {
 		return err
 	}
-	name, _ := v.config["name"].(string)
 	keep := map[string]any{}
 	for _, key := range []string{"cores", "memory", "tags", "description", "sshkeys", "ciuser", "ipconfig0", "net0"} {
 		if val, ok := v.config[key]; ok {
@@ -484,7 +489,7 @@ func (p *Provider) List(ctx context.Context, a provider.Account, prefix string) 
 		case "stopped":
 			st = provider.StatusStopped
 		}
-		out = append(out, provider.Server{ID: serverID(r.Node, int(r.VMID)), Name: r.Name, Status: st})
+		out = append(out, provider.Server{ID: serverID(r.Node, int(r.VMID), r.Name), Name: r.Name, Status: st})
 	}
 	return out, nil
 }

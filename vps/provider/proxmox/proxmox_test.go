@@ -71,7 +71,7 @@ func TestCreateClonesSizesAndStarts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(provider.Server{ID: "pve2/105", Name: "bc-" + inst, Status: provider.StatusRunning}, got); diff != "" {
+	if diff := cmp.Diff(provider.Server{ID: "pve2/105/bc-" + inst, Name: "bc-" + inst, Status: provider.StatusRunning}, got); diff != "" {
 		t.Errorf("created (-want +got):\n%s", diff)
 	}
 }
@@ -106,23 +106,30 @@ func TestCreateRefusesATakenNameAndCleansUp(t *testing.T) {
 }
 
 // TestDeleteStopsDestroysAndLeavesOthersAlone: a running VM of ours is stopped and destroyed
-// with its disks; one gone is done; one without the tag is refused untouched (the recording
-// has no stop or destroy for it); an id not node/vmid is refused.
+// with its disks; one gone is done, and so is one whose VMID now holds a VM of another name;
+// one without the tag is refused untouched (the recordings have no stop or destroy for them);
+// an id not node/vmid/name is refused.
 func TestDeleteStopsDestroysAndLeavesOthersAlone(t *testing.T) {
 	ctx := context.Background()
 	p := proxmox.New()
 	s := recorded.Serve(t, "testdata/delete.json")
 	for range 2 {
-		if err := p.Delete(ctx, account(s, nil), "pve2/105"); err != nil {
+		if err := p.Delete(ctx, account(s, nil), "pve2/105/bc-"+inst); err != nil {
 			t.Fatal(err)
 		}
 	}
-	err := p.Delete(ctx, account(recorded.Serve(t, "testdata/delete_foreign.json"), nil), "pve1/100")
+	err := p.Delete(ctx, account(recorded.Serve(t, "testdata/delete_foreign.json"), nil), "pve1/100/db")
 	if !errors.Is(err, provider.ErrInvalid) || !strings.Contains(err.Error(), "not tagged") {
 		t.Errorf("a VM not ours: %v", err)
 	}
-	if err := p.Delete(ctx, account(s, nil), "4711"); !errors.Is(err, provider.ErrInvalid) {
-		t.Errorf("a foreign id: %v", err)
+	for _, id := range []string{"4711", "pve2/105"} {
+		if err := p.Delete(ctx, account(s, nil), id); !errors.Is(err, provider.ErrInvalid) {
+			t.Errorf("a foreign id %q: %v", id, err)
+		}
+	}
+	// A VMID that holds another VM now (its VM destroyed, the number reused) is not touched.
+	if err := p.Delete(ctx, account(recorded.Serve(t, "testdata/delete_reused.json"), nil), "pve2/105/bc-"+inst); err != nil {
+		t.Errorf("a reused VMID: %v", err)
 	}
 }
 
@@ -131,7 +138,7 @@ func TestDeleteStopsDestroysAndLeavesOthersAlone(t *testing.T) {
 // started.
 func TestReinstallClonesAgainUnderTheSameVMID(t *testing.T) {
 	s := recorded.Serve(t, "testdata/reinstall.json")
-	if err := proxmox.New().Reinstall(context.Background(), account(s, nil), "pve2/105", "debian-12-cloud"); err != nil {
+	if err := proxmox.New().Reinstall(context.Background(), account(s, nil), "pve2/105/bc-"+inst, "debian-12-cloud"); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -144,8 +151,8 @@ func TestListKeepsTaggedVMsOfThePrefix(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []provider.Server{
-		{ID: "pve2/105", Name: "bc-" + inst, Status: provider.StatusRunning},
-		{ID: "pve2/106", Name: "bc-0191e8a4-1111-7000-8000-000000000002", Status: provider.StatusStopped},
+		{ID: "pve2/105/bc-" + inst, Name: "bc-" + inst, Status: provider.StatusRunning},
+		{ID: "pve2/106/bc-0191e8a4-1111-7000-8000-000000000002", Name: "bc-0191e8a4-1111-7000-8000-000000000002", Status: provider.StatusStopped},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("listed (-want +got):\n%s", diff)
