@@ -309,7 +309,9 @@ func description(labels map[string]string) string {
 
 // serverID is node/vmid/name: Proxmox reuses a VMID once its VM is destroyed, so the name (which
 // holds the instance's id) tells the VM that was made from another that took its number.
-func serverID(node string, vmid int, name string) string { return node + "/" + strconv.Itoa(vmid) + "/" + name }
+func serverID(node string, vmid int, name string) string {
+	return node + "/" + strconv.Itoa(vmid) + "/" + name
+}
 
 var idRE = regexp.MustCompile(`^([A-Za-z0-9][A-Za-z0-9.-]*)/([1-9][0-9]{2,8})/([^/]+)$`)
 
