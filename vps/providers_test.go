@@ -435,3 +435,41 @@ func TestProviderInstancesAtProxmox(t *testing.T) {
 		}
 	}
 }
+
+// TestProviderInputsNameTheirField: each bad input of the provider methods is refused with
+// invalid_argument naming the field, and no message repeats a token.
+func TestProviderInputsNameTheirField(t *testing.T) {
+	ok := vps.CreateProviderInstance{Name: "web", Provider: "hz", Flavor: "small", Image: "ubuntu-24.04"}
+	for _, c := range []struct {
+		in    interface{ Validate() error }
+		field string
+	}{
+		{func() vps.CreateProviderInstance { i := ok; i.Image = ""; return i }(), "image"},
+		{func() vps.CreateProviderInstance { i := ok; i.Provider = ""; return i }(), "provider"},
+		{func() vps.CreateProviderInstance { i := ok; i.Name = "Web_1"; return i }(), "name"},
+		{func() vps.CreateProviderInstance { i := ok; i.SSHKeys = []string{sshKey, "ssh-rsa notbase64"}; return i }(), "sshKeys[1]"},
+		{func() vps.CreateProviderInstance { i := ok; i.SSHKeys = []string{sshKey + "\n" + sshKey}; return i }(), "sshKeys[0]"},
+		{func() vps.CreateProviderInstance { i := ok; i.UserData = strings.Repeat("x", vps.MaxProviderUserData+1); return i }(), "userData"},
+		{func() vps.CreateProviderInstance { i := ok; i.Labels = map[string]string{"-bad": "x"}; return i }(), "labels"},
+		{vps.CreateProviderAccount{Name: "hz", Kind: "hetzner"}, "token"},
+		{vps.CreateProviderAccount{Name: "hz", Kind: "hetzner", Token: "tok\x00en-Secret"}, "token"},
+		{vps.CreateProviderAccount{Name: "hz", Kind: "hetzner", Token: strings.Repeat("s", vps.MaxProviderToken+1)}, "token"},
+		{vps.CreateProviderAccount{Name: "hz", Kind: "hetzner", Token: "t", Options: map[string]string{"no-dash": "x"}}, "options"},
+		{vps.CreateProviderAccount{Name: "hz", Kind: "hetzner", Token: "t", MaxInstances: -1}, "maxInstances"},
+		{vps.CreateProviderAccount{Name: "hz", Kind: "hetzner", Token: "t", Flavors: map[string]string{"Small": "cx22"}}, "flavors"},
+		{vps.ListProviderInstances{Status: "gone"}, "status"},
+		{vps.ReinstallProviderInstance{}, "instance"},
+		{vps.ProviderAccountRef{}, "account"},
+	} {
+		err := c.in.Validate()
+		if ae := apiErr(err); ae.Code != api.CodeInvalidArgument || ae.Details["field"] != c.field {
+			t.Errorf("%T %v: want invalid %s", c.in, err, c.field)
+		}
+		if err != nil && strings.Contains(err.Error(), "Secret") {
+			t.Errorf("%v repeats the token", err)
+		}
+	}
+	if err := ok.Validate(); err != nil {
+		t.Errorf("a good input: %v", err)
+	}
+}
