@@ -447,9 +447,17 @@ func TestProviderInputsNameTheirField(t *testing.T) {
 		{func() vps.CreateProviderInstance { i := ok; i.Image = ""; return i }(), "image"},
 		{func() vps.CreateProviderInstance { i := ok; i.Provider = ""; return i }(), "provider"},
 		{func() vps.CreateProviderInstance { i := ok; i.Name = "Web_1"; return i }(), "name"},
-		{func() vps.CreateProviderInstance { i := ok; i.SSHKeys = []string{sshKey, "ssh-rsa notbase64"}; return i }(), "sshKeys[1]"},
+		{func() vps.CreateProviderInstance {
+			i := ok
+			i.SSHKeys = []string{sshKey, "ssh-rsa notbase64"}
+			return i
+		}(), "sshKeys[1]"},
 		{func() vps.CreateProviderInstance { i := ok; i.SSHKeys = []string{sshKey + "\n" + sshKey}; return i }(), "sshKeys[0]"},
-		{func() vps.CreateProviderInstance { i := ok; i.UserData = strings.Repeat("x", vps.MaxProviderUserData+1); return i }(), "userData"},
+		{func() vps.CreateProviderInstance {
+			i := ok
+			i.UserData = strings.Repeat("x", vps.MaxProviderUserData+1)
+			return i
+		}(), "userData"},
 		{func() vps.CreateProviderInstance { i := ok; i.Labels = map[string]string{"-bad": "x"}; return i }(), "labels"},
 		{vps.CreateProviderAccount{Name: "hz", Kind: "hetzner"}, "token"},
 		{vps.CreateProviderAccount{Name: "hz", Kind: "hetzner", Token: "tok\x00en-Secret"}, "token"},
