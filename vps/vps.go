@@ -15,6 +15,7 @@ import (
 	"github.com/better-compute/compute/modules"
 	"github.com/better-compute/compute/postgres"
 	"github.com/better-compute/compute/vps/hostapi"
+	"github.com/better-compute/compute/vps/provider"
 )
 
 //go:embed migrations/*.sql
@@ -38,12 +39,19 @@ type Options struct {
 	// SandboxEvery is how often the sandbox worker ends expired sandboxes, pauses warm
 	// instances that have run their warmup and refills warm pools; default 2 s.
 	SandboxEvery time.Duration
+	// Providers are the providers of provider pools; default hetzner and proxmox.
+	Providers []provider.Provider
+	// ProviderReconcileEvery is how often each provider account's servers are listed and
+	// compared with its instances; default 1 min.
+	ProviderReconcileEvery time.Duration
 }
 
 // Module is the vps module: vps.New(vps.Options{}) in compute.Options.Modules.
 type Module struct {
 	opts     Options
 	capacity modules.Capacity // the runtime's, from Initialize: desired parts read reservations
+
+	providers map[string]provider.Provider // provider pools' providers, by name (providers.go)
 }
 
 // New returns the module.
@@ -54,7 +62,11 @@ func New(opts Options) (*Module, error) {
 	if opts.SandboxEvery <= 0 {
 		opts.SandboxEvery = 2 * time.Second
 	}
-	return &Module{opts: opts}, nil
+	m := &Module{opts: opts}
+	if err := m.setUpProviders(); err != nil {
+		return nil, err
+	}
+	return m, nil
 }
 
 // Name implements modules.Module.
@@ -90,6 +102,7 @@ func (m *Module) Register(r *modules.Registry) error {
 	m.registerInstances(r)
 	m.registerSandboxes(r)
 	m.registerNetworks(r)
+	m.registerProviders(r)
 	r.DesiredKind(modules.DesiredKind{Name: hostapi.KindInstances, Version: hostapi.InstancesVersion, Optional: true, State: m.desiredInstances})
 	r.ReportKind(
 		modules.ReportKind{Name: hostapi.KindHost, Handle: hostReported},
