@@ -355,7 +355,6 @@ func countRequests(hz *hetznerfake.API, what string) int {
 	return n
 }
 
-
 // TestProviderInstancesAtProxmox runs instances through the proxmox provider against
 // proxmoxfake (a local server answering as Proxmox VE's documented API does; no real cluster is
 // used): an account whose node is not in the cluster is refused; an instance is a clone of the

@@ -64,7 +64,7 @@ type SandboxTemplate struct {
 	Network  string            `json:"network"`
 	TTL      string            `json:"ttl"`    // a sandbox's time to live unless its create says otherwise
 	MaxTTL   string            `json:"maxTTL"` // the most a sandbox may live, extensions included
-	Warm     int               `json:"warm"` // how many wait booted and paused
+	Warm     int               `json:"warm"`   // how many wait booted and paused
 	// ReadyLine is what the guest prints on its serial console once it is up: a warm one is
 	// paused when its host has seen it. Without one, a warm one is paused Warmup after its boot.
 	ReadyLine string `json:"readyLine,omitempty"`

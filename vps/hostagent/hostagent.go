@@ -192,7 +192,9 @@ func (a *Agent) converge(ctx context.Context, version uint32, payload []byte) er
 	defer a.mu.Unlock()
 	defer a.markDirty()
 	began := time.Now()
-	defer func() { a.opts.Logger.Debug("vps: converged", "instances", len(want.Instances), "took", time.Since(began)) }()
+	defer func() {
+		a.opts.Logger.Debug("vps: converged", "instances", len(want.Instances), "took", time.Since(began))
+	}()
 	have, err := a.opts.Runtime.List(ctx)
 	if err != nil {
 		return fmt.Errorf("hostagent: list the runtime's instances: %w", err)
