@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/vps/hostapi"
 )
 
 // IAM resource types of the module.
@@ -229,7 +230,10 @@ type Instance struct {
 	Labels        map[string]string `json:"labels"`
 	CreatedBy     string            `json:"createdBy"`
 	CreatedAt     time.Time         `json:"createdAt"`
-	kind          string            // instance, sandbox or warm
+	// NICs are its network interfaces with their addresses (instances.get and sandboxes.get
+	// only; lists leave them out).
+	NICs []hostapi.NIC `json:"nics,omitempty"`
+	kind string        // instance, sandbox or warm
 }
 
 // CreateInstance is the input of instances.create.
@@ -243,6 +247,12 @@ type CreateInstance struct {
 	Duration string            `json:"duration,omitempty"`
 	Power    string            `json:"power,omitempty"` // running (the default), paused or stopped
 	Labels   map[string]string `json:"labels,omitempty"`
+	// Networks are its NICs, in order (the first is eth0, with the default route), each leasing
+	// its addresses on a network of the tenant (docs/vps.md, Networking).
+	Networks []InstanceNIC `json:"networks,omitempty"`
+	// UserData is cloud-init's user-data (a #cloud-config document or a script), given to the
+	// guest in its NoCloud seed with its network config. Write-only: never answered.
+	UserData string `json:"userData,omitempty"`
 }
 
 // Validate implements the input check.
@@ -264,6 +274,12 @@ func (in CreateInstance) Validate() error {
 	case "", PowerRunning, PowerPaused, PowerStopped:
 	default:
 		return api.InvalidField("power", "is running, paused or stopped, not %q", in.Power)
+	}
+	if err := ValidateNICs("networks", in.Networks); err != nil {
+		return err
+	}
+	if err := ValidateUserData("userData", in.UserData); err != nil {
+		return err
 	}
 	return api.ValidateLabels("labels", in.Labels)
 }

@@ -34,6 +34,11 @@ func getInstance(ctx context.Context, q postgres.Querier, id string) (Instance, 
 	if errors.Is(err, pgx.ErrNoRows) {
 		return i, api.NotFound("instance", id)
 	}
+	if err != nil {
+		return i, err
+	}
+	nics, err := instanceNICs(ctx, q, []string{i.ID})
+	i.NICs = nics[i.ID]
 	return i, err
 }
 
@@ -104,7 +109,7 @@ func createInstance(ctx context.Context, c *modules.Call, in CreateInstance) (In
 		return Instance{}, err
 	}
 	return launch(ctx, c, launchSpec{kind: kindInstance, name: in.Name, pool: in.Pool, flavor: f, image: img, power: in.Power,
-		duration: in.Duration, labels: in.Labels})
+		duration: in.Duration, labels: in.Labels, networks: in.Networks, userData: in.UserData})
 }
 
 // launchSpec is an instance to book and record.
@@ -116,6 +121,8 @@ type launchSpec struct {
 	labels           map[string]string
 	template         string        // a sandbox's or warm instance's
 	ttl              time.Duration // a sandbox's
+	networks         []InstanceNIC
+	userData         string
 }
 
 // launch books an instance's capacity on a VM host of the pool and records it, in c's
@@ -160,10 +167,13 @@ func launch(ctx context.Context, c *modules.Call, s launchSpec) (Instance, error
 		e := fmt.Sprintf("%d seconds", int64(s.ttl/time.Second))
 		expires = &e
 	}
+	if _, err := allocate(ctx, c.Tx, c.Target.TenantID, id, s.networks); err != nil {
+		return Instance{}, err
+	}
 	_, err = c.Tx.Exec(ctx, `INSERT INTO compute.vps_instances (id, tenant_id, name, flavor_id, image_id, reservation_id, node_id, power, labels, created_by,
-			kind, template_id, expires_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, compute.compute_now() + $13::interval)`,
-		id, c.Target.TenantID, s.name, f.ID, s.image.ID, res.ID, node, power, labels, c.Principal.ID, s.kind, template, expires)
+			kind, template_id, expires_at, user_data)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, compute.compute_now() + $13::interval, $14)`,
+		id, c.Target.TenantID, s.name, f.ID, s.image.ID, res.ID, node, power, labels, c.Principal.ID, s.kind, template, expires, s.userData)
 	if postgres.ErrorCode(err) == postgres.UniqueViolation {
 		return Instance{}, api.Errorf(api.CodeConflict, "the tenant has a live instance or sandbox named %q", s.name).With("reason", "name_taken")
 	}
@@ -249,6 +259,9 @@ func setPower(power string) modules.RunFunc[InstanceRef, Instance] {
 
 // deleteInstance records an instance's end and tells its host, which removes its VM.
 func deleteInstance(ctx context.Context, tx pgx.Tx, rt *modules.Runtime, i Instance, reason string) (Instance, error) {
+	if _, err := releaseAddresses(ctx, tx, i.ID); err != nil {
+		return i, err
+	}
 	if _, err := tx.Exec(ctx, `UPDATE compute.vps_instances SET deleted_at = compute.compute_now(), deleted_reason = $2, status = 'deleted'
 		WHERE id = $1 AND deleted_at IS NULL`, i.ID, reason); err != nil {
 		return i, err
@@ -312,7 +325,7 @@ func (m *Module) desiredInstances(ctx context.Context, q postgres.Querier, nodeI
 	rows, err := q.Query(ctx, `SELECT i.id::text, i.reservation_id::text, f.vcpus, f.memory_gib, f.disk_gib, m.kernel_url, m.kernel_sha256,
 		m.initrd_url, m.initrd_sha256, m.cmdline, m.disk_url, m.disk_sha256, i.power, i.reboots, coalesce(t.env, '{}'),
 		ARRAY(SELECT s.id::text FROM compute.vps_snapshots s WHERE s.instance_id = i.id AND s.deleted_at IS NULL AND s.status <> 'failed' ORDER BY s.id),
-		coalesce(i.restore_snapshot::text, ''), i.restores, CASE WHEN i.kind = 'warm' THEN t.ready_line ELSE '' END
+		coalesce(i.restore_snapshot::text, ''), i.restores, CASE WHEN i.kind = 'warm' THEN t.ready_line ELSE '' END, i.name, i.user_data
 		FROM compute.vps_instances i JOIN compute.vps_flavors f ON f.id = i.flavor_id JOIN compute.vps_images m ON m.id = i.image_id
 		LEFT JOIN compute.vps_sandbox_templates t ON t.id = i.template_id
 		WHERE i.node_id = $1 AND i.deleted_at IS NULL ORDER BY i.id`, nodeID)
@@ -321,14 +334,14 @@ func (m *Module) desiredInstances(ctx context.Context, q postgres.Querier, nodeI
 	}
 	type row struct {
 		hostapi.Instance
-		reservation string
+		reservation, name, userData string
 	}
 	all, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
 		var x row
 		var memGiB, restores int
 		var k, ks, ir, irs, d, ds, restore string
 		err := r.Scan(&x.ID, &x.reservation, &x.VCPUs, &memGiB, &x.DiskGiB, &k, &ks, &ir, &irs, &x.Cmdline, &d, &ds, &x.Power, &x.Reboots,
-			&x.Env, &x.Snapshots, &restore, &restores, &x.ReadyLine)
+			&x.Env, &x.Snapshots, &restore, &restores, &x.ReadyLine, &x.name, &x.userData)
 		x.MemoryMiB = memGiB << 10
 		x.Kernel, x.Initrd, x.Disk = hostArtifact(k, ks), hostArtifact(ir, irs), hostArtifact(d, ds)
 		if restore != "" {
@@ -365,10 +378,22 @@ func (m *Module) desiredInstances(ctx context.Context, q postgres.Querier, nodeI
 			}
 		}
 	}
+	instances := make([]string, len(all))
+	for n, x := range all {
+		instances[n] = x.ID
+	}
+	nics, err := instanceNICs(ctx, q, instances)
+	if err != nil {
+		return nil, err
+	}
 	out := hostapi.Instances{Instances: []hostapi.Instance{}}
 	for _, x := range all {
 		if active[x.reservation] {
 			x.GPUs = holds[x.reservation]
+			x.NICs = nics[x.ID]
+			if len(x.NICs) > 0 || x.userData != "" {
+				x.CloudInit = cloudInit(x.ID, x.name, x.userData, x.NICs)
+			}
 			out.Instances = append(out.Instances, x.Instance)
 		}
 	}

@@ -380,3 +380,59 @@ func TestBadInstanceInputIsNamed(t *testing.T) {
 		t.Fatalf("%d reservations after refused calls", n)
 	}
 }
+
+// TestInstanceNetworksAndSeed: an instance's NICs lease addresses on the tenant's networks in its
+// create's transaction (a network without room refuses the create, which books nothing), its
+// host is sent each NIC and a NoCloud seed with the user-data and network config, instances.get
+// shows the addresses and never the user-data, and a delete frees the addresses.
+func TestInstanceNetworksAndSeed(t *testing.T) {
+	f := newFleet(t)
+	key := f.RootKey
+	if _, err := compute.Invoke(f.ctx, f.Compute, key, vps.NetworksCreate, vps.CreateNetwork{Name: "lan", CIDR: "10.9.0.0/30", VLAN: 20}); err != nil {
+		t.Fatal(err)
+	}
+	const secret = "#cloud-config\npassword: hunter2\n"
+	i, err := compute.Invoke(f.ctx, f.Compute, key, vps.InstancesCreate, vps.CreateInstance{Name: "web", Pool: "mixed", Flavor: "cpu16", Image: "guest",
+		Networks: []vps.InstanceNIC{{Network: "lan"}}, UserData: secret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := f.do(t, vps.InstancesGet, i.ID)
+	if len(got.NICs) != 1 || got.NICs[0].Addresses[0] != "10.9.0.2/30" || got.NICs[0].Gateway != "10.9.0.1" || got.NICs[0].VLAN != 20 {
+		t.Fatalf("the instance's NICs: %+v", got.NICs)
+	}
+	if b, _ := json.Marshal(got); strings.Contains(string(b), "hunter2") {
+		t.Fatalf("instances.get answers the user-data: %s", b)
+	}
+	d := f.desired(t, func(d hostapi.Instances) bool { return len(d.Instances) == 1 })
+	in := d.Instances[0]
+	if len(in.NICs) != 1 || in.NICs[0].MAC != got.NICs[0].MAC || in.CloudInit == nil || in.CloudInit.UserData != secret ||
+		!strings.Contains(in.CloudInit.NetworkConfig, "10.9.0.2/30") || !strings.Contains(in.CloudInit.MetaData, `local-hostname: "web"`) {
+		t.Fatalf("the host's instance: %+v %+v", in.NICs, in.CloudInit)
+	}
+
+	// The /30 has one address for guests: a second instance is refused and books nothing.
+	before := len(f.reservations(t))
+	_, err = compute.Invoke(f.ctx, f.Compute, key, vps.InstancesCreate, vps.CreateInstance{Name: "db", Pool: "mixed", Flavor: "cpu16", Image: "guest",
+		Networks: []vps.InstanceNIC{{Network: "lan"}}})
+	if api.CodeOf(err) != api.CodeConflict || !strings.Contains(err.Error(), "lan") {
+		t.Fatalf("an instance on a full network: %v", err)
+	}
+	if n := len(f.reservations(t)); n != before {
+		t.Fatalf("%d reservations after a refused create, want %d", n, before)
+	}
+	if _, err := compute.Invoke(f.ctx, f.Compute, key, vps.InstancesCreate, vps.CreateInstance{Name: "x", Pool: "mixed", Flavor: "cpu16", Image: "guest",
+		Networks: []vps.InstanceNIC{{Network: "lan", Address: "192.168.0.1"}}}); api.CodeOf(err) != api.CodeInvalidArgument || !strings.Contains(err.Error(), "networks[0].address") {
+		t.Fatalf("a static address outside the network: %v", err)
+	}
+
+	f.do(t, vps.InstancesDelete, i.ID)
+	leases, err := compute.Invoke(f.ctx, f.Compute, key, vps.NetworksAddresses, vps.ListAddresses{Network: "lan"})
+	if err != nil || len(leases.Items) != 0 {
+		t.Fatalf("leases after the delete: %+v %v", leases.Items, err)
+	}
+	if _, err := compute.Invoke(f.ctx, f.Compute, key, vps.InstancesCreate, vps.CreateInstance{Name: "db", Pool: "mixed", Flavor: "cpu16", Image: "guest",
+		Networks: []vps.InstanceNIC{{Network: "lan"}}}); err != nil {
+		t.Fatalf("an instance on the freed address: %v", err)
+	}
+}

@@ -111,6 +111,7 @@ func TestSandboxesOnARealBCDHost(t *testing.T) {
 	con.tun.Write([]byte("env\n"))
 	con.expect(t, `bc-guest: env GREETING=hello`, 30*time.Second)
 	con.expect(t, `bc-guest: env LANG=C.UTF-8`, 30*time.Second)
+	con.tun.Close() // a serial console takes one client at a time
 
 	// Warm: one waits paused; taken, it answers as soon as it is resumed.
 	waitFor(t, 3*time.Minute, "a warm instance waits", func() bool {
@@ -165,6 +166,7 @@ func TestSandboxesOnARealBCDHost(t *testing.T) {
 	}
 	status("warm1", "running")
 	wcon.nextTick(t, 30*time.Second)
+	wcon.tun.Close()
 
 	// A snapshot with memory, and back to it. Saving restarts the VM's QEMU, which drops the
 	// console: each reading attaches anew, and sees only what the guest says from then on.

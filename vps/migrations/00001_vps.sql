@@ -63,6 +63,7 @@ CREATE TABLE compute.vps_instances (
   deleted_at     timestamptz,
   deleted_reason text NOT NULL DEFAULT '',
   labels         jsonb NOT NULL DEFAULT '{}',
+  user_data      text NOT NULL DEFAULT '', -- cloud-init's, write-only: sent to its host, never answered
   created_by     text NOT NULL,
   created_at     timestamptz NOT NULL DEFAULT compute.compute_now()
 );
