@@ -52,10 +52,23 @@ func (a *Artifact) columns() (string, string) {
 
 // lookupRef finds a row of table by id or, in tenant, by name: the target of a call on it.
 func lookupRef(kind, table string) func(ctx context.Context, l modules.Lookup, tenantID, ref string) (modules.Target, error) {
+	return lookupLive(kind, table, "")
+}
+
+// retired are the tables whose rows are retired (deleted_at) rather than deleted.
+var retired = map[string]bool{"vps_flavors": true, "vps_images": true, "vps_sandbox_templates": true}
+
+// lookupRetired is lookupRef for a table whose rows are retired (deleted_at) rather than deleted:
+// a retired one is not found.
+func lookupRetired(kind, table string) func(ctx context.Context, l modules.Lookup, tenantID, ref string) (modules.Target, error) {
+	return lookupLive(kind, table, " AND deleted_at IS NULL")
+}
+
+func lookupLive(kind, table, live string) func(ctx context.Context, l modules.Lookup, tenantID, ref string) (modules.Target, error) {
 	return func(ctx context.Context, l modules.Lookup, tenantID, ref string) (modules.Target, error) {
 		t := modules.Target{Existing: true, Kind: kind, Ref: ref}
 		tenant := modules.TenantTarget(l.Principal, tenantID).TenantID
-		err := l.Q.QueryRow(ctx, `SELECT id::text, tenant_id FROM compute.`+table+` WHERE (id::text = $1 OR (tenant_id = $2 AND name = $1)) AND deleted_at IS NULL
+		err := l.Q.QueryRow(ctx, `SELECT id::text, tenant_id FROM compute.`+table+` WHERE (id::text = $1 OR (tenant_id = $2 AND name = $1))`+live+`
 			ORDER BY (id::text = $1) DESC LIMIT 1`, ref, tenant).Scan(&t.ResourceID, &t.TenantID)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return t, api.NotFound(kind, ref)
@@ -65,8 +78,8 @@ func lookupRef(kind, table string) func(ctx context.Context, l modules.Lookup, t
 }
 
 var (
-	flavorTarget = lookupRef("flavor", "vps_flavors")
-	imageTarget  = lookupRef("image", "vps_images")
+	flavorTarget = lookupRetired("flavor", "vps_flavors")
+	imageTarget  = lookupRetired("image", "vps_images")
 )
 
 // flavorOf finds a flavor of the tenant by id or name.
@@ -99,7 +112,11 @@ func pageByName[T any](ctx context.Context, q postgres.Querier, kind, columns, t
 		}
 		after = key
 	}
-	rows, err := q.Query(ctx, `SELECT `+columns+` FROM compute.`+table+` WHERE tenant_id = $1 AND name > $2 AND deleted_at IS NULL ORDER BY name LIMIT $3`, tenant, after, limit+1)
+	live := ""
+	if retired[table] {
+		live = " AND deleted_at IS NULL"
+	}
+	rows, err := q.Query(ctx, `SELECT `+columns+` FROM compute.`+table+` WHERE tenant_id = $1 AND name > $2`+live+` ORDER BY name LIMIT $3`, tenant, after, limit+1)
 	if err != nil {
 		return api.Page[T]{}, err
 	}

@@ -52,11 +52,11 @@ func mustNetwork(t testing.TB, cl *client.Client, in CreateNetwork) Network {
 // to: the flavor and image it needs are made once per tenant.
 func anInstance(ctx context.Context, tx pgx.Tx, tenant, id string) error {
 	if _, err := tx.Exec(ctx, `INSERT INTO compute.vps_flavors (id, tenant_id, name, vcpus, memory_gib, created_by) VALUES ($1, $2, 'f', 1, 1, 'test')
-		ON CONFLICT (tenant_id, name) DO NOTHING`, uuid.NewString(), tenant); err != nil {
+		ON CONFLICT (tenant_id, name) WHERE deleted_at IS NULL DO NOTHING`, uuid.NewString(), tenant); err != nil {
 		return err
 	}
 	if _, err := tx.Exec(ctx, `INSERT INTO compute.vps_images (id, tenant_id, name, disk_url, disk_sha256, created_by) VALUES ($1, $2, 'i', 'https://images.example.com/d.qcow2', $3, 'test')
-		ON CONFLICT (tenant_id, name) DO NOTHING`, uuid.NewString(), tenant, fmt.Sprintf("%064x", 1)); err != nil {
+		ON CONFLICT (tenant_id, name) WHERE deleted_at IS NULL DO NOTHING`, uuid.NewString(), tenant, fmt.Sprintf("%064x", 1)); err != nil {
 		return err
 	}
 	_, err := tx.Exec(ctx, `INSERT INTO compute.vps_instances (id, tenant_id, name, flavor_id, image_id, reservation_id, node_id, power, created_by)

@@ -71,7 +71,7 @@ func sandboxTarget(ctx context.Context, l modules.Lookup, in SandboxRef) (module
 
 func (m *Module) registerSandboxes(r *modules.Registry) {
 	templateTarget := func(ctx context.Context, l modules.Lookup, in SandboxTemplateRef) (modules.Target, error) {
-		return lookupRef("template", "vps_sandbox_templates")(ctx, l, in.TenantID, in.Template)
+		return lookupRetired("template", "vps_sandbox_templates")(ctx, l, in.TenantID, in.Template)
 	}
 	modules.Handle(r, SandboxTemplatesCreate, nil, createTemplate)
 	modules.Handle(r, SandboxTemplatesGet, templateTarget, func(ctx context.Context, c *modules.Call, _ SandboxTemplateRef) (SandboxTemplate, error) {
