@@ -264,6 +264,22 @@ func MigrationSets(mods ...Module) ([]postgres.MigrationSet, error) {
 	return append([]postgres.MigrationSet{postgres.Core}, reg.MigrationSets()...), nil
 }
 
+// Handlers returns every method a control plane with mods serves, with its types, in the order
+// GET /api/compute/methods lists them: what the API's surface is made of (api/surface.json,
+// docs/compatibility.md). It touches neither the database nor the network.
+func Handlers(mods ...Module) ([]*modules.Handler, error) {
+	wh, err := webhooks.New(webhooks.Config{})
+	if err != nil {
+		return nil, err
+	}
+	gw := gateway.New(nodes.New(nodes.Config{}), gateway.Config{})
+	reg, err := registry(&events.Module{}, capacity.Module{}, append([]Module{nodes.New(nodes.Config{}), jointokens.Module{}, wh, gatewayModule{gw}, iamEvents{}, &jobsModule{}}, mods...))
+	if err != nil {
+		return nil, err
+	}
+	return reg.Handlers(), nil
+}
+
 // Initialize applies migrations (under an advisory lock, so several processes may start at
 // once), prepares the IAM port, contributes the catalog to IAM and runs the modules' start hooks.
 // It may be called again; what is done is not redone.

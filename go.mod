@@ -9,7 +9,10 @@ require (
 	github.com/chromedp/chromedp v0.24.0
 	github.com/coder/websocket v1.8.15
 	github.com/creack/pty v1.1.24
+	github.com/digitalocean/go-libvirt v0.0.0-20261013170128-efbbdf578ac8
 	github.com/google/go-cmp v0.7.0
+	github.com/google/go-tpm v0.9.8
+	github.com/google/go-tpm-tools v0.4.11
 	github.com/google/jsonschema-go v0.4.3
 	github.com/google/uuid v1.6.0
 	github.com/insomniacslk/dhcp v0.0.0-20260901064844-234b97448fae
@@ -38,6 +41,7 @@ require (
 	golang.org/x/time v0.15.0
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12
+	libvirt.org/go/libvirtxml v1.12008.0
 	pgregory.net/rapid v1.3.0
 )
 

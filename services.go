@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/internal/access"
 	"github.com/better-compute/compute/internal/capacity"
 	"github.com/better-compute/compute/internal/events"
 	"github.com/better-compute/compute/internal/fleet"
@@ -32,6 +33,7 @@ func newRuntime(o Options, reg *modules.Registry, nm *nodes.Module, leases *capa
 		Events:   eventService{reg},
 		Clock:    clock{},
 		Secrets:  secretBox{o.Secret},
+		Access:   access.Service{},
 		Registry: reg,
 	}
 	rt.Workflows = workflow.Service{RT: rt}

@@ -1,6 +1,12 @@
 package api
 
-import "time"
+import (
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"strings"
+	"time"
+)
 
 // IAM resource types of the fleet groups.
 const (
@@ -30,8 +36,70 @@ type Pool struct {
 	Description string            `json:"description,omitempty"`
 	Labels      map[string]string `json:"labels"`
 	NodeCount   int               `json:"nodeCount"`
+	Attestation PoolAttestation   `json:"attestation"`
 	CreatedAt   time.Time         `json:"createdAt"`
 	UpdatedAt   time.Time         `json:"updatedAt"`
+}
+
+// A pool's TPM attestation policies: what a machine's TPM must prove for it to join.
+const (
+	TPMOff      = "off"      // the default: TPM evidence is not looked at
+	TPMOptional = "optional" // a machine may attest; what it sends must verify, and is recorded
+	TPMRequired = "required" // a join without a TPM proof that verifies is refused
+)
+
+// Limits on a pool's EK roots.
+const (
+	MaxEKRoots     = 32
+	MaxEKRootBytes = 16 << 10
+)
+
+// PoolAttestation is a pool's attestation policy (docs/nodes.md, "Attested joins").
+type PoolAttestation struct {
+	// TPM is off (the default), optional or required.
+	TPM string `json:"tpm"`
+	// EKRoots are PEM certificates of the CAs an EK certificate must chain to (a TPM
+	// manufacturer's). None: an EK is trusted on first use, and pinned to the node it admitted.
+	EKRoots []string `json:"ekRoots,omitempty"`
+}
+
+// Validate checks a policy, under field.
+func (a PoolAttestation) Validate(field string) error {
+	if err := ValidateEnum(field+".tpm", a.TPM, TPMOff, TPMOptional, TPMRequired); err != nil {
+		return err
+	}
+	if len(a.EKRoots) > MaxEKRoots {
+		return InvalidField(field+".ekRoots", "has %d certificates; the limit is %d", len(a.EKRoots), MaxEKRoots)
+	}
+	for i, root := range a.EKRoots {
+		f := fmt.Sprintf("%s.ekRoots[%d]", field, i)
+		if len(root) > MaxEKRootBytes {
+			return InvalidField(f, "is %d bytes; the limit is %d", len(root), MaxEKRootBytes)
+		}
+		block, rest := pem.Decode([]byte(root))
+		if block == nil || block.Type != "CERTIFICATE" || strings.TrimSpace(string(rest)) != "" {
+			return InvalidField(f, "must be one PEM certificate (-----BEGIN CERTIFICATE-----)")
+		}
+		c, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			return InvalidField(f, "does not parse: %v", err)
+		}
+		if !c.IsCA {
+			return InvalidField(f, "%q is not a CA certificate; give the CA that issues the TPMs' EK certificates", c.Subject.String())
+		}
+	}
+	return nil
+}
+
+// WithDefaults returns the policy with its zero fields filled: tpm off, no roots.
+func (a PoolAttestation) WithDefaults() PoolAttestation {
+	if a.TPM == "" {
+		a.TPM = TPMOff
+	}
+	if a.EKRoots == nil {
+		a.EKRoots = []string{}
+	}
+	return a
 }
 
 // Node lifecycle states.
@@ -147,12 +215,17 @@ type CreatePool struct {
 	DisplayName string            `json:"displayName,omitempty"`
 	Description string            `json:"description,omitempty"`
 	Labels      map[string]string `json:"labels,omitempty"`
+	Attestation *PoolAttestation  `json:"attestation,omitempty"` // default: tpm off
 }
 
 // Validate implements the input check of pools.create.
 func (in CreatePool) Validate() error {
-	return first(ValidateName("name", in.Name), ValidateText("displayName", in.DisplayName, MaxDisplayName),
+	err := first(ValidateName("name", in.Name), ValidateText("displayName", in.DisplayName, MaxDisplayName),
 		ValidateText("description", in.Description, MaxDescription), ValidateLabels("labels", in.Labels))
+	if err == nil && in.Attestation != nil {
+		err = in.Attestation.Validate("attestation")
+	}
+	return err
 }
 
 // GetPool is the input of pools.get.
@@ -178,6 +251,9 @@ type UpdatePool struct {
 	DisplayName *string            `json:"displayName,omitempty"`
 	Description *string            `json:"description,omitempty"`
 	Labels      *map[string]string `json:"labels,omitempty"`
+	// Attestation, when set, replaces the whole policy. It applies to joins from then on; the
+	// pool's nodes stay.
+	Attestation *PoolAttestation `json:"attestation,omitempty"`
 }
 
 // Validate implements the input check of pools.update.
@@ -191,6 +267,9 @@ func (in UpdatePool) Validate() error {
 	}
 	if err == nil && in.Labels != nil {
 		err = ValidateLabels("labels", *in.Labels)
+	}
+	if err == nil && in.Attestation != nil {
+		err = in.Attestation.Validate("attestation")
 	}
 	return err
 }

@@ -47,6 +47,7 @@ type Runtime struct {
 	Secrets   SecretBox
 	Jobs      Jobs
 	Workflows Workflows
+	Access    Access
 	// Registry is what every module registered, checked; read it, never add to it.
 	Registry *Registry
 }
@@ -99,11 +100,15 @@ type Handler struct {
 	run    func(context.Context, *Call, any) (any, error)
 	typeOK func(any) bool
 	input  reflect.Type
+	output reflect.Type
 	batch  *batching
 }
 
 // InputType is the Go type of the method's input.
 func (h *Handler) InputType() reflect.Type { return h.input }
+
+// OutputType is the Go type of the method's output.
+func (h *Handler) OutputType() reflect.Type { return h.output }
 
 // Decode parses a JSON input, refusing unknown fields and trailing data.
 func (h *Handler) Decode(body []byte) (any, error) { return h.decode(body) }
@@ -148,6 +153,7 @@ func Handle[In, Out any](r *Registry, m api.Method[In, Out], target TargetFunc[I
 		},
 		typeOK: func(in any) bool { _, ok := in.(In); return ok },
 		input:  reflect.TypeFor[In](),
+		output: reflect.TypeFor[Out](),
 	}
 	r.addHandler(h)
 }

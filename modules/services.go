@@ -22,6 +22,9 @@ type Capacity interface {
 	Reserve(ctx context.Context, c *Call, in api.CreateReservation) (api.Reservation, error)
 	// Release ends an active reservation of c's tenant now, or cancels one not yet started.
 	Release(ctx context.Context, c *Call, reservationID string) error
+	// Reservations reads reservations, of any tenant, with their allocations: a module reads
+	// those it made (in no order; ids that name none are left out).
+	Reservations(ctx context.Context, q postgres.Querier, ids []string) ([]api.Reservation, error)
 }
 
 // Nodes reaches nodes: commands they carry out once, and the desired state they converge to.
@@ -54,6 +57,14 @@ type Fleet interface {
 	// SiteAgents returns the ids of the site agents (nodes of role site, not retired) of a site,
 	// the online ones first.
 	SiteAgents(ctx context.Context, q postgres.Querier, siteID string) ([]string, error)
+}
+
+// Access makes tunnel tickets (access.exec, access.console) for a module's own resources: a
+// VM's console is a console of the node that runs it. The call's own method made the decision.
+type Access interface {
+	// ConsoleTicket records a single-use ticket to a console of a node a reservation of c's
+	// tenant holds now, and its access.console event.
+	ConsoleTicket(ctx context.Context, c *Call, in api.OpenTunnel) (api.TunnelTicket, error)
 }
 
 // Events writes the event outbox.

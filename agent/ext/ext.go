@@ -52,6 +52,9 @@ type Extension struct {
 	Name     string
 	Commands map[string]Command   // by command kind, e.g. "metal.ping"
 	Desired  map[string]Converger // by desired-state kind, e.g. "vps.instances"
+	// Console, if set, finds a console access.console may attach to (a VM's serial console) by
+	// its name: the Unix socket to dial. The node's own consoles (bcd node --console) come first.
+	Console func(name string) (socket string, ok bool)
 }
 
 var kindRE = regexp.MustCompile(`^[a-z][a-z0-9]*(\.[a-z][a-z0-9]*)+$`)
@@ -60,6 +63,7 @@ var kindRE = regexp.MustCompile(`^[a-z][a-z0-9]*(\.[a-z][a-z0-9]*)+$`)
 type Set struct {
 	commands map[string]Command
 	desired  map[string]Converger
+	consoles []func(string) (string, bool)
 }
 
 // NewSet checks exts and indexes their kinds.
@@ -74,6 +78,9 @@ func NewSet(exts ...Extension) (*Set, error) {
 				return nil, fmt.Errorf("ext: command kind %s is claimed twice (extension %q)", k, e.Name)
 			}
 			s.commands[k] = c
+		}
+		if e.Console != nil {
+			s.consoles = append(s.consoles, e.Console)
 		}
 		for k, c := range e.Desired {
 			if !kindRE.MatchString(k) || c == nil {
@@ -95,6 +102,19 @@ func (s *Set) Command(kind string) (Command, bool) {
 	}
 	c, ok := s.commands[kind]
 	return c, ok
+}
+
+// Console finds a console the extensions serve.
+func (s *Set) Console(name string) (string, bool) {
+	if s == nil {
+		return "", false
+	}
+	for _, find := range s.consoles {
+		if p, ok := find(name); ok {
+			return p, true
+		}
+	}
+	return "", false
 }
 
 // Converger returns the converger of a desired-state kind.

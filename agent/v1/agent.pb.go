@@ -32,10 +32,15 @@ const (
 )
 
 type JoinRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Token         string                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
-	CsrDer        []byte                 `protobuf:"bytes,2,opt,name=csr_der,json=csrDer,proto3" json:"csr_der,omitempty"` // PKCS #10, DER, ECDSA P-256 or Ed25519
-	Facts         *MachineFacts          `protobuf:"bytes,3,opt,name=facts,proto3" json:"facts,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Token  string                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	CsrDer []byte                 `protobuf:"bytes,2,opt,name=csr_der,json=csrDer,proto3" json:"csr_der,omitempty"` // PKCS #10, DER, ECDSA P-256 or Ed25519
+	Facts  *MachineFacts          `protobuf:"bytes,3,opt,name=facts,proto3" json:"facts,omitempty"`
+	// tpm makes the join an attested one, in two round trips. The first Join carries the TPM's
+	// keys (ek_public, ek_certificate_der, ak_public) and is answered with a TPMChallenge alone:
+	// nothing is spent or written. The second carries the same token, CSR, facts and keys, with the
+	// challenge's ticket and the proof; it is refused or admitted as a Join without tpm is.
+	Tpm           *TPMEvidence `protobuf:"bytes,4,opt,name=tpm,proto3" json:"tpm,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -91,6 +96,193 @@ func (x *JoinRequest) GetFacts() *MachineFacts {
 	return nil
 }
 
+func (x *JoinRequest) GetTpm() *TPMEvidence {
+	if x != nil {
+		return x.Tpm
+	}
+	return nil
+}
+
+// TPMEvidence is what a node's TPM shows at join (internal/tpmattest makes and checks it).
+type TPMEvidence struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	EkPublic         []byte                 `protobuf:"bytes,1,opt,name=ek_public,json=ekPublic,proto3" json:"ek_public,omitempty"`                           // TPMT_PUBLIC of the endorsement key (EK)
+	EkCertificateDer []byte                 `protobuf:"bytes,2,opt,name=ek_certificate_der,json=ekCertificateDer,proto3" json:"ek_certificate_der,omitempty"` // the EK's certificate from the TPM's NV, when it holds one
+	AkPublic         []byte                 `protobuf:"bytes,3,opt,name=ak_public,json=akPublic,proto3" json:"ak_public,omitempty"`                           // TPMT_PUBLIC of a new attestation key (AK): restricted, signing, fixed to the TPM
+	// The second Join only:
+	Ticket          []byte   `protobuf:"bytes,4,opt,name=ticket,proto3" json:"ticket,omitempty"`                                          // the challenge's ticket, as it came
+	ActivatedSecret []byte   `protobuf:"bytes,5,opt,name=activated_secret,json=activatedSecret,proto3" json:"activated_secret,omitempty"` // TPM2_ActivateCredential of the challenge's credential, with the EK and the AK
+	Quote           []byte   `protobuf:"bytes,6,opt,name=quote,proto3" json:"quote,omitempty"`                                            // TPMS_ATTEST of TPM2_Quote by the AK over PCRs 0-7 (SHA-256), the nonce as qualifying data
+	QuoteSignature  []byte   `protobuf:"bytes,7,opt,name=quote_signature,json=quoteSignature,proto3" json:"quote_signature,omitempty"`    // TPMT_SIGNATURE of the quote
+	Pcrs            [][]byte `protobuf:"bytes,8,rep,name=pcrs,proto3" json:"pcrs,omitempty"`                                              // the SHA-256 values of PCRs 0-7, in order, as quoted
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *TPMEvidence) Reset() {
+	*x = TPMEvidence{}
+	mi := &file_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TPMEvidence) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TPMEvidence) ProtoMessage() {}
+
+func (x *TPMEvidence) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TPMEvidence.ProtoReflect.Descriptor instead.
+func (*TPMEvidence) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *TPMEvidence) GetEkPublic() []byte {
+	if x != nil {
+		return x.EkPublic
+	}
+	return nil
+}
+
+func (x *TPMEvidence) GetEkCertificateDer() []byte {
+	if x != nil {
+		return x.EkCertificateDer
+	}
+	return nil
+}
+
+func (x *TPMEvidence) GetAkPublic() []byte {
+	if x != nil {
+		return x.AkPublic
+	}
+	return nil
+}
+
+func (x *TPMEvidence) GetTicket() []byte {
+	if x != nil {
+		return x.Ticket
+	}
+	return nil
+}
+
+func (x *TPMEvidence) GetActivatedSecret() []byte {
+	if x != nil {
+		return x.ActivatedSecret
+	}
+	return nil
+}
+
+func (x *TPMEvidence) GetQuote() []byte {
+	if x != nil {
+		return x.Quote
+	}
+	return nil
+}
+
+func (x *TPMEvidence) GetQuoteSignature() []byte {
+	if x != nil {
+		return x.QuoteSignature
+	}
+	return nil
+}
+
+func (x *TPMEvidence) GetPcrs() [][]byte {
+	if x != nil {
+		return x.Pcrs
+	}
+	return nil
+}
+
+// TPMChallenge answers a first Join that carries TPM evidence: the node proves that its AK lives
+// in the TPM of its EK by activating the credential, and quotes its PCRs over the nonce.
+type TPMChallenge struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	CredentialBlob  []byte                 `protobuf:"bytes,1,opt,name=credential_blob,json=credentialBlob,proto3" json:"credential_blob,omitempty"`    // TPM2_MakeCredential's credentialBlob (a TPM2B_ID_OBJECT's contents) for the AK's name under the EK
+	EncryptedSecret []byte                 `protobuf:"bytes,2,opt,name=encrypted_secret,json=encryptedSecret,proto3" json:"encrypted_secret,omitempty"` // its secret (a TPM2B_ENCRYPTED_SECRET's contents)
+	Nonce           []byte                 `protobuf:"bytes,3,opt,name=nonce,proto3" json:"nonce,omitempty"`                                            // the quote's qualifying data
+	Ticket          []byte                 `protobuf:"bytes,4,opt,name=ticket,proto3" json:"ticket,omitempty"`                                          // sealed by the control plane; sent back unchanged with the second Join
+	ExpiresAt       *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *TPMChallenge) Reset() {
+	*x = TPMChallenge{}
+	mi := &file_agent_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TPMChallenge) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TPMChallenge) ProtoMessage() {}
+
+func (x *TPMChallenge) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TPMChallenge.ProtoReflect.Descriptor instead.
+func (*TPMChallenge) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *TPMChallenge) GetCredentialBlob() []byte {
+	if x != nil {
+		return x.CredentialBlob
+	}
+	return nil
+}
+
+func (x *TPMChallenge) GetEncryptedSecret() []byte {
+	if x != nil {
+		return x.EncryptedSecret
+	}
+	return nil
+}
+
+func (x *TPMChallenge) GetNonce() []byte {
+	if x != nil {
+		return x.Nonce
+	}
+	return nil
+}
+
+func (x *TPMChallenge) GetTicket() []byte {
+	if x != nil {
+		return x.Ticket
+	}
+	return nil
+}
+
+func (x *TPMChallenge) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
 type MachineFacts struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Hostname      string                 `protobuf:"bytes,1,opt,name=hostname,proto3" json:"hostname,omitempty"`
@@ -105,7 +297,7 @@ type MachineFacts struct {
 
 func (x *MachineFacts) Reset() {
 	*x = MachineFacts{}
-	mi := &file_agent_proto_msgTypes[1]
+	mi := &file_agent_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -117,7 +309,7 @@ func (x *MachineFacts) String() string {
 func (*MachineFacts) ProtoMessage() {}
 
 func (x *MachineFacts) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[1]
+	mi := &file_agent_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -130,7 +322,7 @@ func (x *MachineFacts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineFacts.ProtoReflect.Descriptor instead.
 func (*MachineFacts) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{1}
+	return file_agent_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *MachineFacts) GetHostname() string {
@@ -183,13 +375,18 @@ type JoinResponse struct {
 	CaCertificatesDer [][]byte               `protobuf:"bytes,4,rep,name=ca_certificates_der,json=caCertificatesDer,proto3" json:"ca_certificates_der,omitempty"` // the machine CA, to trust gateways with
 	NotAfter          *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=not_after,json=notAfter,proto3" json:"not_after,omitempty"`
 	GatewayAddresses  []string               `protobuf:"bytes,6,rep,name=gateway_addresses,json=gatewayAddresses,proto3" json:"gateway_addresses,omitempty"` // host:port
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// tpm_challenge answers a first Join with tpm evidence; the fields above are then empty.
+	TpmChallenge *TPMChallenge `protobuf:"bytes,7,opt,name=tpm_challenge,json=tpmChallenge,proto3" json:"tpm_challenge,omitempty"`
+	// tpm_attested says that the join's TPM evidence was verified and recorded (false where the
+	// pool's attestation policy is off: the evidence was not looked at).
+	TpmAttested   bool `protobuf:"varint,8,opt,name=tpm_attested,json=tpmAttested,proto3" json:"tpm_attested,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_agent_proto_msgTypes[2]
+	mi := &file_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -201,7 +398,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[2]
+	mi := &file_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -214,7 +411,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{2}
+	return file_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *JoinResponse) GetNodeId() string {
@@ -259,6 +456,20 @@ func (x *JoinResponse) GetGatewayAddresses() []string {
 	return nil
 }
 
+func (x *JoinResponse) GetTpmChallenge() *TPMChallenge {
+	if x != nil {
+		return x.TpmChallenge
+	}
+	return nil
+}
+
+func (x *JoinResponse) GetTpmAttested() bool {
+	if x != nil {
+		return x.TpmAttested
+	}
+	return false
+}
+
 type NodeMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Body:
@@ -282,7 +493,7 @@ type NodeMessage struct {
 
 func (x *NodeMessage) Reset() {
 	*x = NodeMessage{}
-	mi := &file_agent_proto_msgTypes[3]
+	mi := &file_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -294,7 +505,7 @@ func (x *NodeMessage) String() string {
 func (*NodeMessage) ProtoMessage() {}
 
 func (x *NodeMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[3]
+	mi := &file_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -307,7 +518,7 @@ func (x *NodeMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeMessage.ProtoReflect.Descriptor instead.
 func (*NodeMessage) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{3}
+	return file_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *NodeMessage) GetBody() isNodeMessage_Body {
@@ -519,7 +730,7 @@ type Attested struct {
 
 func (x *Attested) Reset() {
 	*x = Attested{}
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -531,7 +742,7 @@ func (x *Attested) String() string {
 func (*Attested) ProtoMessage() {}
 
 func (x *Attested) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -544,7 +755,7 @@ func (x *Attested) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Attested.ProtoReflect.Descriptor instead.
 func (*Attested) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{4}
+	return file_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Attested) GetBody() []byte {
@@ -579,7 +790,7 @@ type AttestedBody struct {
 
 func (x *AttestedBody) Reset() {
 	*x = AttestedBody{}
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -591,7 +802,7 @@ func (x *AttestedBody) String() string {
 func (*AttestedBody) ProtoMessage() {}
 
 func (x *AttestedBody) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -604,7 +815,7 @@ func (x *AttestedBody) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttestedBody.ProtoReflect.Descriptor instead.
 func (*AttestedBody) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{5}
+	return file_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *AttestedBody) GetNodeId() string {
@@ -681,7 +892,7 @@ type Hello struct {
 
 func (x *Hello) Reset() {
 	*x = Hello{}
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -693,7 +904,7 @@ func (x *Hello) String() string {
 func (*Hello) ProtoMessage() {}
 
 func (x *Hello) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -706,7 +917,7 @@ func (x *Hello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hello.ProtoReflect.Descriptor instead.
 func (*Hello) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{6}
+	return file_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Hello) GetAgentVersion() string {
@@ -740,7 +951,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -752,7 +963,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -765,7 +976,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{7}
+	return file_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Heartbeat) GetAppliedGeneration() int64 {
@@ -794,7 +1005,7 @@ type Inventory struct {
 
 func (x *Inventory) Reset() {
 	*x = Inventory{}
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -806,7 +1017,7 @@ func (x *Inventory) String() string {
 func (*Inventory) ProtoMessage() {}
 
 func (x *Inventory) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -819,7 +1030,7 @@ func (x *Inventory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Inventory.ProtoReflect.Descriptor instead.
 func (*Inventory) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{8}
+	return file_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Inventory) GetGpus() []*GPU {
@@ -868,7 +1079,7 @@ type GPU struct {
 
 func (x *GPU) Reset() {
 	*x = GPU{}
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -880,7 +1091,7 @@ func (x *GPU) String() string {
 func (*GPU) ProtoMessage() {}
 
 func (x *GPU) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -893,7 +1104,7 @@ func (x *GPU) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPU.ProtoReflect.Descriptor instead.
 func (*GPU) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{9}
+	return file_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GPU) GetIndex() int32 {
@@ -976,7 +1187,7 @@ type HealthReport struct {
 
 func (x *HealthReport) Reset() {
 	*x = HealthReport{}
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -988,7 +1199,7 @@ func (x *HealthReport) String() string {
 func (*HealthReport) ProtoMessage() {}
 
 func (x *HealthReport) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1001,7 +1212,7 @@ func (x *HealthReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthReport.ProtoReflect.Descriptor instead.
 func (*HealthReport) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{10}
+	return file_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *HealthReport) GetGpuEvents() []*GPUEvent {
@@ -1032,7 +1243,7 @@ type GPUEvent struct {
 
 func (x *GPUEvent) Reset() {
 	*x = GPUEvent{}
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1044,7 +1255,7 @@ func (x *GPUEvent) String() string {
 func (*GPUEvent) ProtoMessage() {}
 
 func (x *GPUEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1057,7 +1268,7 @@ func (x *GPUEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUEvent.ProtoReflect.Descriptor instead.
 func (*GPUEvent) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{11}
+	return file_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GPUEvent) GetIndex() int32 {
@@ -1113,7 +1324,7 @@ type HostPressure struct {
 
 func (x *HostPressure) Reset() {
 	*x = HostPressure{}
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1125,7 +1336,7 @@ func (x *HostPressure) String() string {
 func (*HostPressure) ProtoMessage() {}
 
 func (x *HostPressure) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1138,7 +1349,7 @@ func (x *HostPressure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostPressure.ProtoReflect.Descriptor instead.
 func (*HostPressure) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{12}
+	return file_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *HostPressure) GetMemoryUsed() float64 {
@@ -1172,7 +1383,7 @@ type DesiredStateAck struct {
 
 func (x *DesiredStateAck) Reset() {
 	*x = DesiredStateAck{}
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1184,7 +1395,7 @@ func (x *DesiredStateAck) String() string {
 func (*DesiredStateAck) ProtoMessage() {}
 
 func (x *DesiredStateAck) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1197,7 +1408,7 @@ func (x *DesiredStateAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesiredStateAck.ProtoReflect.Descriptor instead.
 func (*DesiredStateAck) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{13}
+	return file_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DesiredStateAck) GetGeneration() int64 {
@@ -1227,7 +1438,7 @@ type CommandResult struct {
 
 func (x *CommandResult) Reset() {
 	*x = CommandResult{}
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1239,7 +1450,7 @@ func (x *CommandResult) String() string {
 func (*CommandResult) ProtoMessage() {}
 
 func (x *CommandResult) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1252,7 +1463,7 @@ func (x *CommandResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandResult.ProtoReflect.Descriptor instead.
 func (*CommandResult) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{14}
+	return file_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CommandResult) GetCommandId() string {
@@ -1299,7 +1510,7 @@ type RenewRequest struct {
 
 func (x *RenewRequest) Reset() {
 	*x = RenewRequest{}
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1311,7 +1522,7 @@ func (x *RenewRequest) String() string {
 func (*RenewRequest) ProtoMessage() {}
 
 func (x *RenewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1324,7 +1535,7 @@ func (x *RenewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
 func (*RenewRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{15}
+	return file_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RenewRequest) GetCsrDer() []byte {
@@ -1349,7 +1560,7 @@ type Report struct {
 
 func (x *Report) Reset() {
 	*x = Report{}
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1361,7 +1572,7 @@ func (x *Report) String() string {
 func (*Report) ProtoMessage() {}
 
 func (x *Report) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1374,7 +1585,7 @@ func (x *Report) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Report.ProtoReflect.Descriptor instead.
 func (*Report) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{16}
+	return file_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Report) GetId() string {
@@ -1420,7 +1631,7 @@ type ServerMessage struct {
 
 func (x *ServerMessage) Reset() {
 	*x = ServerMessage{}
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1432,7 +1643,7 @@ func (x *ServerMessage) String() string {
 func (*ServerMessage) ProtoMessage() {}
 
 func (x *ServerMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1445,7 +1656,7 @@ func (x *ServerMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerMessage.ProtoReflect.Descriptor instead.
 func (*ServerMessage) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{17}
+	return file_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ServerMessage) GetBody() isServerMessage_Body {
@@ -1640,7 +1851,7 @@ type TunnelOpen struct {
 
 func (x *TunnelOpen) Reset() {
 	*x = TunnelOpen{}
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1652,7 +1863,7 @@ func (x *TunnelOpen) String() string {
 func (*TunnelOpen) ProtoMessage() {}
 
 func (x *TunnelOpen) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1665,7 +1876,7 @@ func (x *TunnelOpen) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TunnelOpen.ProtoReflect.Descriptor instead.
 func (*TunnelOpen) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{18}
+	return file_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *TunnelOpen) GetId() string {
@@ -1733,7 +1944,7 @@ type TunnelInput struct {
 
 func (x *TunnelInput) Reset() {
 	*x = TunnelInput{}
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1745,7 +1956,7 @@ func (x *TunnelInput) String() string {
 func (*TunnelInput) ProtoMessage() {}
 
 func (x *TunnelInput) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1758,7 +1969,7 @@ func (x *TunnelInput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TunnelInput.ProtoReflect.Descriptor instead.
 func (*TunnelInput) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{19}
+	return file_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *TunnelInput) GetId() string {
@@ -1815,7 +2026,7 @@ type TunnelAck struct {
 
 func (x *TunnelAck) Reset() {
 	*x = TunnelAck{}
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1827,7 +2038,7 @@ func (x *TunnelAck) String() string {
 func (*TunnelAck) ProtoMessage() {}
 
 func (x *TunnelAck) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1840,7 +2051,7 @@ func (x *TunnelAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TunnelAck.ProtoReflect.Descriptor instead.
 func (*TunnelAck) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{20}
+	return file_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *TunnelAck) GetId() string {
@@ -1869,7 +2080,7 @@ type TunnelOutput struct {
 
 func (x *TunnelOutput) Reset() {
 	*x = TunnelOutput{}
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1881,7 +2092,7 @@ func (x *TunnelOutput) String() string {
 func (*TunnelOutput) ProtoMessage() {}
 
 func (x *TunnelOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1894,7 +2105,7 @@ func (x *TunnelOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TunnelOutput.ProtoReflect.Descriptor instead.
 func (*TunnelOutput) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{21}
+	return file_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *TunnelOutput) GetId() string {
@@ -1930,7 +2141,7 @@ type TunnelExit struct {
 
 func (x *TunnelExit) Reset() {
 	*x = TunnelExit{}
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1942,7 +2153,7 @@ func (x *TunnelExit) String() string {
 func (*TunnelExit) ProtoMessage() {}
 
 func (x *TunnelExit) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1955,7 +2166,7 @@ func (x *TunnelExit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TunnelExit.ProtoReflect.Descriptor instead.
 func (*TunnelExit) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{22}
+	return file_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *TunnelExit) GetId() string {
@@ -1991,7 +2202,7 @@ type HeartbeatAck struct {
 
 func (x *HeartbeatAck) Reset() {
 	*x = HeartbeatAck{}
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2003,7 +2214,7 @@ func (x *HeartbeatAck) String() string {
 func (*HeartbeatAck) ProtoMessage() {}
 
 func (x *HeartbeatAck) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2016,7 +2227,7 @@ func (x *HeartbeatAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatAck.ProtoReflect.Descriptor instead.
 func (*HeartbeatAck) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{23}
+	return file_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *HeartbeatAck) GetHeartbeatInterval() *durationpb.Duration {
@@ -2037,7 +2248,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2049,7 +2260,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2062,7 +2273,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{24}
+	return file_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Welcome) GetNodeId() string {
@@ -2104,7 +2315,7 @@ type DesiredState struct {
 
 func (x *DesiredState) Reset() {
 	*x = DesiredState{}
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2116,7 +2327,7 @@ func (x *DesiredState) String() string {
 func (*DesiredState) ProtoMessage() {}
 
 func (x *DesiredState) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2129,7 +2340,7 @@ func (x *DesiredState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesiredState.ProtoReflect.Descriptor instead.
 func (*DesiredState) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{25}
+	return file_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *DesiredState) GetGeneration() int64 {
@@ -2173,7 +2384,7 @@ type GPUSetting struct {
 
 func (x *GPUSetting) Reset() {
 	*x = GPUSetting{}
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2185,7 +2396,7 @@ func (x *GPUSetting) String() string {
 func (*GPUSetting) ProtoMessage() {}
 
 func (x *GPUSetting) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2198,7 +2409,7 @@ func (x *GPUSetting) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUSetting.ProtoReflect.Descriptor instead.
 func (*GPUSetting) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{26}
+	return file_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GPUSetting) GetIndex() int32 {
@@ -2244,7 +2455,7 @@ type DesiredPart struct {
 
 func (x *DesiredPart) Reset() {
 	*x = DesiredPart{}
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2256,7 +2467,7 @@ func (x *DesiredPart) String() string {
 func (*DesiredPart) ProtoMessage() {}
 
 func (x *DesiredPart) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2269,7 +2480,7 @@ func (x *DesiredPart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesiredPart.ProtoReflect.Descriptor instead.
 func (*DesiredPart) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{27}
+	return file_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *DesiredPart) GetKind() string {
@@ -2313,7 +2524,7 @@ type DeviceHold struct {
 
 func (x *DeviceHold) Reset() {
 	*x = DeviceHold{}
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2325,7 +2536,7 @@ func (x *DeviceHold) String() string {
 func (*DeviceHold) ProtoMessage() {}
 
 func (x *DeviceHold) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2338,7 +2549,7 @@ func (x *DeviceHold) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceHold.ProtoReflect.Descriptor instead.
 func (*DeviceHold) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{28}
+	return file_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *DeviceHold) GetHolder() string {
@@ -2382,7 +2593,7 @@ type HeldGPU struct {
 
 func (x *HeldGPU) Reset() {
 	*x = HeldGPU{}
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2394,7 +2605,7 @@ func (x *HeldGPU) String() string {
 func (*HeldGPU) ProtoMessage() {}
 
 func (x *HeldGPU) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2407,7 +2618,7 @@ func (x *HeldGPU) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeldGPU.ProtoReflect.Descriptor instead.
 func (*HeldGPU) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{29}
+	return file_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *HeldGPU) GetIndex() int32 {
@@ -2460,7 +2671,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_agent_proto_msgTypes[30]
+	mi := &file_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2472,7 +2683,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[30]
+	mi := &file_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2485,7 +2696,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{30}
+	return file_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Command) GetId() string {
@@ -2533,7 +2744,7 @@ type Renewed struct {
 
 func (x *Renewed) Reset() {
 	*x = Renewed{}
-	mi := &file_agent_proto_msgTypes[31]
+	mi := &file_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2545,7 +2756,7 @@ func (x *Renewed) String() string {
 func (*Renewed) ProtoMessage() {}
 
 func (x *Renewed) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[31]
+	mi := &file_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2558,7 +2769,7 @@ func (x *Renewed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Renewed.ProtoReflect.Descriptor instead.
 func (*Renewed) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{31}
+	return file_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Renewed) GetCertificateDer() []byte {
@@ -2584,7 +2795,7 @@ type ResultAck struct {
 
 func (x *ResultAck) Reset() {
 	*x = ResultAck{}
-	mi := &file_agent_proto_msgTypes[32]
+	mi := &file_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2596,7 +2807,7 @@ func (x *ResultAck) String() string {
 func (*ResultAck) ProtoMessage() {}
 
 func (x *ResultAck) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[32]
+	mi := &file_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2609,7 +2820,7 @@ func (x *ResultAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResultAck.ProtoReflect.Descriptor instead.
 func (*ResultAck) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{32}
+	return file_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ResultAck) GetCommandId() string {
@@ -2632,7 +2843,7 @@ type ReportAck struct {
 
 func (x *ReportAck) Reset() {
 	*x = ReportAck{}
-	mi := &file_agent_proto_msgTypes[33]
+	mi := &file_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2644,7 +2855,7 @@ func (x *ReportAck) String() string {
 func (*ReportAck) ProtoMessage() {}
 
 func (x *ReportAck) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[33]
+	mi := &file_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2657,7 +2868,7 @@ func (x *ReportAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportAck.ProtoReflect.Descriptor instead.
 func (*ReportAck) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{33}
+	return file_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ReportAck) GetId() string {
@@ -2683,7 +2894,7 @@ type Goodbye struct {
 
 func (x *Goodbye) Reset() {
 	*x = Goodbye{}
-	mi := &file_agent_proto_msgTypes[34]
+	mi := &file_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2695,7 +2906,7 @@ func (x *Goodbye) String() string {
 func (*Goodbye) ProtoMessage() {}
 
 func (x *Goodbye) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[34]
+	mi := &file_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2708,7 +2919,7 @@ func (x *Goodbye) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Goodbye.ProtoReflect.Descriptor instead.
 func (*Goodbye) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{34}
+	return file_agent_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *Goodbye) GetReason() string {
@@ -2722,11 +2933,28 @@ var File_agent_proto protoreflect.FileDescriptor
 
 const file_agent_proto_rawDesc = "" +
 	"\n" +
-	"\vagent.proto\x12\bagent.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"j\n" +
+	"\vagent.proto\x12\bagent.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x93\x01\n" +
 	"\vJoinRequest\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12\x17\n" +
 	"\acsr_der\x18\x02 \x01(\fR\x06csrDer\x12,\n" +
-	"\x05facts\x18\x03 \x01(\v2\x16.agent.v1.MachineFactsR\x05facts\"\xaa\x01\n" +
+	"\x05facts\x18\x03 \x01(\v2\x16.agent.v1.MachineFactsR\x05facts\x12'\n" +
+	"\x03tpm\x18\x04 \x01(\v2\x15.agent.v1.TPMEvidenceR\x03tpm\"\x8b\x02\n" +
+	"\vTPMEvidence\x12\x1b\n" +
+	"\tek_public\x18\x01 \x01(\fR\bekPublic\x12,\n" +
+	"\x12ek_certificate_der\x18\x02 \x01(\fR\x10ekCertificateDer\x12\x1b\n" +
+	"\tak_public\x18\x03 \x01(\fR\bakPublic\x12\x16\n" +
+	"\x06ticket\x18\x04 \x01(\fR\x06ticket\x12)\n" +
+	"\x10activated_secret\x18\x05 \x01(\fR\x0factivatedSecret\x12\x14\n" +
+	"\x05quote\x18\x06 \x01(\fR\x05quote\x12'\n" +
+	"\x0fquote_signature\x18\a \x01(\fR\x0equoteSignature\x12\x12\n" +
+	"\x04pcrs\x18\b \x03(\fR\x04pcrs\"\xcb\x01\n" +
+	"\fTPMChallenge\x12'\n" +
+	"\x0fcredential_blob\x18\x01 \x01(\fR\x0ecredentialBlob\x12)\n" +
+	"\x10encrypted_secret\x18\x02 \x01(\fR\x0fencryptedSecret\x12\x14\n" +
+	"\x05nonce\x18\x03 \x01(\fR\x05nonce\x12\x16\n" +
+	"\x06ticket\x18\x04 \x01(\fR\x06ticket\x129\n" +
+	"\n" +
+	"expires_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"\xaa\x01\n" +
 	"\fMachineFacts\x12\x1a\n" +
 	"\bhostname\x18\x01 \x01(\tR\bhostname\x12\x1d\n" +
 	"\n" +
@@ -2734,14 +2962,16 @@ const file_agent_proto_rawDesc = "" +
 	"\x02os\x18\x03 \x01(\tR\x02os\x12\x16\n" +
 	"\x06kernel\x18\x04 \x01(\tR\x06kernel\x12\x12\n" +
 	"\x04arch\x18\x05 \x01(\tR\x04arch\x12#\n" +
-	"\ragent_version\x18\x06 \x01(\tR\fagentVersion\"\x83\x02\n" +
+	"\ragent_version\x18\x06 \x01(\tR\fagentVersion\"\xe3\x02\n" +
 	"\fJoinResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1b\n" +
 	"\tnode_name\x18\x02 \x01(\tR\bnodeName\x12'\n" +
 	"\x0fcertificate_der\x18\x03 \x01(\fR\x0ecertificateDer\x12.\n" +
 	"\x13ca_certificates_der\x18\x04 \x03(\fR\x11caCertificatesDer\x127\n" +
 	"\tnot_after\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\bnotAfter\x12+\n" +
-	"\x11gateway_addresses\x18\x06 \x03(\tR\x10gatewayAddresses\"\xf8\x04\n" +
+	"\x11gateway_addresses\x18\x06 \x03(\tR\x10gatewayAddresses\x12;\n" +
+	"\rtpm_challenge\x18\a \x01(\v2\x16.agent.v1.TPMChallengeR\ftpmChallenge\x12!\n" +
+	"\ftpm_attested\x18\b \x01(\bR\vtpmAttested\"\xf8\x04\n" +
 	"\vNodeMessage\x12'\n" +
 	"\x05hello\x18\x01 \x01(\v2\x0f.agent.v1.HelloH\x00R\x05hello\x123\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x13.agent.v1.HeartbeatH\x00R\theartbeat\x123\n" +
@@ -2951,101 +3181,106 @@ func file_agent_proto_rawDescGZIP() []byte {
 	return file_agent_proto_rawDescData
 }
 
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_agent_proto_goTypes = []any{
 	(*JoinRequest)(nil),           // 0: agent.v1.JoinRequest
-	(*MachineFacts)(nil),          // 1: agent.v1.MachineFacts
-	(*JoinResponse)(nil),          // 2: agent.v1.JoinResponse
-	(*NodeMessage)(nil),           // 3: agent.v1.NodeMessage
-	(*Attested)(nil),              // 4: agent.v1.Attested
-	(*AttestedBody)(nil),          // 5: agent.v1.AttestedBody
-	(*Hello)(nil),                 // 6: agent.v1.Hello
-	(*Heartbeat)(nil),             // 7: agent.v1.Heartbeat
-	(*Inventory)(nil),             // 8: agent.v1.Inventory
-	(*GPU)(nil),                   // 9: agent.v1.GPU
-	(*HealthReport)(nil),          // 10: agent.v1.HealthReport
-	(*GPUEvent)(nil),              // 11: agent.v1.GPUEvent
-	(*HostPressure)(nil),          // 12: agent.v1.HostPressure
-	(*DesiredStateAck)(nil),       // 13: agent.v1.DesiredStateAck
-	(*CommandResult)(nil),         // 14: agent.v1.CommandResult
-	(*RenewRequest)(nil),          // 15: agent.v1.RenewRequest
-	(*Report)(nil),                // 16: agent.v1.Report
-	(*ServerMessage)(nil),         // 17: agent.v1.ServerMessage
-	(*TunnelOpen)(nil),            // 18: agent.v1.TunnelOpen
-	(*TunnelInput)(nil),           // 19: agent.v1.TunnelInput
-	(*TunnelAck)(nil),             // 20: agent.v1.TunnelAck
-	(*TunnelOutput)(nil),          // 21: agent.v1.TunnelOutput
-	(*TunnelExit)(nil),            // 22: agent.v1.TunnelExit
-	(*HeartbeatAck)(nil),          // 23: agent.v1.HeartbeatAck
-	(*Welcome)(nil),               // 24: agent.v1.Welcome
-	(*DesiredState)(nil),          // 25: agent.v1.DesiredState
-	(*GPUSetting)(nil),            // 26: agent.v1.GPUSetting
-	(*DesiredPart)(nil),           // 27: agent.v1.DesiredPart
-	(*DeviceHold)(nil),            // 28: agent.v1.DeviceHold
-	(*HeldGPU)(nil),               // 29: agent.v1.HeldGPU
-	(*Command)(nil),               // 30: agent.v1.Command
-	(*Renewed)(nil),               // 31: agent.v1.Renewed
-	(*ResultAck)(nil),             // 32: agent.v1.ResultAck
-	(*ReportAck)(nil),             // 33: agent.v1.ReportAck
-	(*Goodbye)(nil),               // 34: agent.v1.Goodbye
-	(*timestamppb.Timestamp)(nil), // 35: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 36: google.protobuf.Struct
-	(*durationpb.Duration)(nil),   // 37: google.protobuf.Duration
+	(*TPMEvidence)(nil),           // 1: agent.v1.TPMEvidence
+	(*TPMChallenge)(nil),          // 2: agent.v1.TPMChallenge
+	(*MachineFacts)(nil),          // 3: agent.v1.MachineFacts
+	(*JoinResponse)(nil),          // 4: agent.v1.JoinResponse
+	(*NodeMessage)(nil),           // 5: agent.v1.NodeMessage
+	(*Attested)(nil),              // 6: agent.v1.Attested
+	(*AttestedBody)(nil),          // 7: agent.v1.AttestedBody
+	(*Hello)(nil),                 // 8: agent.v1.Hello
+	(*Heartbeat)(nil),             // 9: agent.v1.Heartbeat
+	(*Inventory)(nil),             // 10: agent.v1.Inventory
+	(*GPU)(nil),                   // 11: agent.v1.GPU
+	(*HealthReport)(nil),          // 12: agent.v1.HealthReport
+	(*GPUEvent)(nil),              // 13: agent.v1.GPUEvent
+	(*HostPressure)(nil),          // 14: agent.v1.HostPressure
+	(*DesiredStateAck)(nil),       // 15: agent.v1.DesiredStateAck
+	(*CommandResult)(nil),         // 16: agent.v1.CommandResult
+	(*RenewRequest)(nil),          // 17: agent.v1.RenewRequest
+	(*Report)(nil),                // 18: agent.v1.Report
+	(*ServerMessage)(nil),         // 19: agent.v1.ServerMessage
+	(*TunnelOpen)(nil),            // 20: agent.v1.TunnelOpen
+	(*TunnelInput)(nil),           // 21: agent.v1.TunnelInput
+	(*TunnelAck)(nil),             // 22: agent.v1.TunnelAck
+	(*TunnelOutput)(nil),          // 23: agent.v1.TunnelOutput
+	(*TunnelExit)(nil),            // 24: agent.v1.TunnelExit
+	(*HeartbeatAck)(nil),          // 25: agent.v1.HeartbeatAck
+	(*Welcome)(nil),               // 26: agent.v1.Welcome
+	(*DesiredState)(nil),          // 27: agent.v1.DesiredState
+	(*GPUSetting)(nil),            // 28: agent.v1.GPUSetting
+	(*DesiredPart)(nil),           // 29: agent.v1.DesiredPart
+	(*DeviceHold)(nil),            // 30: agent.v1.DeviceHold
+	(*HeldGPU)(nil),               // 31: agent.v1.HeldGPU
+	(*Command)(nil),               // 32: agent.v1.Command
+	(*Renewed)(nil),               // 33: agent.v1.Renewed
+	(*ResultAck)(nil),             // 34: agent.v1.ResultAck
+	(*ReportAck)(nil),             // 35: agent.v1.ReportAck
+	(*Goodbye)(nil),               // 36: agent.v1.Goodbye
+	(*timestamppb.Timestamp)(nil), // 37: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 38: google.protobuf.Struct
+	(*durationpb.Duration)(nil),   // 39: google.protobuf.Duration
 }
 var file_agent_proto_depIdxs = []int32{
-	1,  // 0: agent.v1.JoinRequest.facts:type_name -> agent.v1.MachineFacts
-	35, // 1: agent.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
-	6,  // 2: agent.v1.NodeMessage.hello:type_name -> agent.v1.Hello
-	7,  // 3: agent.v1.NodeMessage.heartbeat:type_name -> agent.v1.Heartbeat
-	8,  // 4: agent.v1.NodeMessage.inventory:type_name -> agent.v1.Inventory
-	10, // 5: agent.v1.NodeMessage.health:type_name -> agent.v1.HealthReport
-	13, // 6: agent.v1.NodeMessage.ack:type_name -> agent.v1.DesiredStateAck
-	14, // 7: agent.v1.NodeMessage.result:type_name -> agent.v1.CommandResult
-	15, // 8: agent.v1.NodeMessage.renew:type_name -> agent.v1.RenewRequest
-	16, // 9: agent.v1.NodeMessage.report:type_name -> agent.v1.Report
-	4,  // 10: agent.v1.NodeMessage.attested:type_name -> agent.v1.Attested
-	21, // 11: agent.v1.NodeMessage.tunnel_output:type_name -> agent.v1.TunnelOutput
-	22, // 12: agent.v1.NodeMessage.tunnel_exit:type_name -> agent.v1.TunnelExit
-	20, // 13: agent.v1.NodeMessage.tunnel_ack:type_name -> agent.v1.TunnelAck
-	14, // 14: agent.v1.AttestedBody.result:type_name -> agent.v1.CommandResult
-	8,  // 15: agent.v1.AttestedBody.inventory:type_name -> agent.v1.Inventory
-	1,  // 16: agent.v1.Hello.facts:type_name -> agent.v1.MachineFacts
-	12, // 17: agent.v1.Heartbeat.pressure:type_name -> agent.v1.HostPressure
-	9,  // 18: agent.v1.Inventory.gpus:type_name -> agent.v1.GPU
-	11, // 19: agent.v1.HealthReport.gpu_events:type_name -> agent.v1.GPUEvent
-	12, // 20: agent.v1.HealthReport.host:type_name -> agent.v1.HostPressure
-	35, // 21: agent.v1.GPUEvent.at:type_name -> google.protobuf.Timestamp
-	36, // 22: agent.v1.CommandResult.output:type_name -> google.protobuf.Struct
-	35, // 23: agent.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
-	24, // 24: agent.v1.ServerMessage.welcome:type_name -> agent.v1.Welcome
-	25, // 25: agent.v1.ServerMessage.desired:type_name -> agent.v1.DesiredState
-	30, // 26: agent.v1.ServerMessage.command:type_name -> agent.v1.Command
-	31, // 27: agent.v1.ServerMessage.renewed:type_name -> agent.v1.Renewed
-	32, // 28: agent.v1.ServerMessage.result_ack:type_name -> agent.v1.ResultAck
-	34, // 29: agent.v1.ServerMessage.goodbye:type_name -> agent.v1.Goodbye
-	23, // 30: agent.v1.ServerMessage.heartbeat_ack:type_name -> agent.v1.HeartbeatAck
-	33, // 31: agent.v1.ServerMessage.report_ack:type_name -> agent.v1.ReportAck
-	18, // 32: agent.v1.ServerMessage.tunnel_open:type_name -> agent.v1.TunnelOpen
-	19, // 33: agent.v1.ServerMessage.tunnel_input:type_name -> agent.v1.TunnelInput
-	20, // 34: agent.v1.ServerMessage.tunnel_ack:type_name -> agent.v1.TunnelAck
-	37, // 35: agent.v1.HeartbeatAck.heartbeat_interval:type_name -> google.protobuf.Duration
-	37, // 36: agent.v1.Welcome.heartbeat_interval:type_name -> google.protobuf.Duration
-	28, // 37: agent.v1.DesiredState.holds:type_name -> agent.v1.DeviceHold
-	27, // 38: agent.v1.DesiredState.parts:type_name -> agent.v1.DesiredPart
-	26, // 39: agent.v1.DesiredState.gpus:type_name -> agent.v1.GPUSetting
-	29, // 40: agent.v1.DeviceHold.gpus:type_name -> agent.v1.HeldGPU
-	36, // 41: agent.v1.Command.args:type_name -> google.protobuf.Struct
-	35, // 42: agent.v1.Command.deadline:type_name -> google.protobuf.Timestamp
-	35, // 43: agent.v1.Renewed.not_after:type_name -> google.protobuf.Timestamp
-	0,  // 44: agent.v1.JoinService.Join:input_type -> agent.v1.JoinRequest
-	3,  // 45: agent.v1.SessionService.Connect:input_type -> agent.v1.NodeMessage
-	2,  // 46: agent.v1.JoinService.Join:output_type -> agent.v1.JoinResponse
-	17, // 47: agent.v1.SessionService.Connect:output_type -> agent.v1.ServerMessage
-	46, // [46:48] is the sub-list for method output_type
-	44, // [44:46] is the sub-list for method input_type
-	44, // [44:44] is the sub-list for extension type_name
-	44, // [44:44] is the sub-list for extension extendee
-	0,  // [0:44] is the sub-list for field type_name
+	3,  // 0: agent.v1.JoinRequest.facts:type_name -> agent.v1.MachineFacts
+	1,  // 1: agent.v1.JoinRequest.tpm:type_name -> agent.v1.TPMEvidence
+	37, // 2: agent.v1.TPMChallenge.expires_at:type_name -> google.protobuf.Timestamp
+	37, // 3: agent.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
+	2,  // 4: agent.v1.JoinResponse.tpm_challenge:type_name -> agent.v1.TPMChallenge
+	8,  // 5: agent.v1.NodeMessage.hello:type_name -> agent.v1.Hello
+	9,  // 6: agent.v1.NodeMessage.heartbeat:type_name -> agent.v1.Heartbeat
+	10, // 7: agent.v1.NodeMessage.inventory:type_name -> agent.v1.Inventory
+	12, // 8: agent.v1.NodeMessage.health:type_name -> agent.v1.HealthReport
+	15, // 9: agent.v1.NodeMessage.ack:type_name -> agent.v1.DesiredStateAck
+	16, // 10: agent.v1.NodeMessage.result:type_name -> agent.v1.CommandResult
+	17, // 11: agent.v1.NodeMessage.renew:type_name -> agent.v1.RenewRequest
+	18, // 12: agent.v1.NodeMessage.report:type_name -> agent.v1.Report
+	6,  // 13: agent.v1.NodeMessage.attested:type_name -> agent.v1.Attested
+	23, // 14: agent.v1.NodeMessage.tunnel_output:type_name -> agent.v1.TunnelOutput
+	24, // 15: agent.v1.NodeMessage.tunnel_exit:type_name -> agent.v1.TunnelExit
+	22, // 16: agent.v1.NodeMessage.tunnel_ack:type_name -> agent.v1.TunnelAck
+	16, // 17: agent.v1.AttestedBody.result:type_name -> agent.v1.CommandResult
+	10, // 18: agent.v1.AttestedBody.inventory:type_name -> agent.v1.Inventory
+	3,  // 19: agent.v1.Hello.facts:type_name -> agent.v1.MachineFacts
+	14, // 20: agent.v1.Heartbeat.pressure:type_name -> agent.v1.HostPressure
+	11, // 21: agent.v1.Inventory.gpus:type_name -> agent.v1.GPU
+	13, // 22: agent.v1.HealthReport.gpu_events:type_name -> agent.v1.GPUEvent
+	14, // 23: agent.v1.HealthReport.host:type_name -> agent.v1.HostPressure
+	37, // 24: agent.v1.GPUEvent.at:type_name -> google.protobuf.Timestamp
+	38, // 25: agent.v1.CommandResult.output:type_name -> google.protobuf.Struct
+	37, // 26: agent.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
+	26, // 27: agent.v1.ServerMessage.welcome:type_name -> agent.v1.Welcome
+	27, // 28: agent.v1.ServerMessage.desired:type_name -> agent.v1.DesiredState
+	32, // 29: agent.v1.ServerMessage.command:type_name -> agent.v1.Command
+	33, // 30: agent.v1.ServerMessage.renewed:type_name -> agent.v1.Renewed
+	34, // 31: agent.v1.ServerMessage.result_ack:type_name -> agent.v1.ResultAck
+	36, // 32: agent.v1.ServerMessage.goodbye:type_name -> agent.v1.Goodbye
+	25, // 33: agent.v1.ServerMessage.heartbeat_ack:type_name -> agent.v1.HeartbeatAck
+	35, // 34: agent.v1.ServerMessage.report_ack:type_name -> agent.v1.ReportAck
+	20, // 35: agent.v1.ServerMessage.tunnel_open:type_name -> agent.v1.TunnelOpen
+	21, // 36: agent.v1.ServerMessage.tunnel_input:type_name -> agent.v1.TunnelInput
+	22, // 37: agent.v1.ServerMessage.tunnel_ack:type_name -> agent.v1.TunnelAck
+	39, // 38: agent.v1.HeartbeatAck.heartbeat_interval:type_name -> google.protobuf.Duration
+	39, // 39: agent.v1.Welcome.heartbeat_interval:type_name -> google.protobuf.Duration
+	30, // 40: agent.v1.DesiredState.holds:type_name -> agent.v1.DeviceHold
+	29, // 41: agent.v1.DesiredState.parts:type_name -> agent.v1.DesiredPart
+	28, // 42: agent.v1.DesiredState.gpus:type_name -> agent.v1.GPUSetting
+	31, // 43: agent.v1.DeviceHold.gpus:type_name -> agent.v1.HeldGPU
+	38, // 44: agent.v1.Command.args:type_name -> google.protobuf.Struct
+	37, // 45: agent.v1.Command.deadline:type_name -> google.protobuf.Timestamp
+	37, // 46: agent.v1.Renewed.not_after:type_name -> google.protobuf.Timestamp
+	0,  // 47: agent.v1.JoinService.Join:input_type -> agent.v1.JoinRequest
+	5,  // 48: agent.v1.SessionService.Connect:input_type -> agent.v1.NodeMessage
+	4,  // 49: agent.v1.JoinService.Join:output_type -> agent.v1.JoinResponse
+	19, // 50: agent.v1.SessionService.Connect:output_type -> agent.v1.ServerMessage
+	49, // [49:51] is the sub-list for method output_type
+	47, // [47:49] is the sub-list for method input_type
+	47, // [47:47] is the sub-list for extension type_name
+	47, // [47:47] is the sub-list for extension extendee
+	0,  // [0:47] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -3053,7 +3288,7 @@ func file_agent_proto_init() {
 	if File_agent_proto != nil {
 		return
 	}
-	file_agent_proto_msgTypes[3].OneofWrappers = []any{
+	file_agent_proto_msgTypes[5].OneofWrappers = []any{
 		(*NodeMessage_Hello)(nil),
 		(*NodeMessage_Heartbeat)(nil),
 		(*NodeMessage_Inventory)(nil),
@@ -3067,11 +3302,11 @@ func file_agent_proto_init() {
 		(*NodeMessage_TunnelExit)(nil),
 		(*NodeMessage_TunnelAck)(nil),
 	}
-	file_agent_proto_msgTypes[5].OneofWrappers = []any{
+	file_agent_proto_msgTypes[7].OneofWrappers = []any{
 		(*AttestedBody_Result)(nil),
 		(*AttestedBody_Inventory)(nil),
 	}
-	file_agent_proto_msgTypes[17].OneofWrappers = []any{
+	file_agent_proto_msgTypes[19].OneofWrappers = []any{
 		(*ServerMessage_Welcome)(nil),
 		(*ServerMessage_Desired)(nil),
 		(*ServerMessage_Command)(nil),
@@ -3090,7 +3325,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   35,
+			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -39,6 +39,7 @@ import (
 	"github.com/better-compute/compute/internal/nodeagent"
 	"github.com/better-compute/compute/internal/selfstat"
 	"github.com/better-compute/compute/internal/sim"
+	"github.com/better-compute/compute/internal/tpmattest"
 )
 
 // version is set at build time: -ldflags "-X github.com/better-compute/compute/bcd/app.version=v0.1.0".
@@ -57,13 +58,15 @@ func Main(exts ...ext.Extension) {
 
 // settings are bcd's configuration: defaults, then the config file, then flags.
 type settings struct {
-	StateDir string          `json:"stateDir"`
-	CDIDir   string          `json:"cdiDir"`
-	Gateway  string          `json:"gateway,omitempty"`
-	LogLevel string          `json:"logLevel,omitempty"`
-	Fake     *daemon.Fake    `json:"fake,omitempty"`
-	Timeout  time.Duration   `json:"-"`
-	exts     []ext.Extension // the modules' node sides, from Main
+	StateDir string `json:"stateDir"`
+	CDIDir   string `json:"cdiDir"`
+	Gateway  string `json:"gateway,omitempty"`
+	// Transport: auto (gRPC, falling back to a WebSocket where gRPC is blocked), grpc or websocket.
+	Transport string          `json:"transport,omitempty"`
+	LogLevel  string          `json:"logLevel,omitempty"`
+	Fake      *daemon.Fake    `json:"fake,omitempty"`
+	Timeout   time.Duration   `json:"-"`
+	exts      []ext.Extension // the modules' node sides, from Main
 }
 
 const defaultConfig = "/etc/bcd/config.json"
@@ -75,11 +78,12 @@ func newRoot(exts []ext.Extension) *cobra.Command {
 		Use:   "bcd",
 		Short: "The Better Compute daemon: joins a server to a control plane and keeps its session",
 		Long: `bcd runs on every server of a Better Compute fleet. It joins with a join token, then holds one
-session with a gateway, over gRPC with mutual TLS, dialing out only: it reports inventory, health and
-command results, and converges on the devices its reservations hold (CDI specs).
+session with a gateway, over gRPC with mutual TLS (or a WebSocket where gRPC is blocked), dialing out
+only: it reports inventory, health and command results, and converges on the devices its
+reservations hold (CDI specs).
 
 Settings come from flags, then the config file (--config, default ` + defaultConfig + `, a JSON
-object with stateDir, cdiDir, gateway, logLevel and fake {gpus, model, commandDelay}).`,
+object with stateDir, cdiDir, gateway, transport, logLevel and fake {gpus, model, commandDelay}).`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
@@ -124,6 +128,9 @@ func loadConfig(cmd *cobra.Command, path string, s *settings) error {
 	if f := cmd.Flags().Lookup("gateway"); f != nil {
 		set("gateway", &s.Gateway, file.Gateway)
 	}
+	if f := cmd.Flags().Lookup("transport"); f != nil {
+		set("transport", &s.Transport, file.Transport)
+	}
 	if file.Fake != nil && s.Fake == nil {
 		s.Fake = file.Fake
 	}
@@ -143,7 +150,7 @@ func signals() (context.Context, context.CancelFunc) {
 }
 
 func joinCmd(s *settings) *cobra.Command {
-	var url, token, hostname, caHash, cmdline, authorizedKeys string
+	var url, token, hostname, caHash, cmdline, authorizedKeys, tpm string
 	var rejoin bool
 	c := &cobra.Command{
 		Use:   "join --url URL --token TOKEN",
@@ -187,8 +194,13 @@ token may also come from $BCD_JOIN_TOKEN.`,
 			}
 			ctx, cancel := signals()
 			defer cancel()
-			id, err := nodeagent.JoinWith(ctx, nodeagent.JoinOptions{URL: url, Token: token, CAHash: caHash, TakeoverSecret: secret,
-				Facts: &agentv1.MachineFacts{Hostname: hostname, MachineId: machineID(), Os: "linux", AgentVersion: version}})
+			o := nodeagent.JoinOptions{URL: url, Token: token, CAHash: caHash, TakeoverSecret: secret,
+				Facts:  &agentv1.MachineFacts{Hostname: hostname, MachineId: machineID(), Os: "linux", AgentVersion: version},
+				Logger: slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))}
+			if tpm != "" {
+				o.TPM = func() (io.ReadWriteCloser, error) { return tpmattest.Open(tpm) }
+			}
+			id, err := nodeagent.JoinWith(ctx, o)
 			if err != nil {
 				return err
 			}
@@ -204,6 +216,7 @@ token may also come from $BCD_JOIN_TOKEN.`,
 	c.Flags().StringVar(&hostname, "hostname", "", "the node's name (default: the machine's hostname)")
 	c.Flags().StringVar(&caHash, "ca-hash", "", "the machine CA's pin, sha256:… as printed with the join token; the join is refused if the server's CA differs")
 	c.Flags().BoolVar(&rejoin, "rejoin", false, "join again as the node this journal holds, proving it with the journal's takeover secret")
+	c.Flags().StringVar(&tpm, "tpm", "", "attest the join with this machine's TPM: a device (/dev/tpmrm0) or a TPM's host:port (swtpm --server type=tcp); a pool may require it")
 	c.Flags().StringVar(&cmdline, "cmdline", "", "a deployed system's kernel command line (/proc/cmdline): bcd.url=, bcd.join= and bcd.hostname= fill the flags not given, and bcd.ssh_keys= is written to --authorized-keys")
 	c.Flags().StringVar(&authorizedKeys, "authorized-keys", "/root/.ssh/authorized_keys", "where --cmdline writes the SSH keys a lease hands the machine over to")
 	return c
@@ -241,7 +254,7 @@ and bcd doctor say why). --fake-gpus runs on simulated hardware instead.`,
 			}
 			ctx, cancel := signals()
 			defer cancel()
-			return daemon.Run(ctx, daemon.Config{StateDir: s.StateDir, CDIDir: s.CDIDir, Gateway: s.Gateway, Fake: s.Fake, Extensions: exts,
+			return daemon.Run(ctx, daemon.Config{StateDir: s.StateDir, CDIDir: s.CDIDir, Gateway: s.Gateway, Transport: s.Transport, Fake: s.Fake, Extensions: exts,
 				Version: version, Logger: s.logger(cmd.ErrOrStderr()), Exec: execOK, Consoles: cons})
 		},
 	}
@@ -249,12 +262,19 @@ and bcd doctor say why). --fake-gpus runs on simulated hardware instead.`,
 	c.Flags().BoolVar(&execOK, "exec", false, "run the commands of holders' tunnels (access.exec), as the user bcd runs as (docs/access.md)")
 	c.Flags().StringArrayVar(&consoles, "console", nil, "a console holders' tunnels may attach to (access.console), as name=unix:/path/to/socket; the name may be empty (the node's default); repeatable")
 	c.Flags().StringVar(&s.Gateway, "gateway", "", "gateway address host:port (default: what the join gave)")
+	transportFlag(c, s)
 	c.Flags().IntVar(&fakeGPUs, "fake-gpus", 0, "simulate this many GPUs instead of reading NVML")
 	c.Flags().StringVar(&fakeModel, "fake-model", "NVIDIA H100 80GB HBM3", "the simulated GPUs' name")
 	c.Flags().DurationVar(&fakeDelay, "fake-command-delay", 0, "how long simulated commands take")
 	c.Flags().StringVar(&sshdDir, "sshd-dir", "", "give the host's sshd the holders' SSH certificate access: CAs, principals and revocations are kept in this directory, with an sshd_config to Include (docs/access.md); empty: off")
 	c.Flags().StringVar(&sshUser, "ssh-user", "root", "the local user the holders of reservations log in as over SSH")
 	return c
+}
+
+// transportFlag adds --transport to a command that holds a session.
+func transportFlag(c *cobra.Command, s *settings) {
+	c.Flags().StringVar(&s.Transport, "transport", nodeagent.TransportAuto,
+		"how the session reaches the gateway: auto (gRPC; a WebSocket on the same address when gRPC cannot connect), grpc or websocket")
 }
 
 func statusCmd(s *settings) *cobra.Command {
@@ -284,7 +304,7 @@ func statusCmd(s *settings) *cobra.Command {
 			if running {
 				session := "disconnected"
 				if st.Connected {
-					session = fmt.Sprintf("connected to %s, epoch %d", st.Gateway, st.Epoch)
+					session = fmt.Sprintf("connected to %s over %s, epoch %d", st.Gateway, st.Transport, st.Epoch)
 				}
 				row("session", session)
 				gpus := fmt.Sprint(st.GPUs)
@@ -317,10 +337,10 @@ With --json it prints a report of a stable shape: {"version": 1, "ok": bool, "ch
 "status" (ok, warn, fail or skip), "detail", "fix", "data"}]}, the checks always in the same order.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			o := doctor.Options{StateDir: s.StateDir, CDIDir: s.CDIDir, Gateway: s.Gateway, SkipGPUs: s.Fake != nil}
+			o := doctor.Options{StateDir: s.StateDir, CDIDir: s.CDIDir, Gateway: s.Gateway, Transport: s.Transport, SkipGPUs: s.Fake != nil}
 			if st, running, err := daemon.ReadStatus(s.StateDir); err == nil && running {
 				// A running node holds the journal; its status file stands in for it.
-				o.Running = &doctor.Running{NodeID: st.NodeID, NodeName: st.NodeName, URL: st.URL, Gateway: st.Gateway,
+				o.Running = &doctor.Running{NodeID: st.NodeID, NodeName: st.NodeName, URL: st.URL, Gateway: st.Gateway, Transport: st.Transport,
 					LastError: st.LastError, Connected: st.Connected, CertNotAfter: st.CertNotAfter}
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -351,6 +371,7 @@ With --json it prints a report of a stable shape: {"version": 1, "ok": bool, "ch
 	}
 	c.Flags().StringVar(&s.CDIDir, "cdi-dir", s.CDIDir, "the CDI spec directory to check")
 	c.Flags().StringVar(&s.Gateway, "gateway", "", "the gateway to check (default: what the join gave)")
+	transportFlag(c, s)
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return c
 }

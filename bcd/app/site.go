@@ -58,7 +58,7 @@ operations (IPMI, Redfish), whose passwords reach it sealed in its commands.`,
 				defer stop()
 				siteErr = srv.Run(ctx)
 			}()
-			err = daemon.Run(ctx, daemon.Config{StateDir: s.StateDir, Gateway: s.Gateway, Fake: &daemon.Fake{}, Version: version, Logger: log,
+			err = daemon.Run(ctx, daemon.Config{StateDir: s.StateDir, Gateway: s.Gateway, Transport: s.Transport, Fake: &daemon.Fake{}, Version: version, Logger: log,
 				Extensions: append(s.exts, siteagent.Extension(srv, siteagent.Options{})), Reports: reports})
 			stop()
 			wg.Wait()
@@ -81,6 +81,7 @@ operations (IPMI, Redfish), whose passwords reach it sealed in its commands.`,
 	f.StringVar(&cfg.Cmdline, "ramdisk-cmdline", "", "added to the ramdisk's kernel command line, e.g. console=ttyS0,115200")
 	f.StringVar(&cfg.CacheDir, "cache-dir", site.CacheDirDefault, "the image cache, which bcd site owns")
 	f.StringVar(&s.Gateway, "gateway", "", "gateway address host:port (default: what the join gave)")
+	transportFlag(c, s)
 	return c
 }
 

@@ -104,6 +104,20 @@ func openTicket(kind string) func(ctx context.Context, c *modules.Call, in api.O
 	}
 }
 
+// Service is modules.Access.
+type Service struct{}
+
+// ConsoleTicket implements modules.Access.
+func (Service) ConsoleTicket(ctx context.Context, c *modules.Call, in api.OpenTunnel) (api.TunnelTicket, error) {
+	if err := in.Validate(); err != nil {
+		return api.TunnelTicket{}, err
+	}
+	if in.Reservation == "" {
+		return api.TunnelTicket{}, api.InvalidField("reservation", "a module's console ticket is its holder's: name the reservation")
+	}
+	return openTicket("console")(ctx, c, in)
+}
+
 func orAny(s string) string {
 	if s == "" {
 		return "(any)"

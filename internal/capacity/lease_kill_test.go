@@ -217,7 +217,10 @@ func TestKilledHolderMidStorm(t *testing.T) {
 			}
 		}
 	}
-	waitFor("the child places from memory", 30*time.Second, func() bool { return childMemory.Load() >= 100 })
+	// A few placements from memory are enough to be mid-storm: while this process books through
+	// the database the holder's view goes stale and it reloads often, so on a loaded CI machine
+	// it places only a handful a second.
+	waitFor("the child places from memory", 90*time.Second, func() bool { return childMemory.Load() >= 20 })
 	time.Sleep(500 * time.Millisecond) // mid-storm
 	if mine.Held(f.pool.ID) {
 		t.Fatal("both processes hold the lease")

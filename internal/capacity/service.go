@@ -3,12 +3,14 @@ package capacity
 import (
 	"context"
 	"errors"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/internal/fleet"
 	"github.com/better-compute/compute/modules"
+	"github.com/better-compute/compute/postgres"
 )
 
 // Service is capacity's part of modules.Runtime: booking for another module's call, in that
@@ -54,4 +56,29 @@ func (Service) Release(ctx context.Context, c *modules.Call, id string) error {
 			return err
 		}
 	}
+}
+
+// Reservations implements modules.Capacity.
+func (Service) Reservations(ctx context.Context, q postgres.Querier, ids []string) ([]api.Reservation, error) {
+	ids = slices.DeleteFunc(slices.Clone(ids), func(id string) bool { return !fleet.IsID(id) })
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	rows, err := q.Query(ctx, `SELECT `+reservationColumns+` FROM compute.reservations WHERE id = ANY($1::uuid[])`, ids)
+	if err != nil {
+		return nil, err
+	}
+	rs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (api.Reservation, error) { return scanReservation(r) })
+	if err != nil {
+		return nil, err
+	}
+	shapes := make(map[string]api.Shape, len(rs))
+	for _, r := range rs {
+		shapes[r.ID] = r.Shape
+	}
+	allocs, err := loadAllocations(ctx, q, shapes)
+	for i := range rs {
+		rs[i].Allocations = allocs[rs[i].ID]
+	}
+	return rs, err
 }

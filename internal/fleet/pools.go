@@ -13,12 +13,23 @@ import (
 )
 
 const poolColumns = `p.id::text, p.tenant_id, coalesce(p.site_id::text, ''), p.name, p.display_name, p.description, p.labels,
-	(SELECT count(*) FROM compute.nodes n WHERE n.pool_id = p.id), p.created_at, p.updated_at`
+	(SELECT count(*) FROM compute.nodes n WHERE n.pool_id = p.id), p.tpm_attestation, p.tpm_ek_roots, p.created_at, p.updated_at`
 
 func scanPool(row pgx.Row) (api.Pool, error) {
 	var p api.Pool
-	err := row.Scan(&p.ID, &p.TenantID, &p.SiteID, &p.Name, &p.DisplayName, &p.Description, &p.Labels, &p.NodeCount, &p.CreatedAt, &p.UpdatedAt)
+	err := row.Scan(&p.ID, &p.TenantID, &p.SiteID, &p.Name, &p.DisplayName, &p.Description, &p.Labels, &p.NodeCount,
+		&p.Attestation.TPM, &p.Attestation.EKRoots, &p.CreatedAt, &p.UpdatedAt)
 	return p, err
+}
+
+// PoolAttestation reads a pool's attestation policy, as a join into it applies it.
+func PoolAttestation(ctx context.Context, q postgres.Querier, poolID string) (api.PoolAttestation, error) {
+	var a api.PoolAttestation
+	err := q.QueryRow(ctx, `SELECT tpm_attestation, tpm_ek_roots FROM compute.pools WHERE id = $1`, poolID).Scan(&a.TPM, &a.EKRoots)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return a, api.NotFound("pool", poolID)
+	}
+	return a, err
 }
 
 func poolTarget[In any](get func(In) (tenant, pool string)) modules.TargetFunc[In] {
@@ -39,9 +50,13 @@ func registerPools(r *modules.Registry) {
 			siteID = &id
 		}
 		id := NewID()
-		_, err := c.Tx.Exec(ctx, `INSERT INTO compute.pools (id, tenant_id, site_id, name, display_name, description, labels)
-			VALUES ($1, $2, $3, $4, $5, $6, $7)`,
-			id, c.Target.TenantID, siteID, in.Name, in.DisplayName, in.Description, labelsOrEmpty(in.Labels))
+		att := api.PoolAttestation{}.WithDefaults()
+		if in.Attestation != nil {
+			att = in.Attestation.WithDefaults()
+		}
+		_, err := c.Tx.Exec(ctx, `INSERT INTO compute.pools (id, tenant_id, site_id, name, display_name, description, labels, tpm_attestation, tpm_ek_roots)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
+			id, c.Target.TenantID, siteID, in.Name, in.DisplayName, in.Description, labelsOrEmpty(in.Labels), att.TPM, att.EKRoots)
 		if postgres.ErrorCode(err) == postgres.UniqueViolation {
 			return api.Pool{}, conflictName("pool", in.Name, c.Target.TenantID)
 		}
@@ -78,11 +93,18 @@ func registerPools(r *modules.Registry) {
 
 	modules.Handle(r, api.PoolsUpdate, poolTarget(func(in api.UpdatePool) (string, string) { return in.TenantID, in.Pool }),
 		func(ctx context.Context, c *modules.Call, in api.UpdatePool) (api.Pool, error) {
+			var tpm *string
+			var roots []string
+			if in.Attestation != nil {
+				att := in.Attestation.WithDefaults()
+				tpm, roots = &att.TPM, att.EKRoots
+			}
 			tag, err := c.Tx.Exec(ctx, `UPDATE compute.pools SET
 				display_name = coalesce($3, display_name), description = coalesce($4, description),
-				labels = coalesce($5, labels), updated_at = compute.compute_now()
+				labels = coalesce($5, labels), tpm_attestation = coalesce($6, tpm_attestation),
+				tpm_ek_roots = CASE WHEN $6::text IS NULL THEN tpm_ek_roots ELSE $7 END, updated_at = compute.compute_now()
 				WHERE id = $1 AND tenant_id = $2`,
-				c.Target.ResourceID, c.Target.TenantID, in.DisplayName, in.Description, in.Labels)
+				c.Target.ResourceID, c.Target.TenantID, in.DisplayName, in.Description, in.Labels, tpm, roots)
 			if err != nil {
 				return api.Pool{}, err
 			}

@@ -103,6 +103,7 @@ type touch struct {
 	seen    time.Time
 	applied int64
 	errText string
+	acked   bool // a DesiredStateAck came (errText is its error); a heartbeat's leaves the error as it was
 	ack     bool
 	grace   time.Duration // from the interval the node was last told
 	health  string        // from the host pressure of its last heartbeat; "" without one
@@ -448,7 +449,7 @@ func (g *Gateway) write(ctx context.Context, batch map[string]*touch, closing ma
 		sessions = append(sessions, nodes.SessionSeen{Node: id, Epoch: t.epoch, At: t.seen, Grace: grace})
 		seen = append(seen, fleet.Seen{Node: id, At: t.seen})
 		if t.ack {
-			acks = append(acks, nodes.Applied{Node: id, Generation: t.applied, Error: t.errText})
+			acks = append(acks, nodes.Applied{Node: id, Generation: t.applied, Error: t.errText, Acked: t.acked})
 		}
 		if t.health != "" {
 			health[id] = t.health

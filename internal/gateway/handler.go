@@ -22,21 +22,31 @@ type nodeKey struct{}
 // MaxMessageBytes bounds one message of a node's session.
 const MaxMessageBytes = 4 << 20
 
-// Handler serves SessionService with Connect (which speaks gRPC) as an http.Handler, for a
-// server with TLS whose client certificates are verified against the machine CA (see
-// pki.Authority.ServerTLS). The node is identified by its certificate.
+// Handler serves SessionService with Connect (which speaks gRPC) as an http.Handler, and the
+// same sessions over a WebSocket at agentv1.SessionWebSocketPath (HTTP/1.1), for a server with
+// TLS whose client certificates are verified against the machine CA (see
+// pki.Authority.ServerTLS). The node is identified by its certificate, on either path.
 func (g *Gateway) Handler() http.Handler {
 	// Bounded messages: an inventory of many GPUs is a few kilobytes.
 	path, h := agentv1connect.NewSessionServiceHandler(connectSessions{g}, connect.WithReadMaxBytes(MaxMessageBytes))
 	mux := http.NewServeMux()
-	mux.Handle(path, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	mux.Handle(path, withNode(func(w http.ResponseWriter, r *http.Request, cert *x509.Certificate) {
+		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), nodeKey{}, cert)))
+	}))
+	mux.Handle(agentv1.SessionWebSocketPath, withNode(g.serveWebSocket))
+	return mux
+}
+
+// withNode refuses a request without a client certificate (one the TLS stack verified against
+// the machine CA) and hands the certificate to serve.
+func withNode(serve func(http.ResponseWriter, *http.Request, *x509.Certificate)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
 			http.Error(w, "a node session needs a client certificate from the machine CA", http.StatusUnauthorized)
 			return
 		}
-		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), nodeKey{}, r.TLS.PeerCertificates[0])))
-	}))
-	return mux
+		serve(w, r, r.TLS.PeerCertificates[0])
+	})
 }
 
 type connectSessions struct{ g *Gateway }

@@ -440,7 +440,7 @@ func (s *session) handle(ctx context.Context, m *agentv1.NodeMessage) error {
 		return s.report(ctx, b.Report)
 	case *agentv1.NodeMessage_Ack:
 		g.touch(s.node, s.epoch, func(t *touch) {
-			t.applied, t.errText, t.ack = max(t.applied, b.Ack.GetGeneration()), b.Ack.GetError(), true
+			t.applied, t.errText, t.ack, t.acked = max(t.applied, b.Ack.GetGeneration()), b.Ack.GetError(), true, true
 		})
 
 	case *agentv1.NodeMessage_Renew:

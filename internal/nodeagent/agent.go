@@ -12,9 +12,7 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -35,6 +33,9 @@ type Config struct {
 	Facts     *agentv1.MachineFacts
 	// Gateway overrides the gateway addresses of the identity (host:port).
 	Gateway string
+	// Transport is how sessions reach the gateway: TransportAuto (""), TransportGRPC or
+	// TransportWebSocket (see dial for auto's rule).
+	Transport string
 	// MaxBackoff bounds the wait between reconnects; default 30s.
 	MaxBackoff time.Duration
 	// Extensions carry out the command and desired-state kinds of modules (agent/ext).
@@ -55,6 +56,8 @@ type Agent struct {
 
 	mu     sync.Mutex
 	status Status
+	// wsUntil: in auto mode, until when reconnects try the WebSocket first (dial).
+	wsUntil time.Time
 }
 
 // Status is what `bcd status` shows.
@@ -63,6 +66,7 @@ type Status struct {
 	NodeName          string    `json:"nodeName"`
 	Connected         bool      `json:"connected"`
 	Gateway           string    `json:"gateway,omitempty"`
+	Transport         string    `json:"transport,omitempty"` // of the session: grpc or websocket
 	Epoch             int64     `json:"epoch,omitempty"`
 	AppliedGeneration int64     `json:"appliedGeneration"`
 	Holds             int       `json:"holds"`
@@ -87,6 +91,9 @@ func New(cfg Config) (*Agent, error) {
 	}
 	if cfg.MaxBackoff == 0 {
 		cfg.MaxBackoff = 30 * time.Second
+	}
+	if !ValidTransport(cfg.Transport) {
+		return nil, fmt.Errorf("nodeagent: unknown transport %q: auto, grpc or websocket", cfg.Transport)
 	}
 	exts, err := ext.NewSet(cfg.Extensions...)
 	if err != nil {
@@ -179,7 +186,7 @@ func tlsConfig(id Identity) (*tls.Config, error) {
 	}, nil
 }
 
-// session runs one connection's session.
+// session runs one connection's session, over gRPC or its WebSocket fallback (dial).
 func (a *Agent) session(ctx context.Context, id Identity) error {
 	addr := a.cfg.Gateway
 	if addr == "" && len(id.Gateways) > 0 {
@@ -192,17 +199,6 @@ func (a *Agent) session(ctx context.Context, id Identity) error {
 	if err != nil {
 		return err
 	}
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(tc)))
-	if err != nil {
-		return fmt.Errorf("nodeagent: dial %s: %w", addr, err)
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	st, err := agentv1.NewSessionServiceClient(conn).Connect(ctx)
-	if err != nil {
-		return classify(fmt.Errorf("nodeagent: connect to %s: %w", addr, err))
-	}
 	key, err := x509.ParsePKCS8PrivateKey(id.KeyDER)
 	if err != nil {
 		return fmt.Errorf("nodeagent: the node's key: %w", err)
@@ -211,7 +207,14 @@ func (a *Agent) session(ctx context.Context, id Identity) error {
 	if !ok {
 		return fmt.Errorf("nodeagent: the node's key is a %T, which cannot sign", key)
 	}
-	s := &nodeSession{a: a, id: id, st: st, cancel: cancel, key: signer}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, transport, err := a.dial(ctx, addr, tc)
+	if err != nil {
+		return classify(err)
+	}
+	defer st.close()
+	s := &nodeSession{a: a, id: id, st: st, transport: transport, cancel: cancel, key: signer}
 	return s.run(ctx, addr)
 }
 
@@ -219,8 +222,10 @@ func (a *Agent) session(ctx context.Context, id Identity) error {
 type nodeSession struct {
 	a      *Agent
 	id     Identity
-	st     grpc.BidiStreamingClient[agentv1.NodeMessage, agentv1.ServerMessage]
+	st     stream
 	cancel context.CancelFunc
+	// transport is what carries the session: TransportGRPC or TransportWebSocket.
+	transport string
 
 	sendMu sync.Mutex
 	wg     sync.WaitGroup
@@ -283,6 +288,7 @@ func (s *nodeSession) run(ctx context.Context, addr string) error {
 	s.epoch = w.GetEpoch()
 	a.setStatus(func(st *Status) {
 		st.NodeID, st.NodeName, st.Connected, st.Gateway, st.Epoch = s.id.NodeID, s.id.NodeName, true, addr, w.GetEpoch()
+		st.Transport = s.transport
 		st.CertNotAfter, st.LastError, st.AppliedGeneration = s.id.NotAfter, "", applied
 		st.Sessions++
 	})

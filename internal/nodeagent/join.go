@@ -1,6 +1,7 @@
 package nodeagent
 
 import (
+	"cmp"
 	"context"
 	"crypto"
 	"crypto/ecdsa"
@@ -14,6 +15,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	neturl "net/url"
@@ -24,6 +27,7 @@ import (
 
 	agentv1 "github.com/better-compute/compute/agent/v1"
 	"github.com/better-compute/compute/agent/v1/agentv1connect"
+	"github.com/better-compute/compute/internal/tpmattest"
 )
 
 // NewKey makes the node's private key and a CSR for it. The key never leaves the node.
@@ -76,6 +80,13 @@ type JoinOptions struct {
 	// the path can answer with their own): for a one-use credential that reached the machine in
 	// the clear anyway, as a deploy's does on its provisioning network.
 	PlainHTTP bool
+	// TPM, when set, opens the machine's TPM (tpmattest.Open: /dev/tpmrm0, or swtpm's host:port)
+	// to attest the join with, in two calls: its EK and a new AK go with the first, and the TPM
+	// answers the challenge that comes back in the second. nil: the join is not attested.
+	TPM func() (io.ReadWriteCloser, error)
+	// Logger is told what does not stop a join, such as a pool that took no TPM evidence; nil:
+	// slog.Default().
+	Logger *slog.Logger
 }
 
 // JoinWith is Join with the CA pinned and, for a node joining again, its takeover secret.
@@ -106,18 +117,24 @@ func JoinWith(ctx context.Context, o JoinOptions) (Identity, error) {
 		return Identity{}, err
 	}
 	c := agentv1connect.NewJoinServiceClient(client, strings.TrimRight(url, "/"))
-	resp, err := c.Join(ctx, connect.NewRequest(&agentv1.JoinRequest{Token: o.Token, CsrDer: csrDER, Facts: o.Facts}))
-	if err != nil {
-		var ce *connect.Error
-		if errors.As(err, &ce) && ce.Code() == connect.CodeUnavailable {
-			return Identity{}, fmt.Errorf("join: cannot reach the control plane at %s: %s", url, ce.Message())
-		}
-		if errors.As(err, &ce) {
-			return Identity{}, fmt.Errorf("join refused (%s): %s", ce.Code(), ce.Message())
-		}
-		return Identity{}, fmt.Errorf("join: reach %s: %w", url, err)
+	req := &agentv1.JoinRequest{Token: o.Token, CsrDer: csrDER, Facts: o.Facts}
+	var m *agentv1.JoinResponse
+	var ek string // the TPM's EK fingerprint
+	if o.TPM != nil {
+		m, ek, err = joinAttested(ctx, c, url, req, o.TPM)
+	} else {
+		m, err = callJoin(ctx, c, url, req)
 	}
-	m := resp.Msg
+	if err != nil {
+		return Identity{}, err
+	}
+	log := cmp.Or(o.Logger, slog.Default())
+	switch {
+	case o.TPM != nil && m.GetTpmAttested():
+		log.Info("join: attested by the TPM", "ek", ek)
+	case o.TPM != nil:
+		log.Warn("join: the node joined unattested: its pool takes no TPM evidence (attestation policy off)")
+	}
 	id := Identity{NodeID: m.GetNodeId(), NodeName: m.GetNodeName(), KeyDER: keyDER, CertDER: m.GetCertificateDer(),
 		CADER: m.GetCaCertificatesDer(), Gateways: m.GetGatewayAddresses(), NotAfter: m.GetNotAfter().AsTime(), URL: url,
 		TakeoverSecret: secret}
@@ -125,6 +142,55 @@ func JoinWith(ctx context.Context, o JoinOptions) (Identity, error) {
 		return Identity{}, err
 	}
 	return id, nil
+}
+
+// callJoin calls JoinService.Join, and says what a failure means.
+func callJoin(ctx context.Context, c agentv1connect.JoinServiceClient, url string, req *agentv1.JoinRequest) (*agentv1.JoinResponse, error) {
+	resp, err := c.Join(ctx, connect.NewRequest(req))
+	if err != nil {
+		var ce *connect.Error
+		if errors.As(err, &ce) && ce.Code() == connect.CodeUnavailable {
+			return nil, fmt.Errorf("join: cannot reach the control plane at %s: %s", url, ce.Message())
+		}
+		if errors.As(err, &ce) {
+			return nil, fmt.Errorf("join refused (%s): %s", ce.Code(), ce.Message())
+		}
+		return nil, fmt.Errorf("join: reach %s: %w", url, err)
+	}
+	return resp.Msg, nil
+}
+
+// joinAttested is an attested join's two calls: the TPM's keys, then its answer to the challenge.
+func joinAttested(ctx context.Context, c agentv1connect.JoinServiceClient, url string, req *agentv1.JoinRequest,
+	open func() (io.ReadWriteCloser, error)) (*agentv1.JoinResponse, string, error) {
+	rw, err := open()
+	if err != nil {
+		return nil, "", fmt.Errorf("join: %w", err)
+	}
+	defer rw.Close()
+	tpm, err := tpmattest.NewNode(rw)
+	if err != nil {
+		return nil, "", fmt.Errorf("join: %w", err)
+	}
+	defer tpm.Close()
+	ek, err := tpm.EKFingerprint()
+	if err != nil {
+		return nil, "", fmt.Errorf("join: %w", err)
+	}
+	req.Tpm = tpm.Evidence()
+	first, err := callJoin(ctx, c, url, req)
+	if err != nil {
+		return nil, "", err
+	}
+	ch := first.GetTpmChallenge()
+	if ch == nil {
+		return first, ek, nil // a control plane that predates attested joins admitted it at once
+	}
+	if req.Tpm, err = tpm.Answer(ch); err != nil {
+		return nil, "", fmt.Errorf("join: answer the control plane's TPM challenge: %w", err)
+	}
+	m, err := callJoin(ctx, c, url, req)
+	return m, ek, err
 }
 
 // checkJoinURL refuses what is not http(s), and plain http anywhere but loopback (unless

@@ -165,6 +165,9 @@ func (s *nodeSession) openTunnel(ctx context.Context, o *agentv1.TunnelOpen) {
 	case "console":
 		path, ok := s.a.cfg.Consoles[o.GetConsole()]
 		if !ok {
+			path, ok = s.a.exts.Console(o.GetConsole())
+		}
+		if !ok {
 			cancel()
 			exit(-1, fmt.Sprintf("this node has no console %q", o.GetConsole()))
 			return

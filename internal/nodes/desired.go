@@ -88,23 +88,26 @@ func BumpDesired(ctx context.Context, tx pgx.Tx, nodeIDs ...string) error {
 	return nil
 }
 
-// Applied is a node's acknowledgement of the desired state it applied: the generation, and the
-// error it met ("" for none).
+// Applied is a node's account of the desired state it applied: the generation, and, when it
+// acknowledged a state (Acked), the error it met ("" for none). A heartbeat tells the
+// generation only: the error of the last acknowledgement stands until the next one.
 type Applied struct {
 	Node       string
 	Generation int64
 	Error      string
+	Acked      bool
 }
 
 // RecordApplied records nodes' acknowledgements. An applied generation never moves back: an
 // acknowledgement that arrives late changes only the error.
 func RecordApplied(ctx context.Context, q postgres.Querier, acks []Applied) error {
-	ids, gens, errs := make([]string, len(acks)), make([]int64, len(acks)), make([]string, len(acks))
+	ids, gens, errs, set := make([]string, len(acks)), make([]int64, len(acks)), make([]string, len(acks)), make([]bool, len(acks))
 	for i, a := range acks {
-		ids[i], gens[i], errs[i] = a.Node, a.Generation, a.Error
+		ids[i], gens[i], errs[i], set[i] = a.Node, a.Generation, a.Error, a.Acked
 	}
-	_, err := q.Exec(ctx, `UPDATE compute.node_desired d SET applied_generation = greatest(d.applied_generation, u.g), applied_error = u.e
-		FROM unnest($1::uuid[], $2::bigint[], $3::text[]) AS u(n, g, e) WHERE d.node_id = u.n`, ids, gens, errs)
+	_, err := q.Exec(ctx, `UPDATE compute.node_desired d SET applied_generation = greatest(d.applied_generation, u.g),
+		  applied_error = CASE WHEN u.s THEN u.e ELSE d.applied_error END
+		FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::bool[]) AS u(n, g, e, s) WHERE d.node_id = u.n`, ids, gens, errs, set)
 	return err
 }
 

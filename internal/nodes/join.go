@@ -32,6 +32,10 @@ var nodeNameRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-
 // Join admits a machine: the join token is spent (one use), the node is created in the token's
 // pool (or, for the same machine joining again under the same name, taken over), and a client
 // certificate is issued for the CSR's key. A refused join creates nothing and spends nothing.
+//
+// A join with TPM evidence takes two calls: the first (keys, no ticket) is answered with a
+// challenge alone, spending and writing nothing; the second (the ticket and the proof) is
+// verified under the pool's attestation policy inside the join's transaction (attest.go).
 func (m *Module) Join(ctx context.Context, req *agentv1.JoinRequest) (*agentv1.JoinResponse, error) {
 	rt, err := m.Runtime()
 	if err != nil {
@@ -57,12 +61,23 @@ func (m *Module) Join(ctx context.Context, req *agentv1.JoinRequest) (*agentv1.J
 	if err != nil {
 		return nil, connect.NewError(connect.CodeInvalidArgument, err)
 	}
+	if _, ok := m.reg.JoinCredentialFor(req.GetToken()); !ok {
+		return nil, connect.NewError(connect.CodeUnauthenticated, fmt.Errorf("not a join credential (they start with %s)", strings.Join(m.reg.JoinPrefixes(), " or ")))
+	}
+	binding := joinBinding(req)
+	if ev := req.GetTpm(); ev != nil && len(ev.GetTicket()) == 0 {
+		// The first of an attested join's two round trips: a challenge, nothing spent or written.
+		resp, err := m.challenge(ctx, rt, ev, binding)
+		var ce *connect.Error
+		if err != nil && !errors.As(err, &ce) {
+			rt.Logger.ErrorContext(ctx, "nodes: TPM challenge failed", "error", err)
+			return nil, connect.NewError(connect.CodeInternal, errors.New("join failed; the server log has the detail"))
+		}
+		return resp, err
+	}
 	var resp *agentv1.JoinResponse
 	err = rt.DB.Tx(ctx, func(tx pgx.Tx) error {
-		cred, ok := m.reg.JoinCredentialFor(req.GetToken())
-		if !ok {
-			return connect.NewError(connect.CodeUnauthenticated, fmt.Errorf("not a join credential (they start with %s)", strings.Join(m.reg.JoinPrefixes(), " or ")))
-		}
+		cred, _ := m.reg.JoinCredentialFor(req.GetToken())
 		adm, err := cred.Spend(ctx, tx, req.GetToken())
 		if refused := (*modules.JoinRefused)(nil); errors.As(err, &refused) {
 			return connect.NewError(connect.CodeUnauthenticated, errors.New(refused.Reason))
@@ -76,7 +91,13 @@ func (m *Module) Join(ctx context.Context, req *agentv1.JoinRequest) (*agentv1.J
 			scoped = &adm.NodeID
 		}
 		role := cmp.Or(adm.Role, api.RoleNode)
-		nodeID, err := admit(ctx, tx, claim{pool: pool, name: name, role: role, facts: facts, secret: secret, scoped: scoped})
+		// The pool's attestation policy, applied after the spend: a refusal rolls the spend back.
+		checked, att, err := attest(ctx, tx, rt, pool, req.GetTpm(), binding)
+		if err != nil {
+			return err
+		}
+		nodeID, err := admit(ctx, tx, claim{pool: pool, name: name, role: role, facts: facts, secret: secret, scoped: scoped,
+			tpmChecked: checked, att: att})
 		if err != nil {
 			return err
 		}
@@ -90,10 +111,16 @@ func (m *Module) Join(ctx context.Context, req *agentv1.JoinRequest) (*agentv1.J
 		if err := events.Emit(ctx, tx, "node.joined", tenant, nodeID, map[string]any{"pool": pool, "name": name, "role": role}); err != nil {
 			return err
 		}
+		if att != nil {
+			if err := events.Emit(ctx, tx, "node.attested", tenant, nodeID, att.event(pool, name)); err != nil {
+				return err
+			}
+		}
 		resp = &agentv1.JoinResponse{
 			NodeId: nodeID, NodeName: name, CertificateDer: der,
 			CaCertificatesDer: [][]byte{auth.Certificate().Raw},
 			NotAfter:          timestamppb.New(notAfter), GatewayAddresses: m.cfg.GatewayAddresses,
+			TpmAttested: att != nil,
 		}
 		return nil
 	})
@@ -157,8 +184,10 @@ type claim struct {
 	pool, name string
 	role       string
 	facts      *agentv1.MachineFacts
-	secret     []byte  // the takeover secret from the CSR, if any
-	scoped     *string // the node a takeover token was issued for, if it was
+	secret     []byte       // the takeover secret from the CSR, if any
+	scoped     *string      // the node a takeover token was issued for, if it was
+	tpmChecked bool         // the pool's attestation policy is not off
+	att        *attestation // what the join's TPM evidence established, if it was looked at
 }
 
 // ErrTakeoverProof is why a join under an existing node's name is refused without proof.
@@ -169,14 +198,18 @@ var ErrTakeoverProof = errors.New("takeover needs proof")
 // it holds a join token an operator issued for that node. A name and a machine id are not proof:
 // anyone can read them. The old node's certificates are revoked.
 func admit(ctx context.Context, tx pgx.Tx, c claim) (string, error) {
-	var id, state, role, machine string
+	var id, state, role, machine, pinnedEK, usedNonce string
 	var stored []byte
-	err := tx.QueryRow(ctx, `SELECT n.id::text, n.state, n.role, coalesce(n.facts->>'machineId', ''), s.secret_hash FROM compute.nodes n
+	err := tx.QueryRow(ctx, `SELECT n.id::text, n.state, n.role, coalesce(n.facts->>'machineId', ''), s.secret_hash,
+		coalesce(n.facts->'tpm'->>'ekFingerprint', ''), coalesce(n.facts->'tpm'->>'nonce', '') FROM compute.nodes n
 		LEFT JOIN compute.node_takeover_secrets s ON s.node_id = n.id
-		WHERE n.pool_id = $1 AND n.name = $2 FOR UPDATE OF n`, c.pool, c.name).Scan(&id, &state, &role, &machine, &stored)
+		WHERE n.pool_id = $1 AND n.name = $2 FOR UPDATE OF n`, c.pool, c.name).Scan(&id, &state, &role, &machine, &stored, &pinnedEK, &usedNonce)
 	f := c.facts
 	factMap := map[string]any{"hostname": f.GetHostname(), "machineId": f.GetMachineId(), "os": f.GetOs(),
 		"kernel": f.GetKernel(), "arch": f.GetArch(), "agentVersion": f.GetAgentVersion()}
+	if c.att != nil {
+		factMap["tpm"] = c.att.facts() // server-written: the node's own facts never carry this key
+	}
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		if c.scoped != nil {
@@ -204,6 +237,9 @@ func admit(ctx context.Context, tx pgx.Tx, c claim) (string, error) {
 			"%w: the pool already has a node named %q (%s). If this machine is that node, join with the journal it joined with "+
 				"(bcd join --rejoin) or with a takeover token for it (joinTokens create --node %s); otherwise give this machine another hostname",
 			ErrTakeoverProof, c.name, id, id))
+	}
+	if err := checkPinned(c, id, c.name, pinnedEK, usedNonce); err != nil {
+		return "", err
 	}
 	if _, err := pki.RevokeNode(ctx, tx, id); err != nil {
 		return "", err

@@ -67,6 +67,7 @@ func (m *Module) Register(r *modules.Registry) error {
 	r.Actions(modules.ActionsFor(api.NodeMethods()...)...)
 	r.EventTypes(
 		modules.EventType{Name: "node.joined", Description: "A machine joined a pool (data: pool, name)."},
+		modules.EventType{Name: "node.attested", Description: "A joining machine's TPM proved its EK and quoted PCRs 0-7 (data: pool, name, ekFingerprint, trust, pcrs)."},
 		modules.EventType{Name: "node.online", Description: "A node's session began, or its heartbeats came back (data: gateway)."},
 		modules.EventType{Name: "node.offline", Description: "A node fell silent past its grace period, or its session's stream ended (data: gateway, closed)."},
 		modules.EventType{Name: "node.active", Description: "A node was uncordoned (data: from)."},

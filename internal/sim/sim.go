@@ -20,14 +20,17 @@ import (
 
 // Options describe a simulated fleet.
 type Options struct {
-	URL      string // the control plane's API base URL, where JoinService is
-	Token    string // a join token with enough uses for every node
-	Gateway  string // host:port; empty: what the join hands out
-	Nodes    int
-	GPUs     int    // per node; default 8
-	Model    string // default "NVIDIA H100 80GB HBM3"
-	Prefix   string // node names are <prefix>-<n>; default "sim"
-	Parallel int    // joins at once; default 16
+	URL     string // the control plane's API base URL, where JoinService is
+	Token   string // a join token with enough uses for every node
+	Gateway string // host:port; empty: what the join hands out
+	// Transport is how the nodes reach the gateway: auto (""), grpc or websocket
+	// (nodeagent.Config.Transport).
+	Transport string
+	Nodes     int
+	GPUs      int    // per node; default 8
+	Model     string // default "NVIDIA H100 80GB HBM3"
+	Prefix    string // node names are <prefix>-<n>; default "sim"
+	Parallel  int    // joins at once; default 16
 	// MaxBackoff bounds each agent's wait between reconnects; default 2 s, for tests. A storm
 	// of real agents is simulated with bcd's own, nodeagent's default of 30 s.
 	MaxBackoff time.Duration
@@ -106,7 +109,7 @@ func Start(ctx context.Context, o Options) (*Fleet, error) {
 			}
 			if err == nil {
 				n.agent, err = nodeagent.New(nodeagent.Config{Store: n.Store, Hardware: n.Hardware, Converger: n.Converger,
-					Logger: o.Logger.With("node", name), Version: o.Version, Facts: facts, Gateway: o.Gateway, MaxBackoff: o.MaxBackoff,
+					Logger: o.Logger.With("node", name), Version: o.Version, Facts: facts, Gateway: o.Gateway, Transport: o.Transport, MaxBackoff: o.MaxBackoff,
 					Extensions: o.Extensions, Reports: n.Reports})
 			}
 			errs[i] = err

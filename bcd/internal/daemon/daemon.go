@@ -35,9 +35,12 @@ type Config struct {
 	StateDir string
 	CDIDir   string // where device holds become CDI specs; "" for none (a site agent holds no devices)
 	Gateway  string // overrides the gateways of the join
-	Fake     *Fake  // nil: the real machine
-	Version  string
-	Logger   *slog.Logger
+	// Transport is how the session reaches the gateway: auto ("": gRPC, else the WebSocket),
+	// grpc or websocket (nodeagent.Config.Transport).
+	Transport string
+	Fake      *Fake // nil: the real machine
+	Version   string
+	Logger    *slog.Logger
 	// Extensions carry out modules' command and desired-state kinds (agent/ext).
 	Extensions []ext.Extension
 	// Reports, if set, is the queue of the extensions' reports up the session.
@@ -96,7 +99,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	a, err := nodeagent.New(nodeagent.Config{
 		Store: j, Hardware: hw, Converger: conv, Logger: cfg.Logger, Version: cfg.Version,
-		Gateway: cfg.Gateway, Facts: &agentv1.MachineFacts{Hostname: host, MachineId: machineID(), Os: "linux", AgentVersion: cfg.Version},
+		Gateway: cfg.Gateway, Transport: cfg.Transport, Facts: &agentv1.MachineFacts{Hostname: host, MachineId: machineID(), Os: "linux", AgentVersion: cfg.Version},
 		Extensions: cfg.Extensions, Reports: cfg.Reports, Exec: cfg.Exec, Consoles: cfg.Consoles,
 	})
 	if err != nil {

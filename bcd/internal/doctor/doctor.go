@@ -64,6 +64,9 @@ type Options struct {
 	StateDir string
 	CDIDir   string
 	Gateway  string // overrides the gateways of the join
+	// Transport is the node's (nodeagent's TransportAuto, TransportGRPC, TransportWebSocket):
+	// held to gRPC, a gateway reached only over HTTP/1.1 fails the gateway check.
+	Transport string
 	// Running describes a bcd node that holds the journal: its status stands in for the journal.
 	Running *Running
 	// SkipGPUs leaves NVML alone (fake hardware).
@@ -76,9 +79,9 @@ type Options struct {
 
 // Running is what a running node's status file says.
 type Running struct {
-	NodeID, NodeName, URL, Gateway, LastError string
-	Connected                                 bool
-	CertNotAfter                              time.Time
+	NodeID, NodeName, URL, Gateway, Transport, LastError string
+	Connected                                            bool
+	CertNotAfter                                         time.Time
 }
 
 // Failed reports whether any check failed.
@@ -101,7 +104,7 @@ func Run(ctx context.Context, o Options) []Check {
 		id, idCheck := identity(o)
 		out = append(out, idCheck)
 		if id != nil {
-			out = append(out, certificate(id), clock(ctx, id.URL), gateway(ctx, id, o.Gateway))
+			out = append(out, certificate(id), clock(ctx, id.URL), gateway(ctx, id, o.Gateway, o.Transport))
 		} else {
 			// Every check has its place in every report, so that a script finds it there.
 			for _, name := range []string{"certificate", "clock", "gateway"} {
@@ -124,6 +127,9 @@ func session(r *Running) Check {
 	c := Check{Name: "gateway"}
 	if r.Connected {
 		c.Status, c.Detail = "ok", "the running node holds a session with "+r.Gateway
+		if r.Transport != "" {
+			c.Detail += " over " + r.Transport
+		}
 		return c
 	}
 	c.Status, c.Detail = "fail", "the running node has no session: "+r.LastError
@@ -214,8 +220,11 @@ func clock(ctx context.Context, url string) Check {
 	return c
 }
 
-// gateway dials the gateway and completes a mutual TLS handshake with the node's certificate.
-func gateway(ctx context.Context, id *nodeagent.Identity, override string) Check {
+// gateway dials the gateway and completes a mutual TLS handshake with the node's certificate,
+// offering HTTP/2 as gRPC does; where that does not get through, it tries HTTP/1.1, which the
+// WebSocket fallback uses: a warning in auto and websocket mode (sessions work, over the
+// fallback), a failure when the node is held to gRPC.
+func gateway(ctx context.Context, id *nodeagent.Identity, override, transport string) Check {
 	c := Check{Name: "gateway"}
 	addrs := id.Gateways
 	if override != "" {
@@ -238,27 +247,47 @@ func gateway(ctx context.Context, id *nodeagent.Identity, override string) Check
 	}
 	cfg := &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: pool, NextProtos: []string{"h2"},
 		Certificates: []tls.Certificate{{Certificate: [][]byte{id.CertDER}, PrivateKey: key}}}
+	http1 := cfg.Clone()
+	http1.NextProtos = []string{"http/1.1"}
 	var errs []error
 	for _, a := range addrs {
-		d := tls.Dialer{NetDialer: &net.Dialer{Timeout: 5 * time.Second}, Config: cfg}
-		conn, err := d.DialContext(ctx, "tcp", a)
+		err := handshake(ctx, a, cfg)
 		if err == nil {
-			// TLS 1.3 reports a refused client certificate on the first read.
-			_ = conn.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
-			_, rerr := conn.Read(make([]byte, 1))
-			conn.Close()
-			var ne net.Error
-			if rerr == nil || errors.As(rerr, &ne) && ne.Timeout() {
-				c.Status, c.Detail = "ok", "mutual TLS handshake with "+a
-				return c
-			}
-			err = rerr
+			c.Status, c.Detail = "ok", "mutual TLS handshake with "+a
+			return c
 		}
 		errs = append(errs, fmt.Errorf("%s: %w", a, err))
+		if transport == nodeagent.TransportGRPC {
+			continue
+		}
+		if handshake(ctx, a, http1) == nil {
+			c.Status = Warn
+			c.Detail = fmt.Sprintf("HTTP/2 does not get through to %s (%v), HTTP/1.1 does: sessions use the WebSocket fallback", a, err)
+			c.Fix = "let HTTP/2 (ALPN h2) through to the gateway for gRPC, or keep to the fallback (bcd node --transport auto or websocket)"
+			return c
+		}
 	}
 	c.Status, c.Detail = "fail", errors.Join(errs...).Error()
 	c.Fix = "check the address and the firewall (bcd dials out to the gateway); a refused certificate means the node was retired or its certificate revoked: join again"
 	return c
+}
+
+// handshake completes a TLS handshake with addr, and a first read: TLS 1.3 reports a refused
+// client certificate on it.
+func handshake(ctx context.Context, addr string, cfg *tls.Config) error {
+	d := tls.Dialer{NetDialer: &net.Dialer{Timeout: 5 * time.Second}, Config: cfg}
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	_ = conn.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+	_, err = conn.Read(make([]byte, 1))
+	var ne net.Error
+	if err == nil || errors.As(err, &ne) && ne.Timeout() {
+		return nil
+	}
+	return err
 }
 
 func cdiDir(dir string) Check {

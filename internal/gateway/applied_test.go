@@ -1,0 +1,46 @@
+package gateway_test
+
+import (
+	"testing"
+	"time"
+
+	agentv1 "github.com/better-compute/compute/agent/v1"
+)
+
+// TestAppliedErrorOutlivesHeartbeats: a node's report that it could not apply its desired state
+// stands until it acknowledges another state; its heartbeats, which carry only the generation it
+// applied, do not erase it (they did, within a flush).
+func TestAppliedErrorOutlivesHeartbeats(t *testing.T) {
+	p := newPlane(t, nil)
+	n := p.rawSession(t, "raw-applied")
+	m, err := n.next(t, func(m *agentv1.ServerMessage) bool { return m.GetDesired() != nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	gen := m.GetDesired().GetGeneration()
+	if err := n.st.Send(&agentv1.NodeMessage{Body: &agentv1.NodeMessage_Ack{Ack: &agentv1.DesiredStateAck{Generation: gen, Error: "no extension converges kind x"}}}); err != nil {
+		t.Fatal(err)
+	}
+	failed := func() bool {
+		return p.count(t, `SELECT count(*) FROM compute.node_desired WHERE node_id = $1 AND applied_error = 'no extension converges kind x'`, n.id) == 1
+	}
+	eventually(t, "the error recorded", failed)
+	var seen time.Time
+	if err := p.DB.Pool.QueryRow(p.ctx, `SELECT last_seen_at FROM compute.node_sessions WHERE node_id = $1`, n.id).Scan(&seen); err != nil {
+		t.Fatal(err)
+	}
+	n.heartbeat(t)
+	eventually(t, "the heartbeat flushed", func() bool {
+		return p.count(t, `SELECT count(*) FROM compute.node_sessions WHERE node_id = $1 AND last_seen_at > $2`, n.id, seen) == 1
+	})
+	if !failed() {
+		t.Fatal("a heartbeat erased the node's error")
+	}
+	// The next acknowledgement, without an error, clears it.
+	if err := n.st.Send(&agentv1.NodeMessage{Body: &agentv1.NodeMessage_Ack{Ack: &agentv1.DesiredStateAck{Generation: gen}}}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the error cleared", func() bool {
+		return p.count(t, `SELECT count(*) FROM compute.node_desired WHERE node_id = $1 AND applied_error = ''`, n.id) == 1
+	})
+}

@@ -1,0 +1,365 @@
+package vps
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/modules"
+	"github.com/better-compute/compute/postgres"
+	"github.com/better-compute/compute/vps/hostapi"
+)
+
+const instanceColumns = `i.id::text, i.tenant_id, i.name, f.name, i.flavor_id::text, m.name, i.image_id::text, i.reservation_id::text, i.node_id::text,
+	i.power, i.status, i.status_detail, i.status_at, i.deleted_at, i.deleted_reason, i.labels, i.created_by, i.created_at`
+
+const instanceFrom = ` FROM compute.vps_instances i JOIN compute.vps_flavors f ON f.id = i.flavor_id JOIN compute.vps_images m ON m.id = i.image_id`
+
+func scanInstance(row pgx.Row) (Instance, error) {
+	var i Instance
+	err := row.Scan(&i.ID, &i.TenantID, &i.Name, &i.Flavor, &i.FlavorID, &i.Image, &i.ImageID, &i.ReservationID, &i.NodeID,
+		&i.Power, &i.Status, &i.StatusDetail, &i.StatusAt, &i.DeletedAt, &i.DeletedReason, &i.Labels, &i.CreatedBy, &i.CreatedAt)
+	return i, err
+}
+
+func getInstance(ctx context.Context, q postgres.Querier, id string) (Instance, error) {
+	i, err := scanInstance(q.QueryRow(ctx, `SELECT `+instanceColumns+instanceFrom+` WHERE i.id = $1`, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return i, api.NotFound("instance", id)
+	}
+	return i, err
+}
+
+// instanceTarget finds an instance by id, or by name among the tenant's live ones.
+func instanceTarget(ctx context.Context, l modules.Lookup, in InstanceRef) (modules.Target, error) {
+	t := modules.Target{Existing: true, Kind: "instance", Ref: in.Instance}
+	tenant := modules.TenantTarget(l.Principal, in.TenantID).TenantID
+	err := l.Q.QueryRow(ctx, `SELECT id::text, tenant_id FROM compute.vps_instances
+		WHERE id::text = $1 OR (tenant_id = $2 AND name = $1 AND deleted_at IS NULL) ORDER BY (id::text = $1) DESC LIMIT 1`, in.Instance, tenant).
+		Scan(&t.ResourceID, &t.TenantID)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return t, api.NotFound("instance", in.Instance)
+	}
+	return t, err
+}
+
+func (m *Module) registerInstances(r *modules.Registry) {
+	modules.Handle(r, InstancesCreate, nil, createInstance)
+	modules.Handle(r, InstancesGet, instanceTarget, func(ctx context.Context, c *modules.Call, _ InstanceRef) (Instance, error) {
+		return getInstance(ctx, c.Tx, c.Target.ResourceID)
+	})
+	modules.Handle(r, InstancesList, nil, listInstances)
+	modules.Handle(r, InstancesStart, instanceTarget, setPower(PowerRunning))
+	modules.Handle(r, InstancesStop, instanceTarget, setPower(PowerStopped))
+	modules.Handle(r, InstancesPause, instanceTarget, setPower(PowerPaused))
+	modules.Handle(r, InstancesReboot, instanceTarget, func(ctx context.Context, c *modules.Call, _ InstanceRef) (Instance, error) {
+		return change(ctx, c, func(i Instance) (string, error) {
+			if i.Power != PowerRunning {
+				return "", api.Errorf(api.CodeFailedPrecondition, "instance %s is %s: only a running instance reboots", i.Name, i.Power).With("reason", "not_running")
+			}
+			return `reboots = reboots + 1`, nil
+		})
+	})
+	modules.Handle(r, InstancesDelete, instanceTarget, func(ctx context.Context, c *modules.Call, _ InstanceRef) (Instance, error) {
+		i, err := getInstance(ctx, c.Tx, c.Target.ResourceID)
+		if err != nil || i.DeletedAt != nil {
+			return i, err // deleting a deleted instance answers it as it is
+		}
+		if err := c.Runtime.Capacity.Release(ctx, c, i.ReservationID); err != nil {
+			return i, fmt.Errorf("vps: release instance %s's reservation: %w", i.ID, err)
+		}
+		return deleteInstance(ctx, c.Tx, c.Runtime, i, "deleted")
+	})
+	modules.Handle(r, InstancesConsole, instanceTarget, func(ctx context.Context, c *modules.Call, _ InstanceRef) (api.TunnelTicket, error) {
+		i, err := getInstance(ctx, c.Tx, c.Target.ResourceID)
+		if err != nil {
+			return api.TunnelTicket{}, err
+		}
+		if i.DeletedAt != nil {
+			return api.TunnelTicket{}, api.Errorf(api.CodeFailedPrecondition, "instance %s was deleted", i.Name).With("reason", "deleted")
+		}
+		return c.Runtime.Access.ConsoleTicket(ctx, c, api.OpenTunnel{Reservation: i.ReservationID, Node: i.NodeID, Console: hostapi.ConsoleName(i.ID)})
+	})
+}
+
+// createInstance books the flavor's capacity in the pool, on a VM host, and records the instance;
+// the host hears of it when the call commits. No host with room, or a pool with no VM host,
+// books nothing.
+func createInstance(ctx context.Context, c *modules.Call, in CreateInstance) (Instance, error) {
+	f, err := flavorOf(ctx, c.Tx, c.Target.TenantID, in.Flavor)
+	if err != nil {
+		return Instance{}, err
+	}
+	img, err := imageOf(ctx, c.Tx, c.Target.TenantID, in.Image)
+	if err != nil {
+		return Instance{}, err
+	}
+	id := uuid.Must(uuid.NewV7()).String()
+	res, err := c.Runtime.Capacity.Reserve(ctx, c, api.CreateReservation{TenantID: c.Target.TenantID, Pool: in.Pool,
+		Shape:         api.Shape{VCPUs: f.VCPUs, MemoryGiB: f.MemoryGiB, GPUs: f.GPUs, Model: f.GPUModel, MIGProfile: f.MIGProfile},
+		RequireLabels: f.RequireLabels, Duration: in.Duration, Labels: map[string]string{"vps.instance": id}})
+	if err != nil {
+		return Instance{}, err
+	}
+	if len(res.Allocations) != 1 {
+		return Instance{}, fmt.Errorf("vps: instance %s's reservation has %d allocations, want 1", id, len(res.Allocations))
+	}
+	node := res.Allocations[0].NodeID
+	var runtime string
+	err = c.Tx.QueryRow(ctx, `SELECT runtime FROM compute.vps_hosts WHERE node_id = $1`, node).Scan(&runtime)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Instance{}, api.Errorf(api.CodeFailedPrecondition,
+			"node %s of pool %s, where the instance was placed, runs no VM runtime (bcd node --vps-runtime): give the flavor requireLabels that only VM hosts carry",
+			res.Allocations[0].Node, in.Pool).With("reason", "no_vm_host").With("node", node)
+	}
+	if err != nil {
+		return Instance{}, err
+	}
+	power := in.Power
+	if power == "" {
+		power = PowerRunning
+	}
+	labels := in.Labels
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	_, err = c.Tx.Exec(ctx, `INSERT INTO compute.vps_instances (id, tenant_id, name, flavor_id, image_id, reservation_id, node_id, power, labels, created_by)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`, id, c.Target.TenantID, in.Name, f.ID, img.ID, res.ID, node, power, labels, c.Principal.ID)
+	if postgres.ErrorCode(err) == postgres.UniqueViolation {
+		return Instance{}, api.Errorf(api.CodeConflict, "the tenant has a live instance named %q", in.Name).With("reason", "name_taken")
+	}
+	if err != nil {
+		return Instance{}, err
+	}
+	if err := c.Runtime.Nodes.BumpDesired(ctx, c.Tx, node); err != nil {
+		return Instance{}, err
+	}
+	if err := c.Runtime.Events.Emit(ctx, c.Tx, modules.Event{Type: EventInstanceCreated, TenantID: c.Target.TenantID, Subject: id,
+		Data: map[string]any{"name": in.Name, "flavor": f.Name, "node": node, "reservation": res.ID, "runtime": runtime}}); err != nil {
+		return Instance{}, err
+	}
+	return getInstance(ctx, c.Tx, id)
+}
+
+func listInstances(ctx context.Context, c *modules.Call, in ListInstances) (api.Page[Instance], error) {
+	var before *string
+	if in.Cursor != "" {
+		key, err := api.DecodeCursor("vn1", in.Cursor)
+		if err != nil {
+			return api.Page[Instance]{}, err
+		}
+		before = &key
+	}
+	limit := in.PageLimit()
+	rows, err := c.Tx.Query(ctx, `SELECT `+instanceColumns+instanceFrom+` WHERE i.tenant_id = $1 AND ($2::text IS NULL OR i.id::text < $2)
+		AND ($3 = '' OR i.node_id::text = $3) AND ($4 = '' OR i.status = $4) AND ($5 OR i.deleted_at IS NULL)
+		ORDER BY i.id DESC LIMIT $6`, c.Target.TenantID, before, in.Node, in.Status, in.Deleted || in.Status == "deleted", limit+1)
+	if err != nil {
+		return api.Page[Instance]{}, err
+	}
+	items, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Instance, error) { return scanInstance(r) })
+	if err != nil {
+		return api.Page[Instance]{}, err
+	}
+	return api.PageOf(items, limit, "vn1", func(i Instance) string { return i.ID }), nil
+}
+
+// change changes a live instance (set is an SQL assignment, from what it is now) and tells its
+// host.
+func change(ctx context.Context, c *modules.Call, set func(Instance) (string, error)) (Instance, error) {
+	i, err := scanInstance(c.Tx.QueryRow(ctx, `SELECT `+instanceColumns+instanceFrom+` WHERE i.id = $1 FOR UPDATE OF i`, c.Target.ResourceID))
+	if err != nil {
+		return i, err
+	}
+	if i.DeletedAt != nil {
+		return i, api.Errorf(api.CodeFailedPrecondition, "instance %s was deleted (%s)", i.Name, i.DeletedReason).With("reason", "deleted")
+	}
+	assign, err := set(i)
+	if err != nil || assign == "" {
+		return i, err
+	}
+	if _, err := c.Tx.Exec(ctx, `UPDATE compute.vps_instances SET `+assign+` WHERE id = $1`, i.ID); err != nil {
+		return i, err
+	}
+	if err := c.Runtime.Nodes.BumpDesired(ctx, c.Tx, i.NodeID); err != nil {
+		return i, err
+	}
+	return getInstance(ctx, c.Tx, i.ID)
+}
+
+func setPower(power string) modules.RunFunc[InstanceRef, Instance] {
+	return func(ctx context.Context, c *modules.Call, _ InstanceRef) (Instance, error) {
+		return change(ctx, c, func(i Instance) (string, error) {
+			if i.Power == power {
+				return "", nil // already asked: nothing to change
+			}
+			return `power = '` + power + `'`, nil
+		})
+	}
+}
+
+// deleteInstance records an instance's end and tells its host, which removes its VM.
+func deleteInstance(ctx context.Context, tx pgx.Tx, rt *modules.Runtime, i Instance, reason string) (Instance, error) {
+	if _, err := tx.Exec(ctx, `UPDATE compute.vps_instances SET deleted_at = compute.compute_now(), deleted_reason = $2, status = 'deleted'
+		WHERE id = $1 AND deleted_at IS NULL`, i.ID, reason); err != nil {
+		return i, err
+	}
+	if err := rt.Nodes.BumpDesired(ctx, tx, i.NodeID); err != nil {
+		return i, err
+	}
+	if err := rt.Events.Emit(ctx, tx, modules.Event{Type: EventInstanceDeleted, TenantID: i.TenantID, Subject: i.ID,
+		Data: map[string]any{"name": i.Name, "reason": reason}}); err != nil {
+		return i, err
+	}
+	return getInstance(ctx, tx, i.ID)
+}
+
+// endWithReservations deletes the live instances whose reservation ended (expired, preempted,
+// drained, released by hand): their capacity is no longer theirs.
+func endWithReservations(ctx context.Context, rt *modules.Runtime) error {
+	return rt.DB.Tx(ctx, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `SELECT `+instanceColumns+instanceFrom+` WHERE i.deleted_at IS NULL ORDER BY i.id FOR UPDATE OF i SKIP LOCKED`)
+		if err != nil {
+			return err
+		}
+		live, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Instance, error) { return scanInstance(r) })
+		if err != nil || len(live) == 0 {
+			return err
+		}
+		ids := make([]string, len(live))
+		for n, i := range live {
+			ids[n] = i.ReservationID
+		}
+		rs, err := rt.Capacity.Reservations(ctx, tx, ids)
+		if err != nil {
+			return err
+		}
+		ended := map[string]string{}
+		for _, r := range rs {
+			if r.State != api.ReservationActive && r.State != api.ReservationPending {
+				ended[r.ID] = r.EndReason
+			}
+		}
+		for _, i := range live {
+			if reason, ok := ended[i.ReservationID]; ok {
+				if _, err := deleteInstance(ctx, tx, rt, i, "reservation "+reason); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+}
+
+// desiredInstances is a node's vps.instances part: its live instances whose reservation holds
+// it now.
+func (m *Module) desiredInstances(ctx context.Context, q postgres.Querier, nodeID string) (any, error) {
+	rows, err := q.Query(ctx, `SELECT i.id::text, i.reservation_id::text, f.vcpus, f.memory_gib, f.disk_gib, m.kernel_url, m.kernel_sha256,
+		m.initrd_url, m.initrd_sha256, m.cmdline, m.disk_url, m.disk_sha256, i.power, i.reboots
+		FROM compute.vps_instances i JOIN compute.vps_flavors f ON f.id = i.flavor_id JOIN compute.vps_images m ON m.id = i.image_id
+		WHERE i.node_id = $1 AND i.deleted_at IS NULL ORDER BY i.id`, nodeID)
+	if err != nil {
+		return nil, err
+	}
+	type row struct {
+		hostapi.Instance
+		reservation string
+	}
+	all, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
+		var x row
+		var memGiB int
+		var k, ks, ir, irs, d, ds string
+		err := r.Scan(&x.ID, &x.reservation, &x.VCPUs, &memGiB, &x.DiskGiB, &k, &ks, &ir, &irs, &x.Cmdline, &d, &ds, &x.Power, &x.Reboots)
+		x.MemoryMiB = memGiB << 10
+		x.Kernel, x.Initrd, x.Disk = hostArtifact(k, ks), hostArtifact(ir, irs), hostArtifact(d, ds)
+		return x, err
+	})
+	if err != nil || len(all) == 0 {
+		return nil, err
+	}
+	ids := make([]string, len(all))
+	for n, x := range all {
+		ids[n] = x.reservation
+	}
+	rs, err := m.capacity.Reservations(ctx, q, ids)
+	if err != nil {
+		return nil, err
+	}
+	holds := map[string][]string{} // reservation → the GPUs it holds on this node
+	active := map[string]bool{}
+	for _, r := range rs {
+		active[r.ID] = r.State == api.ReservationActive
+		for _, a := range r.Allocations {
+			if a.NodeID == nodeID {
+				for _, g := range a.GPUs {
+					holds[r.ID] = append(holds[r.ID], g.UUID)
+				}
+			}
+		}
+	}
+	out := hostapi.Instances{Instances: []hostapi.Instance{}}
+	for _, x := range all {
+		if active[x.reservation] {
+			x.GPUs = holds[x.reservation]
+			out.Instances = append(out.Instances, x.Instance)
+		}
+	}
+	return out, nil
+}
+
+func hostArtifact(url, sum string) *hostapi.Artifact {
+	if url == "" {
+		return nil
+	}
+	return &hostapi.Artifact{URL: url, SHA256: sum}
+}
+
+// hostReported records a VM host's runtime.
+func hostReported(ctx context.Context, r *modules.Report) error {
+	var h hostapi.Host
+	if err := json.Unmarshal(r.Payload, &h); err != nil || h.Runtime == "" || len(h.Runtime) > 64 {
+		return api.InvalidField("runtime", "a vps.host report names its runtime")
+	}
+	_, err := r.Tx.Exec(ctx, `INSERT INTO compute.vps_hosts (node_id, runtime) VALUES ($1, $2)
+		ON CONFLICT (node_id) DO UPDATE SET runtime = EXCLUDED.runtime, reported_at = compute.compute_now()`, r.NodeID, h.Runtime)
+	return err
+}
+
+// statusReported records what a host found of its instances; an instance of its desired state
+// that it did not find is pending still.
+func statusReported(ctx context.Context, r *modules.Report) error {
+	var s hostapi.Status
+	if err := json.Unmarshal(r.Payload, &s); err != nil {
+		return api.InvalidField("instances", "a vps.instance_status report is {\"instances\": [...]}")
+	}
+	for _, st := range s.Instances {
+		switch st.State {
+		case "running", "paused", "stopped", "error":
+		default:
+			continue // a state this control plane does not know: left as it was
+		}
+		if len(st.Detail) > 1024 {
+			st.Detail = st.Detail[:1024]
+		}
+		var tenant, name string
+		err := r.Tx.QueryRow(ctx, `UPDATE compute.vps_instances SET status = $3, status_detail = $4, status_at = compute.compute_now()
+			WHERE id::text = $1 AND node_id = $2 AND deleted_at IS NULL AND (status <> $3 OR status_detail <> $4) RETURNING tenant_id, name`,
+			st.ID, r.NodeID, st.State, st.Detail).Scan(&tenant, &name)
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue // unchanged, or not this host's
+		}
+		if err != nil {
+			return err
+		}
+		if err := r.Runtime.Events.Emit(ctx, r.Tx, modules.Event{Type: EventInstanceStatus, TenantID: tenant, Subject: st.ID,
+			Data: map[string]any{"name": name, "status": st.State, "detail": st.Detail}}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
