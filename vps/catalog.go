@@ -55,7 +55,7 @@ func lookupRef(kind, table string) func(ctx context.Context, l modules.Lookup, t
 	return func(ctx context.Context, l modules.Lookup, tenantID, ref string) (modules.Target, error) {
 		t := modules.Target{Existing: true, Kind: kind, Ref: ref}
 		tenant := modules.TenantTarget(l.Principal, tenantID).TenantID
-		err := l.Q.QueryRow(ctx, `SELECT id::text, tenant_id FROM compute.`+table+` WHERE id::text = $1 OR (tenant_id = $2 AND name = $1)
+		err := l.Q.QueryRow(ctx, `SELECT id::text, tenant_id FROM compute.`+table+` WHERE (id::text = $1 OR (tenant_id = $2 AND name = $1)) AND deleted_at IS NULL
 			ORDER BY (id::text = $1) DESC LIMIT 1`, ref, tenant).Scan(&t.ResourceID, &t.TenantID)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return t, api.NotFound(kind, ref)
@@ -71,8 +71,8 @@ var (
 
 // flavorOf finds a flavor of the tenant by id or name.
 func flavorOf(ctx context.Context, q postgres.Querier, tenant, ref string) (Flavor, error) {
-	f, err := scanFlavor(q.QueryRow(ctx, `SELECT `+flavorColumns+` FROM compute.vps_flavors WHERE tenant_id = $1 AND (id::text = $2 OR name = $2)
-		ORDER BY (id::text = $2) DESC LIMIT 1`, tenant, ref))
+	f, err := scanFlavor(q.QueryRow(ctx, `SELECT `+flavorColumns+` FROM compute.vps_flavors WHERE tenant_id = $1 AND (id::text = $2 OR name = $2) AND deleted_at IS NULL
+		ORDER BY (id::text = $2) DESC LIMIT 1 FOR SHARE`, tenant, ref))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return f, api.NotFound("flavor", ref)
 	}
@@ -81,8 +81,8 @@ func flavorOf(ctx context.Context, q postgres.Querier, tenant, ref string) (Flav
 
 // imageOf finds an image of the tenant by id or name.
 func imageOf(ctx context.Context, q postgres.Querier, tenant, ref string) (VMImage, error) {
-	i, err := scanImage(q.QueryRow(ctx, `SELECT `+imageColumns+` FROM compute.vps_images WHERE tenant_id = $1 AND (id::text = $2 OR name = $2)
-		ORDER BY (id::text = $2) DESC LIMIT 1`, tenant, ref))
+	i, err := scanImage(q.QueryRow(ctx, `SELECT `+imageColumns+` FROM compute.vps_images WHERE tenant_id = $1 AND (id::text = $2 OR name = $2) AND deleted_at IS NULL
+		ORDER BY (id::text = $2) DESC LIMIT 1 FOR SHARE`, tenant, ref))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return i, api.NotFound("image", ref)
 	}
@@ -99,7 +99,7 @@ func pageByName[T any](ctx context.Context, q postgres.Querier, kind, columns, t
 		}
 		after = key
 	}
-	rows, err := q.Query(ctx, `SELECT `+columns+` FROM compute.`+table+` WHERE tenant_id = $1 AND name > $2 ORDER BY name LIMIT $3`, tenant, after, limit+1)
+	rows, err := q.Query(ctx, `SELECT `+columns+` FROM compute.`+table+` WHERE tenant_id = $1 AND name > $2 AND deleted_at IS NULL ORDER BY name LIMIT $3`, tenant, after, limit+1)
 	if err != nil {
 		return api.Page[T]{}, err
 	}
@@ -110,8 +110,12 @@ func pageByName[T any](ctx context.Context, q postgres.Querier, kind, columns, t
 	return api.PageOf(items, limit, kind, name), nil
 }
 
-// inUse refuses to delete what a live instance uses.
-func inUse(ctx context.Context, q postgres.Querier, column, id, what string) error {
+// inUse refuses to delete what a live instance uses. It locks the row first: an instance being
+// created holds it FOR SHARE (flavorOf, imageOf), so neither misses the other.
+func inUse(ctx context.Context, q postgres.Querier, table, column, id, what string) error {
+	if _, err := q.Exec(ctx, `SELECT 1 FROM compute.`+table+` WHERE id = $1 FOR UPDATE`, id); err != nil {
+		return err
+	}
 	var n int
 	if err := q.QueryRow(ctx, `SELECT count(*) FROM compute.vps_instances WHERE `+column+` = $1 AND deleted_at IS NULL`, id).Scan(&n); err != nil {
 		return err
@@ -129,7 +133,7 @@ func (m *Module) registerFlavors(r *modules.Registry) {
 			labels = map[string]string{}
 		}
 		f, err := scanFlavor(c.Tx.QueryRow(ctx, `INSERT INTO compute.vps_flavors (id, tenant_id, name, vcpus, memory_gib, disk_gib, gpus, gpu_model, mig_profile, require_labels, created_by)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT (tenant_id, name) DO NOTHING RETURNING `+flavorColumns,
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT (tenant_id, name) WHERE deleted_at IS NULL DO NOTHING RETURNING `+flavorColumns,
 			uuid.Must(uuid.NewV7()).String(), c.Target.TenantID, in.Name, in.VCPUs, in.MemoryGiB, in.DiskGiB, in.GPUs, in.GPUModel, in.MIGProfile, labels, c.Principal.ID))
 		if errors.Is(err, pgx.ErrNoRows) {
 			return f, api.Errorf(api.CodeConflict, "the tenant has a flavor named %q", in.Name).With("reason", "name_taken")
@@ -142,16 +146,11 @@ func (m *Module) registerFlavors(r *modules.Registry) {
 	modules.Handle(r, FlavorsDelete, func(ctx context.Context, l modules.Lookup, in FlavorRef) (modules.Target, error) {
 		return flavorTarget(ctx, l, in.TenantID, in.Flavor)
 	}, func(ctx context.Context, c *modules.Call, in FlavorRef) (Flavor, error) {
-		if err := inUse(ctx, c.Tx, "flavor_id", c.Target.ResourceID, fmt.Sprintf("flavor %s", in.Flavor)); err != nil {
+		if err := inUse(ctx, c.Tx, "vps_flavors", "flavor_id", c.Target.ResourceID, fmt.Sprintf("flavor %s", in.Flavor)); err != nil {
 			return Flavor{}, err
 		}
-		// Deleted instances keep their flavor's row for the record: a flavor once used is kept.
-		f, err := scanFlavor(c.Tx.QueryRow(ctx, `DELETE FROM compute.vps_flavors f WHERE id = $1
-			AND NOT EXISTS (SELECT 1 FROM compute.vps_instances i WHERE i.flavor_id = f.id) RETURNING `+flavorColumns, c.Target.ResourceID))
-		if errors.Is(err, pgx.ErrNoRows) {
-			return f, api.Errorf(api.CodeFailedPrecondition, "flavor %s has deleted instances on record; it stays", in.Flavor).With("reason", "in_use")
-		}
-		return f, err
+		// Deleted instances keep their flavor's row for the record: it is marked, and its name is free.
+		return scanFlavor(c.Tx.QueryRow(ctx, `UPDATE compute.vps_flavors SET deleted_at = compute.compute_now() WHERE id = $1 RETURNING `+flavorColumns, c.Target.ResourceID))
 	})
 }
 
@@ -161,7 +160,7 @@ func (m *Module) registerImages(r *modules.Registry) {
 		ir, irs := in.Initrd.columns()
 		d, ds := in.Disk.columns()
 		i, err := scanImage(c.Tx.QueryRow(ctx, `INSERT INTO compute.vps_images (id, tenant_id, name, kernel_url, kernel_sha256, initrd_url, initrd_sha256, cmdline, disk_url, disk_sha256, created_by)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT (tenant_id, name) DO NOTHING RETURNING `+imageColumns,
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT (tenant_id, name) WHERE deleted_at IS NULL DO NOTHING RETURNING `+imageColumns,
 			uuid.Must(uuid.NewV7()).String(), c.Target.TenantID, in.Name, k, ks, ir, irs, in.Cmdline, d, ds, c.Principal.ID))
 		if errors.Is(err, pgx.ErrNoRows) {
 			return i, api.Errorf(api.CodeConflict, "the tenant has a VM image named %q", in.Name).With("reason", "name_taken")
@@ -174,14 +173,9 @@ func (m *Module) registerImages(r *modules.Registry) {
 	modules.Handle(r, VMImagesDelete, func(ctx context.Context, l modules.Lookup, in VMImageRef) (modules.Target, error) {
 		return imageTarget(ctx, l, in.TenantID, in.Image)
 	}, func(ctx context.Context, c *modules.Call, in VMImageRef) (VMImage, error) {
-		if err := inUse(ctx, c.Tx, "image_id", c.Target.ResourceID, fmt.Sprintf("image %s", in.Image)); err != nil {
+		if err := inUse(ctx, c.Tx, "vps_images", "image_id", c.Target.ResourceID, fmt.Sprintf("image %s", in.Image)); err != nil {
 			return VMImage{}, err
 		}
-		i, err := scanImage(c.Tx.QueryRow(ctx, `DELETE FROM compute.vps_images m WHERE id = $1
-			AND NOT EXISTS (SELECT 1 FROM compute.vps_instances i WHERE i.image_id = m.id) RETURNING `+imageColumns, c.Target.ResourceID))
-		if errors.Is(err, pgx.ErrNoRows) {
-			return i, api.Errorf(api.CodeFailedPrecondition, "image %s has deleted instances on record; it stays", in.Image).With("reason", "in_use")
-		}
-		return i, err
+		return scanImage(c.Tx.QueryRow(ctx, `UPDATE compute.vps_images SET deleted_at = compute.compute_now() WHERE id = $1 RETURNING `+imageColumns, c.Target.ResourceID))
 	})
 }

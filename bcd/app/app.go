@@ -229,6 +229,7 @@ func nodeCmd(s *settings) *cobra.Command {
 	var sshdDir, sshUser string
 	var execOK bool
 	var consoles []string
+	var vm vmHostFlags
 	c := &cobra.Command{
 		Use:   "node",
 		Short: "Run the node agent: the session, inventory, health, CDI device holds and commands",
@@ -254,8 +255,19 @@ and bcd doctor say why). --fake-gpus runs on simulated hardware instead.`,
 			}
 			ctx, cancel := signals()
 			defer cancel()
+			logger := s.logger(cmd.ErrOrStderr())
+			var reports *nodeagent.Reports
+			if vm.runtime != "" {
+				reports = nodeagent.NewReports()
+				vmExt, stop, err := vm.start(ctx, s, reports, logger)
+				if err != nil {
+					return err
+				}
+				defer stop()
+				exts = append(exts, vmExt)
+			}
 			return daemon.Run(ctx, daemon.Config{StateDir: s.StateDir, CDIDir: s.CDIDir, Gateway: s.Gateway, Transport: s.Transport, Fake: s.Fake, Extensions: exts,
-				Version: version, Logger: s.logger(cmd.ErrOrStderr()), Exec: execOK, Consoles: cons})
+				Version: version, Logger: logger, Exec: execOK, Consoles: cons, Reports: reports})
 		},
 	}
 	c.Flags().StringVar(&s.CDIDir, "cdi-dir", s.CDIDir, "where CDI specs of held devices are written")
@@ -268,6 +280,7 @@ and bcd doctor say why). --fake-gpus runs on simulated hardware instead.`,
 	c.Flags().DurationVar(&fakeDelay, "fake-command-delay", 0, "how long simulated commands take")
 	c.Flags().StringVar(&sshdDir, "sshd-dir", "", "give the host's sshd the holders' SSH certificate access: CAs, principals and revocations are kept in this directory, with an sshd_config to Include (docs/access.md); empty: off")
 	c.Flags().StringVar(&sshUser, "ssh-user", "root", "the local user the holders of reservations log in as over SSH")
+	vm.flags(c)
 	return c
 }
 

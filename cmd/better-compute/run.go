@@ -23,6 +23,7 @@ import (
 	"github.com/better-compute/compute/internal/devserver"
 	"github.com/better-compute/compute/internal/sim"
 	"github.com/better-compute/compute/metal"
+	"github.com/better-compute/compute/vps"
 	"github.com/better-compute/compute/postgres"
 )
 
@@ -55,7 +56,11 @@ so a first reservation can use them. Ctrl-C stops it.`,
 			o.Logger = logger(cmd.ErrOrStderr(), verbose)
 			o.Modules = func(url string) ([]compute.Module, error) {
 				m, err := metal.New(metal.Options{JoinURL: url})
-				return []compute.Module{m}, err
+				if err != nil {
+					return nil, err
+				}
+				v, err := vps.New(vps.Options{})
+				return []compute.Module{m, v}, err
 			}
 			s, err := devserver.Start(ctx, o)
 			if err != nil {
@@ -206,8 +211,12 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, out io.Writer
 	if err != nil {
 		return err
 	}
+	vm, err := vps.New(vps.Options{})
+	if err != nil {
+		return err
+	}
 	c, err := compute.New(compute.Options{Database: db, Secret: cfg.Secret, BaseURL: cfg.BaseURL, RootTenantID: cfg.RootTenant,
-		IAM: port, Mode: mode, Logger: log, GatewayAddresses: cfg.GatewayAddress, Modules: []compute.Module{mt}})
+		IAM: port, Mode: mode, Logger: log, GatewayAddresses: cfg.GatewayAddress, Modules: []compute.Module{mt, vm}})
 	if err != nil {
 		return err
 	}

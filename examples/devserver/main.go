@@ -20,6 +20,7 @@ import (
 	"github.com/better-compute/compute"
 	"github.com/better-compute/compute/internal/devserver"
 	"github.com/better-compute/compute/metal"
+	"github.com/better-compute/compute/vps"
 )
 
 func main() {
@@ -65,8 +66,13 @@ func main() {
 }
 
 // metalModule is the bare-metal module (machines, sites, deploys, leases: docs/metal.md), its
-// deployed systems joining at the devserver's URL.
+// deployed systems joining at the devserver's URL, and the VM module (flavors, images,
+// instances on bcd hosts: docs/vps.md).
 func metalModule(url string) ([]compute.Module, error) {
 	m, err := metal.New(metal.Options{JoinURL: url})
-	return []compute.Module{m}, err
+	if err != nil {
+		return nil, err
+	}
+	v, err := vps.New(vps.Options{})
+	return []compute.Module{m, v}, err
 }

@@ -17,8 +17,9 @@ CREATE TABLE compute.vps_flavors (
   require_labels jsonb NOT NULL DEFAULT '{}',
   created_by     text NOT NULL,
   created_at     timestamptz NOT NULL DEFAULT compute.compute_now(),
-  UNIQUE (tenant_id, name)
+  deleted_at     timestamptz -- removed from use; kept for the instances that had it
 );
+CREATE UNIQUE INDEX vps_flavors_name ON compute.vps_flavors (tenant_id, name) WHERE deleted_at IS NULL;
 
 CREATE TABLE compute.vps_images (
   id             uuid PRIMARY KEY,
@@ -33,9 +34,10 @@ CREATE TABLE compute.vps_images (
   disk_sha256    text NOT NULL DEFAULT '' CHECK (disk_sha256 ~ '^([0-9a-f]{64})?$'),
   created_by     text NOT NULL,
   created_at     timestamptz NOT NULL DEFAULT compute.compute_now(),
-  UNIQUE (tenant_id, name),
+  deleted_at     timestamptz, -- removed from use; kept for the instances that had it
   CHECK (kernel_url <> '' OR disk_url <> '')
 );
+CREATE UNIQUE INDEX vps_images_name ON compute.vps_images (tenant_id, name) WHERE deleted_at IS NULL;
 
 -- The nodes that run VMs, as their bcd reported (vps.host).
 CREATE TABLE compute.vps_hosts (

@@ -1,0 +1,253 @@
+package vps_test
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/better-compute/compute"
+	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/client"
+	"github.com/better-compute/compute/computetest"
+	"github.com/better-compute/compute/vps"
+	"github.com/better-compute/compute/vps/internal/vmtest"
+	"github.com/better-compute/compute/vps/runtime/libvirt"
+)
+
+// TestInstancesRunOnARealBCDHost: the vps module with a real bcd node as its VM host, over a
+// private session-mode libvirtd and real VMs under TCG. An instance is booked and booted from
+// images the host fetches and checks; its serial console reaches the guest through a one-use
+// ticket and the node's session; it pauses, stops, starts and reboots as asked and its status
+// follows; an image whose checksum lies never boots; a delete removes the VM and frees its
+// capacity for the next instance.
+func TestInstancesRunOnARealBCDHost(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds bcd and boots VMs")
+	}
+	h := vmtest.Libvirtd(t)
+	kernel, initrd := vmtest.Kernel(t, h), vmtest.Initramfs(t, h)
+	bin := filepath.Join(t.TempDir(), "bcd")
+	if out, err := exec.Command("go", "build", "-o", bin, "../bcd").CombinedOutput(); err != nil {
+		t.Fatalf("build bcd: %v\n%s", err, out)
+	}
+
+	// The images, served as a registry would.
+	files := http.NewServeMux()
+	sums := map[string]string{}
+	for name, path := range map[string]string{"vmlinuz": kernel, "initrd.gz": initrd} {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := sha256.Sum256(b)
+		sums[name] = hex.EncodeToString(s[:])
+		files.HandleFunc("/"+name, func(w http.ResponseWriter, _ *http.Request) { w.Write(b) })
+	}
+	images := httptest.NewServer(files)
+	defer images.Close()
+
+	m, err := vps.New(vps.Options{ReconcileEvery: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := computetest.New(t, computetest.Options{Modules: []compute.Module{m},
+		Configure: func(o *compute.Options) { o.HeartbeatInterval = 300 * time.Millisecond }})
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	url := env.Server(t)
+	gw, _ := env.Gateway(t, "")
+	c, key := env.Compute, env.RootKey
+	if _, err := c.API.Pools.Create(ctx, key, api.CreatePool{Name: "vms"}); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := c.API.JoinTokens.Create(ctx, key, api.CreateJoinToken{Pool: "vms"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	state := filepath.Join(t.TempDir(), "state")
+	if out, err := exec.Command(bin, "join", "--state-dir", state, "--url", url, "--token", tok.Token, "--hostname", "vm-host").CombinedOutput(); err != nil {
+		t.Fatalf("join: %v\n%s", err, out)
+	}
+	node := exec.Command(bin, "node", "--state-dir", state, "--cdi-dir", filepath.Join(state, "cdi"), "--gateway", gw, "--fake-gpus", "0",
+		"--vps-runtime", "libvirt", "--vps-dir", filepath.Join(h.Dir, "vps"), "--libvirt-socket", h.Socket, "--libvirt-uri", "qemu:///session",
+		"--libvirt-domain-type", "qemu", "--libvirt-file-owner", h.Owner(), "--log-level", "warn")
+	node.Stdout, node.Stderr = os.Stderr, os.Stderr
+	if err := node.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = node.Process.Kill(); _ = node.Wait() }()
+
+	flavor, err := compute.Invoke(ctx, c, key, vps.FlavorsCreate, vps.CreateFlavor{Name: "tiny", VCPUs: 1, MemoryGiB: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := compute.Invoke(ctx, c, key, vps.VMImagesRegister, vps.RegisterVMImage{Name: "guest",
+		Kernel:  &vps.Artifact{URL: images.URL + "/vmlinuz", SHA256: sums["vmlinuz"]},
+		Initrd:  &vps.Artifact{URL: images.URL + "/initrd.gz", SHA256: sums["initrd.gz"]},
+		Cmdline: "console=ttyS0 quiet"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An instance is refused until the node says it is a VM host (its first report).
+	var inst vps.Instance
+	waitFor(t, 60*time.Second, "the node is a VM host", func() bool {
+		inst, err = compute.Invoke(ctx, c, key, vps.InstancesCreate, vps.CreateInstance{Name: "one", Pool: "vms", Flavor: flavor.Name, Image: img.Name})
+		if err != nil && !strings.Contains(err.Error(), "runs no VM runtime") && api.CodeOf(err) != api.CodeConflict {
+			t.Fatalf("instances.create: %v", err)
+		}
+		return err == nil
+	})
+	get := func(id string) vps.Instance {
+		t.Helper()
+		i, err := compute.Invoke(ctx, c, key, vps.InstancesGet, vps.InstanceRef{Instance: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return i
+	}
+	status := func(id, want string) {
+		t.Helper()
+		waitFor(t, 3*time.Minute, "instance "+id+" "+want, func() bool { return get(id).Status == want })
+	}
+	status(inst.ID, "running")
+
+	cl, err := client.New(url, client.WithAPIKey(key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	console := func() *consoleReader {
+		t.Helper()
+		ticket, err := compute.Invoke(ctx, c, key, vps.InstancesConsole, vps.InstanceRef{Instance: inst.ID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tun, err := cl.OpenTunnel(ctx, ticket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { tun.Close() })
+		return newConsoleReader(ctx, tun)
+	}
+	con := console()
+	con.expect(t, `bc-guest: (up|tick)`, 3*time.Minute)
+	con.tun.Write([]byte("hello from the holder\n"))
+	con.expect(t, `hello from the holder`, time.Minute)
+
+	// Paused, stopped and started again; rebooted, it comes up anew.
+	for _, step := range []struct {
+		m    api.Method[vps.InstanceRef, vps.Instance]
+		want string
+	}{{vps.InstancesPause, "paused"}, {vps.InstancesStart, "running"}, {vps.InstancesStop, "stopped"}, {vps.InstancesStart, "running"}} {
+		if _, err := compute.Invoke(ctx, c, key, step.m, vps.InstanceRef{Instance: inst.ID}); err != nil {
+			t.Fatal(err)
+		}
+		status(inst.ID, step.want)
+	}
+	con = console()
+	con.expect(t, `bc-guest: tick`, 3*time.Minute)
+	if _, err := compute.Invoke(ctx, c, key, vps.InstancesReboot, vps.InstanceRef{Instance: inst.ID}); err != nil {
+		t.Fatal(err)
+	}
+	con.expect(t, `bc-guest: up`, 3*time.Minute)
+
+	// An image whose checksum lies: the host refuses it, the instance says why.
+	liar, err := compute.Invoke(ctx, c, key, vps.VMImagesRegister, vps.RegisterVMImage{Name: "liar",
+		Kernel: &vps.Artifact{URL: images.URL + "/vmlinuz", SHA256: strings.Repeat("ab", 32)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad, err := compute.Invoke(ctx, c, key, vps.InstancesCreate, vps.CreateInstance{Name: "bad", Pool: "vms", Flavor: flavor.Name, Image: liar.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	status(bad.ID, "error")
+	if d := get(bad.ID).StatusDetail; !strings.Contains(d, "sha256") {
+		t.Fatalf("the error of an image that does not match its checksum: %q", d)
+	}
+
+	// Deleted: the VM goes, and its reservation is released.
+	rt, err := libvirt.New(libvirt.Options{Socket: h.Socket, URI: "qemu:///session", StateDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	for _, id := range []string{inst.ID, bad.ID} {
+		if _, err := compute.Invoke(ctx, c, key, vps.InstancesDelete, vps.InstanceRef{Instance: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, time.Minute, "the VMs are deleted", func() bool {
+		list, err := rt.List(ctx)
+		return err == nil && len(list) == 0
+	})
+	r, err := c.API.Reservations.Get(ctx, key, api.GetReservation{Reservation: get(inst.ID).ReservationID})
+	if err != nil || r.State == api.ReservationActive {
+		t.Fatalf("the deleted instance's reservation: %+v, %v", r.State, err)
+	}
+	if got := get(inst.ID); got.Status != "deleted" || got.DeletedReason != "deleted" {
+		t.Fatalf("the deleted instance: %s (%s)", got.Status, got.DeletedReason)
+	}
+}
+
+func waitFor(t *testing.T, limit time.Duration, what string, ok func() bool) {
+	t.Helper()
+	for end := time.Now().Add(limit); !ok(); time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("%s: not within %s", what, limit)
+		}
+	}
+}
+
+// consoleReader collects what a console tunnel says.
+type consoleReader struct {
+	tun   *client.Tunnel
+	lines chan string
+}
+
+func newConsoleReader(ctx context.Context, tun *client.Tunnel) *consoleReader {
+	c := &consoleReader{tun: tun, lines: make(chan string, 1024)}
+	r, w := io.Pipe()
+	go func() { _, _ = tun.Wait(ctx, w, nil); w.Close() }()
+	go func() {
+		defer close(c.lines)
+		sc := bufio.NewScanner(r)
+		for sc.Scan() {
+			c.lines <- sc.Text()
+		}
+	}()
+	return c
+}
+
+// expect waits for a line matching pattern.
+func (c *consoleReader) expect(t *testing.T, pattern string, within time.Duration) {
+	t.Helper()
+	re := regexp.MustCompile(pattern)
+	end := time.After(within)
+	var seen []string
+	for {
+		select {
+		case l, ok := <-c.lines:
+			if !ok {
+				t.Fatalf("the console ended before %q; it said:\n%s", pattern, strings.Join(seen, "\n"))
+			}
+			if re.MatchString(l) {
+				return
+			}
+			seen = append(seen, l)
+		case <-end:
+			t.Fatalf("no %q on the console within %s; it said:\n%s", pattern, within, fmt.Sprint(strings.Join(seen, "\n")))
+		}
+	}
+}

@@ -1,0 +1,343 @@
+// Package hostagent is the vps module's node side: in bcd node on a VM host, it converges the
+// desired-state part vps.instances through a hypervisor runtime (vps/runtime), fetches and checks
+// the images instances boot, serves their serial consoles to access.console, and reports what it
+// found (vps.host when it starts, vps.instance_status after each change and periodically).
+//
+//	a, _ := hostagent.New(hostagent.Options{Runtime: rt, Dir: "/var/lib/bcd/vps", Reporter: reports})
+//	go a.Run(ctx)
+//	daemon.Config{Extensions: []ext.Extension{a.Extension()}, Reports: reports}
+package hostagent
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/better-compute/compute/agent/ext"
+	"github.com/better-compute/compute/vps/hostapi"
+	"github.com/better-compute/compute/vps/runtime"
+)
+
+// Options configure a host agent. Zero values mean the defaults.
+type Options struct {
+	// Runtime drives the host's hypervisor. Required.
+	Runtime runtime.Runtime
+	// Dir keeps the image cache (cache/), the consoles' sockets (consoles/) and what the agent
+	// remembers between restarts (state.json). Required. The hypervisor's user must be able to
+	// read the cache and reach the consoles' directory: Dir is made 0755.
+	Dir string
+	// Reporter sends the agent's reports up the node's session (nodeagent.Reports). Required.
+	Reporter ext.Reporter
+	// HTTP fetches images; default a client with a 10-minute timeout.
+	HTTP *http.Client
+	// StatusEvery is how often the instances' status is reported when nothing changed; default
+	// 30 s.
+	StatusEvery time.Duration
+	Logger      *slog.Logger
+}
+
+// Agent is one host's agent. Its converger and its reporting loop (Run) share what it last
+// found.
+type Agent struct {
+	opts  Options
+	cache *cache
+	dirty chan struct{} // the status changed: report it
+
+	mu      sync.Mutex // one convergence at a time; guards what follows
+	state   persisted
+	errored map[string]string // instances that could not be made as asked, and why
+}
+
+// persisted is what the agent keeps across restarts: the reboots it has done per instance, so
+// that a restart neither reboots an instance again nor forgets one it owes.
+type persisted struct {
+	Reboots map[string]int `json:"reboots"`
+}
+
+// New checks opts and reads what the agent kept.
+func New(opts Options) (*Agent, error) {
+	switch {
+	case opts.Runtime == nil:
+		return nil, errors.New("hostagent: a runtime is required")
+	case opts.Dir == "":
+		return nil, errors.New("hostagent: a directory is required")
+	case opts.Reporter == nil:
+		return nil, errors.New("hostagent: a reporter is required")
+	}
+	opts.HTTP = cmp.Or(opts.HTTP, &http.Client{Timeout: 10 * time.Minute})
+	opts.StatusEvery = cmp.Or(opts.StatusEvery, 30*time.Second)
+	opts.Logger = cmp.Or(opts.Logger, slog.New(slog.DiscardHandler))
+	for _, d := range []string{opts.Dir, filepath.Join(opts.Dir, "cache"), filepath.Join(opts.Dir, "consoles")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, fmt.Errorf("hostagent: %w", err)
+		}
+		if err := os.Chmod(d, 0o755); err != nil {
+			return nil, fmt.Errorf("hostagent: %w", err)
+		}
+	}
+	a := &Agent{opts: opts, cache: &cache{dir: filepath.Join(opts.Dir, "cache"), http: opts.HTTP},
+		dirty: make(chan struct{}, 1), state: persisted{Reboots: map[string]int{}}, errored: map[string]string{}}
+	b, err := os.ReadFile(a.statePath())
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+	case err != nil:
+		return nil, fmt.Errorf("hostagent: %w", err)
+	default:
+		if err := json.Unmarshal(b, &a.state); err != nil {
+			return nil, fmt.Errorf("hostagent: %s is damaged: %w", a.statePath(), err)
+		}
+		if a.state.Reboots == nil {
+			a.state.Reboots = map[string]int{}
+		}
+	}
+	return a, nil
+}
+
+func (a *Agent) statePath() string { return filepath.Join(a.opts.Dir, "state.json") }
+
+// consolePath is where an instance's serial console is served. Short, as a Unix socket's path
+// must be (108 bytes).
+func (a *Agent) consolePath(id string) string {
+	return filepath.Join(a.opts.Dir, "consoles", id+".sock")
+}
+
+// Extension is the agent's part of bcd node: the converger of vps.instances and the instances'
+// consoles.
+func (a *Agent) Extension() ext.Extension {
+	return ext.Extension{
+		Name:    "vps",
+		Desired: map[string]ext.Converger{hostapi.KindInstances: a.converge},
+		Console: a.console,
+	}
+}
+
+func (a *Agent) console(name string) (string, bool) {
+	id, ok := hostapi.InstanceOfConsole(name)
+	if !ok || !validID(id) {
+		return "", false
+	}
+	p := a.consolePath(id)
+	if _, err := os.Stat(p); err != nil {
+		return "", false
+	}
+	return p, true
+}
+
+// validID keeps an instance id from naming a path outside the agent's directories.
+func validID(id string) bool {
+	if id == "" || len(id) > 64 {
+		return false
+	}
+	for _, c := range id {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// converge makes the host run what payload says, and nothing else the runtime made. An instance
+// that cannot be made (an image that does not match its checksum, a runtime's refusal) is
+// reported as in error and does not stop the others; only a runtime that cannot list its
+// instances fails the convergence, which the node then reports as not applied.
+func (a *Agent) converge(ctx context.Context, version uint32, payload []byte) error {
+	var want hostapi.Instances
+	if payload != nil {
+		if version != hostapi.InstancesVersion {
+			return fmt.Errorf("hostagent: vps.instances version %d is not known here (this bcd knows %d)", version, hostapi.InstancesVersion)
+		}
+		if err := json.Unmarshal(payload, &want); err != nil {
+			return fmt.Errorf("hostagent: vps.instances: %w", err)
+		}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	defer a.markDirty()
+	have, err := a.opts.Runtime.List(ctx)
+	if err != nil {
+		return fmt.Errorf("hostagent: list the runtime's instances: %w", err)
+	}
+	wanted := map[string]bool{}
+	errored := map[string]string{}
+	for _, in := range want.Instances {
+		if !validID(in.ID) {
+			a.opts.Logger.Warn("vps: an instance id this host will not use", "id", in.ID)
+			continue
+		}
+		wanted[in.ID] = true
+		if err := a.ensure(ctx, in); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			a.opts.Logger.Warn("vps: instance not made as asked", "instance", in.ID, "err", err)
+			errored[in.ID] = err.Error()
+		}
+	}
+	a.errored = errored
+	for _, st := range have {
+		if wanted[st.ID] {
+			continue
+		}
+		if err := a.opts.Runtime.Delete(ctx, st.ID); err != nil {
+			return fmt.Errorf("hostagent: delete instance %s: %w", st.ID, err)
+		}
+		_ = os.Remove(a.consolePath(st.ID))
+		a.opts.Logger.Info("vps: instance deleted", "instance", st.ID)
+	}
+	changed := false
+	for id := range a.state.Reboots {
+		if !wanted[id] {
+			delete(a.state.Reboots, id)
+			changed = true
+		}
+	}
+	for _, in := range want.Instances {
+		if _, ok := a.state.Reboots[in.ID]; !ok && wanted[in.ID] {
+			a.state.Reboots[in.ID] = in.Reboots // a new instance owes no reboots
+			changed = true
+		}
+	}
+	if changed {
+		return a.save()
+	}
+	return nil
+}
+
+// ensure makes one instance exist in its power state, and reboots it when it was asked to
+// reboot more times than the host has.
+func (a *Agent) ensure(ctx context.Context, in hostapi.Instance) error {
+	r := runtime.Instance{ID: in.ID, VCPUs: in.VCPUs, MemoryMiB: in.MemoryMiB, Cmdline: in.Cmdline, Power: in.Power,
+		Console: a.consolePath(in.ID), GPUs: in.GPUs}
+	for _, f := range []struct {
+		art *hostapi.Artifact
+		dst *string
+	}{{in.Kernel, &r.Kernel}, {in.Initrd, &r.Initrd}, {in.Disk, &r.Disk}} {
+		if f.art == nil {
+			continue
+		}
+		p, err := a.cache.get(ctx, *f.art)
+		if err != nil {
+			return err
+		}
+		*f.dst = p
+	}
+	st, err := a.opts.Runtime.Ensure(ctx, r)
+	if err != nil {
+		return err
+	}
+	done, known := a.state.Reboots[in.ID]
+	if known && in.Reboots > done && st.State == runtime.StateRunning {
+		if err := a.opts.Runtime.Reboot(ctx, in.ID); err != nil {
+			return fmt.Errorf("reboot: %w", err)
+		}
+		a.state.Reboots[in.ID] = in.Reboots
+		return a.save()
+	}
+	return nil
+}
+
+// save writes what the agent keeps, atomically.
+func (a *Agent) save() error {
+	b, err := json.Marshal(a.state)
+	if err != nil {
+		return err
+	}
+	tmp := a.statePath() + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("hostagent: %w", err)
+	}
+	if err := os.Rename(tmp, a.statePath()); err != nil {
+		return fmt.Errorf("hostagent: %w", err)
+	}
+	return nil
+}
+
+func (a *Agent) markDirty() {
+	select {
+	case a.dirty <- struct{}{}:
+	default:
+	}
+}
+
+// Status is what the host has now: every instance the runtime made, and those it could not
+// make, in error, ordered by id.
+func (a *Agent) Status(ctx context.Context) (hostapi.Status, error) {
+	have, err := a.opts.Runtime.List(ctx)
+	if err != nil {
+		return hostapi.Status{}, err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := hostapi.Status{Instances: []hostapi.InstanceStatus{}}
+	seen := map[string]bool{}
+	for _, st := range have {
+		s := hostapi.InstanceStatus{ID: st.ID, State: st.State, Detail: st.Detail, Reboots: a.state.Reboots[st.ID]}
+		if why, ok := a.errored[st.ID]; ok {
+			s.State, s.Detail = runtime.StateError, why
+		}
+		seen[st.ID] = true
+		out.Instances = append(out.Instances, s)
+	}
+	for id, why := range a.errored {
+		if !seen[id] {
+			out.Instances = append(out.Instances, hostapi.InstanceStatus{ID: id, State: runtime.StateError, Detail: why, Reboots: a.state.Reboots[id]})
+		}
+	}
+	slices.SortFunc(out.Instances, func(x, y hostapi.InstanceStatus) int { return cmp.Compare(x.ID, y.ID) })
+	return out, nil
+}
+
+// Run reports the host's runtime, then its instances' status after every convergence and every
+// StatusEvery, until ctx ends. A report that fails is sent again at the next turn.
+func (a *Agent) Run(ctx context.Context) error {
+	hostSent := false
+	tick := time.NewTicker(a.opts.StatusEvery)
+	defer tick.Stop()
+	var last []byte
+	for {
+		if !hostSent {
+			if err := a.opts.Reporter.Report(ctx, hostapi.KindHost, hostapi.Host{Runtime: a.opts.Runtime.Name()}); err != nil {
+				a.opts.Logger.Warn("vps: report the host's runtime", "err", err)
+			} else {
+				hostSent = true
+			}
+		}
+		forced := false
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-a.dirty:
+		case <-tick.C:
+			forced = true
+		}
+		st, err := a.Status(ctx)
+		if err != nil {
+			a.opts.Logger.Warn("vps: read the instances' status", "err", err)
+			continue
+		}
+		b, _ := json.Marshal(st)
+		if !forced && string(b) == string(last) {
+			continue
+		}
+		if err := a.opts.Reporter.Report(ctx, hostapi.KindStatus, st); err != nil {
+			a.opts.Logger.Warn("vps: report the instances' status", "err", err)
+			select { // again, after a pause
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(2 * time.Second):
+			}
+			a.markDirty()
+			continue
+		}
+		last = b
+	}
+}
