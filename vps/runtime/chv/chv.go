@@ -33,6 +33,7 @@ const (
 	DefaultStateDir     = "/var/lib/bcd/cloud-hypervisor"
 	DefaultStartTimeout = 10 * time.Second
 	DefaultStopTimeout  = 10 * time.Second
+	DefaultCallTimeout  = time.Minute
 )
 
 // RuntimeName is the runtime's name in the API.
@@ -58,6 +59,11 @@ type Options struct {
 	// StopTimeout how long one has to exit after vmm.shutdown before it is killed
 	// (DefaultStopTimeout).
 	StartTimeout, StopTimeout time.Duration
+	// CallTimeout bounds how long a call of a VMM's API waits for its answer
+	// (DefaultCallTimeout), so that a VMM that stops answering does not hold its instance
+	// forever. vm.snapshot and vm.restore, whose time grows with the VM's memory, are bounded
+	// by the caller's context only.
+	CallTimeout time.Duration
 }
 
 // Runtime is the cloud-hypervisor runtime.Runtime. It is safe for concurrent use; calls for one
@@ -92,6 +98,9 @@ func New(opts Options) (*Runtime, error) {
 	if o.StopTimeout == 0 {
 		o.StopTimeout = DefaultStopTimeout
 	}
+	if o.CallTimeout == 0 {
+		o.CallTimeout = DefaultCallTimeout
+	}
 	if !filepath.IsAbs(o.StateDir) {
 		return nil, fmt.Errorf("chv: Options.StateDir %q is not an absolute path", o.StateDir)
 	}
@@ -99,8 +108,8 @@ func New(opts Options) (*Runtime, error) {
 	if o.Firmware != "" && !filepath.IsAbs(o.Firmware) {
 		return nil, fmt.Errorf("chv: Options.Firmware %q is not an absolute path", o.Firmware)
 	}
-	if o.StartTimeout < 0 || o.StopTimeout < 0 {
-		return nil, errors.New("chv: Options.StartTimeout and StopTimeout must not be negative")
+	if o.StartTimeout < 0 || o.StopTimeout < 0 || o.CallTimeout < 0 {
+		return nil, errors.New("chv: Options.StartTimeout, StopTimeout and CallTimeout must not be negative")
 	}
 	bin, err := exec.LookPath(o.Binary)
 	if err != nil {
@@ -128,6 +137,9 @@ func (r *Runtime) lock(id string) func() {
 	l.Lock()
 	return l.Unlock
 }
+
+// client is a client of the VM's VMM.
+func (r *Runtime) client(v vmFiles) *client { return newClient(v.name, v.socket, r.opts.CallTimeout) }
 
 // vmFiles are the paths of one VM under StateDir.
 type vmFiles struct {

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"time"
 )
 
 // The part of cloud-hypervisor's HTTP API (vmm/src/api/openapi/cloud-hypervisor.yaml) that the
@@ -135,13 +136,17 @@ type restoreConfig struct {
 
 // client calls one VMM's API on its Unix socket.
 type client struct {
-	vm   string // for errors
-	http *http.Client
+	vm      string // for errors
+	timeout time.Duration
+	http    *http.Client
 }
 
-func newClient(vm, socket string) *client {
+// newClient is a client of the VMM at socket whose calls wait at most timeout for an answer,
+// except vm.snapshot and vm.restore, whose time grows with the VM's memory: the caller's
+// context bounds those.
+func newClient(vm, socket string, timeout time.Duration) *client {
 	var d net.Dialer
-	return &client{vm: vm, http: &http.Client{Transport: &http.Transport{
+	return &client{vm: vm, timeout: timeout, http: &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return d.DialContext(ctx, "unix", socket)
 		},
@@ -162,6 +167,11 @@ func (c *client) call(ctx context.Context, method, op string, body, out any) err
 		}
 		rd = bytes.NewReader(b)
 	}
+	if op != "vm.snapshot" && op != "vm.restore" {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, c.timeout, fmt.Errorf("no answer within %v (Options.CallTimeout)", c.timeout))
+		defer cancel()
+	}
 	req, err := http.NewRequestWithContext(ctx, method, apiRoot+op, rd)
 	if err != nil {
 		return fmt.Errorf("cloud-hypervisor %s: %s: %w", c.vm, name, err)
@@ -171,12 +181,12 @@ func (c *client) call(ctx context.Context, method, op string, body, out any) err
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return fmt.Errorf("cloud-hypervisor %s: %s: %w", c.vm, name, err)
+		return fmt.Errorf("cloud-hypervisor %s: %s: %w", c.vm, name, withCause(ctx, err))
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
 	if err != nil {
-		return fmt.Errorf("cloud-hypervisor %s: %s: reading the answer: %w", c.vm, name, err)
+		return fmt.Errorf("cloud-hypervisor %s: %s: reading the answer: %w", c.vm, name, withCause(ctx, err))
 	}
 	if resp.StatusCode/100 != 2 {
 		return &APIError{VM: c.vm, Call: name, Status: resp.StatusCode, Messages: errorMessages(data)}
@@ -189,6 +199,14 @@ func (c *client) call(ctx context.Context, method, op string, body, out any) err
 			c.vm, name, resp.StatusCode, truncate(string(data), 200), err)
 	}
 	return nil
+}
+
+// withCause adds why ctx ended to err, when it did: a call that timed out says so.
+func withCause(ctx context.Context, err error) error {
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(err, cause) {
+		return fmt.Errorf("%w: %w", cause, err)
+	}
+	return err
 }
 
 // errorMessages reads an error answer: cloud-hypervisor sends its error chain as a JSON array of

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 
 	"github.com/better-compute/compute/vps/runtime"
 )
@@ -23,8 +24,8 @@ func (r *Runtime) Ensure(ctx context.Context, in runtime.Instance) (runtime.Stat
 	if err != nil {
 		return runtime.Status{}, err
 	}
-	if err := os.MkdirAll(v.dir, 0o750); err != nil {
-		return runtime.Status{}, fmt.Errorf("chv: %w", err)
+	if err := makeDirs(v, in); err != nil {
+		return runtime.Status{}, err
 	}
 	rec, err := readRecord(v.record)
 	if errors.Is(err, os.ErrNotExist) {
@@ -65,13 +66,27 @@ func (r *Runtime) Ensure(ctx context.Context, in runtime.Instance) (runtime.Stat
 	return r.status(ctx, v, in.ID), nil
 }
 
+// makeDirs makes the VM's directory and the one its console socket goes in (cloud-hypervisor
+// binds the socket and makes no directory).
+func makeDirs(v vmFiles, in runtime.Instance) error {
+	if err := os.MkdirAll(v.dir, 0o750); err != nil {
+		return fmt.Errorf("chv: %w", err)
+	}
+	if in.Console != "" {
+		if err := os.MkdirAll(filepath.Dir(in.Console), 0o755); err != nil {
+			return fmt.Errorf("chv: instance %s: Console: %w", in.ID, err)
+		}
+	}
+	return nil
+}
+
 // vmm returns a client of the VM's VMM, starting one if none runs. A VMM that runs and does not
 // answer is an error: it is left for an operator (or Delete) rather than killed under a guest.
 func (r *Runtime) vmm(ctx context.Context, v vmFiles, rec record) (*client, error) {
 	pid, st := r.probe(ctx, v)
 	switch st {
 	case vmmAnswering:
-		return newClient(v.name, v.socket), nil
+		return r.client(v), nil
 	case vmmUnresponsive:
 		return nil, fmt.Errorf("chv: %s: cloud-hypervisor (pid %d) runs and does not answer on %s (see %s); "+
 			"Delete kills it", v.name, pid, v.socket, v.log)
@@ -84,9 +99,12 @@ func (r *Runtime) vmm(ctx context.Context, v vmFiles, rec record) (*client, erro
 }
 
 // create creates the VM with cfg, after its taps, and records it. Taps the previous
-// configuration had and this one has not are removed.
+// configuration had and this one has not are removed. The VMM holds no VM when it is called.
 func (r *Runtime) create(ctx context.Context, c *client, v vmFiles, rec *record, cfg vmConfig, taps []Tap) error {
 	if err := r.ensureTaps(ctx, taps); err != nil {
+		return err
+	}
+	if err := removeConsoles(*rec, cfg); err != nil {
 		return err
 	}
 	next := record{ID: rec.ID, Config: cfg, Taps: taps}
@@ -115,6 +133,18 @@ func (r *Runtime) ensureTaps(ctx context.Context, taps []Tap) error {
 		}
 	}
 	return nil
+}
+
+// removeConsoles removes the serial sockets of a VM's configurations before a VM is created or
+// restored in their VMM. cloud-hypervisor binds the socket when it creates a VM and removes it
+// when the VM shuts down, so a VM created and never booted leaves its socket bound through
+// vm.delete (and its VMM's exit), and binding it again would fail. No VM serves it then: the
+// VMM holds none.
+func removeConsoles(rec record, cfg vmConfig) error {
+	if err := removeSocket(rec.Config.Serial.Socket); err != nil {
+		return err
+	}
+	return removeSocket(cfg.Serial.Socket)
 }
 
 // stopped reports whether a VM in state does not run: created and not booted, or shut down.
@@ -171,7 +201,7 @@ func (r *Runtime) status(ctx context.Context, v vmFiles, id string) runtime.Stat
 		return runtime.Status{ID: id, State: runtime.StateError,
 			Detail: fmt.Sprintf("cloud-hypervisor (pid %d) does not answer on %s", pid, v.socket)}
 	}
-	info, err := newClient(v.name, v.socket).info(ctx)
+	info, err := r.client(v).info(ctx)
 	switch {
 	case notCreated(err):
 		return runtime.Status{ID: id, State: runtime.StateStopped, Detail: "cloud-hypervisor runs and holds no VM"}

@@ -14,8 +14,16 @@ package chv
 //   - errors as cloud-hypervisor answers them: 404 when no VM is created, 500 for a state that
 //     forbids the call, 400 for a body it cannot read, with the error chain as a JSON array of
 //     strings;
-//   - a serial console in Socket mode is a Unix socket it binds at create and boot (and unbinds
-//     at shutdown), which greets whoever connects.
+//   - a serial console in Socket mode behaves as cloud-hypervisor's (vmm/src/console_devices.rs,
+//     serial_manager.rs): vm.create (and vm.boot or vm.restore when none is bound) binds the
+//     socket; a booted VM serves it (greeting whoever connects); shutting the VM down removes the
+//     socket file; a socket bound for a VM that never booted stays, file included, through
+//     vm.delete and even the VMM's exit, so binding it again fails until someone removes it;
+//   - a guest that powers off (SIGUSR1 to the fake) ends the VMM, or with --no-shutdown shuts
+//     the VM down and leaves it Created, as cloud-hypervisor's event loop does;
+//   - vm.boot opens what the VM needs as cloud-hypervisor's does: its disks (a qcow2 image with a
+//     backing file only with backing_files), its VFIO devices' sysfs paths, and, with
+//     BC_CHV_FAKE_TAPS=1, its tap devices in the VMM's network namespace.
 //
 // It appends every request to StateDir/fake-<vm>.jsonl (the directory above its socket's) for
 // the tests to read. BC_CHV_FAKE_FAIL injects failures: "start=exit" (exit at start),
@@ -46,6 +54,7 @@ import (
 const (
 	fakeEnv     = "BC_CHV_FAKE"
 	fakeFailEnv = "BC_CHV_FAKE_FAIL"
+	fakeTapsEnv = "BC_CHV_FAKE_TAPS"
 )
 
 func TestMain(m *testing.M) {
@@ -63,26 +72,35 @@ func TestMain(m *testing.M) {
 type fakeRequest struct {
 	Start     []string        `json:"start,omitempty"` // the arguments, on the first line
 	PID       int             `json:"pid,omitempty"`
+	Event     string          `json:"event,omitempty"` // what happened without a request: "poweroff"
 	Method    string          `json:"method,omitempty"`
 	Op        string          `json:"op,omitempty"`
 	Body      json.RawMessage `json:"body,omitempty"`
 	Status    int             `json:"status,omitempty"`
+	Answer    json.RawMessage `json:"answer,omitempty"` // an error's chain
 	Violation string          `json:"violation,omitempty"`
 }
 
 type fakeVMM struct {
-	spec   *apiSpec
-	name   string            // bc-<id>
-	fail   map[string]string // op → what to do
-	logMu  sync.Mutex
-	log    string
-	exitCh chan struct{}
+	spec       *apiSpec
+	name       string            // bc-<id>
+	fail       map[string]string // op → what to do
+	checkTaps  bool
+	noShutdown bool
+	logMu      sync.Mutex
+	log        string
+	exitCh     chan struct{}
 
-	mu      sync.Mutex
-	config  json.RawMessage // nil: no VM created
-	booted  bool
-	paused  bool
-	serial  net.Listener
+	mu     sync.Mutex
+	config json.RawMessage // nil: no VM created
+	booted bool
+	paused bool
+	// consoleInfo is the serial socket bound for the VM (cloud-hypervisor's console_info):
+	// closing it does not remove its file, as dropping a Rust UnixListener does not.
+	consoleInfo *net.UnixListener
+	// serial is the booted VM's serial manager's socket: it is served, and shutting the VM down
+	// removes its file.
+	serial  *net.UnixListener
 	exiting bool
 }
 
@@ -98,10 +116,12 @@ func fakeMain(specPath string, args []string) int {
 		return 1
 	}
 	var socket string
+	noShutdown := false
 	for i, a := range args {
 		if a == "--api-socket" && i+1 < len(args) {
 			socket = args[i+1]
 		}
+		noShutdown = noShutdown || a == "--no-shutdown"
 	}
 	if socket == "" {
 		fmt.Fprintln(os.Stderr, "fake cloud-hypervisor: no --api-socket")
@@ -115,9 +135,11 @@ func fakeMain(specPath string, args []string) int {
 	vmDir := filepath.Dir(socket)
 	f := &fakeVMM{
 		spec: spec, name: filepath.Base(vmDir), fail: fail, exitCh: make(chan struct{}),
+		checkTaps: os.Getenv(fakeTapsEnv) == "1", noShutdown: noShutdown,
 		log: filepath.Join(filepath.Dir(vmDir), "fake-"+filepath.Base(vmDir)+".jsonl"),
 	}
 	f.record(fakeRequest{Start: args, PID: os.Getpid()})
+	_ = os.Remove(socket) // as cloud-hypervisor does before it binds its API socket
 	ln, err := net.Listen("unix", socket)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "fake cloud-hypervisor:", err)
@@ -126,18 +148,38 @@ func fakeMain(specPath string, args []string) int {
 	srv := &http.Server{Handler: f}
 	go func() { _ = srv.Serve(ln) }()
 	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
-	select {
-	case <-f.exitCh:
-	case <-sigs:
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGUSR1)
+	for done := false; !done; {
+		select {
+		case <-f.exitCh:
+			done = true
+		case s := <-sigs:
+			if s == syscall.SIGUSR1 && f.guestPowerOff() {
+				continue
+			}
+			done = true
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	_ = srv.Shutdown(ctx) // closes the listener, which removes the socket
 	f.mu.Lock()
-	f.dropVM(true)
+	f.deleteVM()
 	f.mu.Unlock()
 	return 0
+}
+
+// guestPowerOff is the guest powering off: with --no-shutdown the VM shuts down and the VMM
+// stays (it reports true); without, the VMM exits.
+func (f *fakeVMM) guestPowerOff() bool {
+	f.record(fakeRequest{Event: "poweroff"})
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.noShutdown && f.booted {
+		f.shutdownVM()
+		return true
+	}
+	return false
 }
 
 func (f *fakeVMM) record(r fakeRequest) {
@@ -175,6 +217,9 @@ func (f *fakeVMM) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	status, out := f.serve(req.Context(), req.Method, op, body, &rec)
 	rec.Status = status
+	if msgs, ok := out.([]string); ok {
+		rec.Answer, _ = json.Marshal(msgs)
+	}
 	f.record(rec)
 	if s, ok := out.(string); ok { // a raw, broken answer
 		w.WriteHeader(status)
@@ -256,7 +301,7 @@ func (f *fakeVMM) op(op string, body []byte) (int, any) {
 	case "vmm.ping":
 		return http.StatusOK, map[string]any{"version": "v0.0.0-fake", "build_version": "fake", "pid": os.Getpid(), "features": []string{}}
 	case "vmm.shutdown":
-		f.dropVM(true)
+		f.deleteVM()
 		return http.StatusNoContent, nil
 	case "vm.info":
 		if f.config == nil {
@@ -264,30 +309,39 @@ func (f *fakeVMM) op(op string, body []byte) (int, any) {
 		}
 		return http.StatusOK, map[string]any{"config": f.config, "state": f.state()}
 	case "vm.create":
+		const top = "The VM could not be created"
 		if f.config != nil {
-			return http.StatusInternalServerError, []string{"The VM could not be created", "VM is already created"}
+			return http.StatusInternalServerError, []string{top, "VM is already created"}
 		}
 		var cfg vmConfig
 		_ = json.Unmarshal(body, &cfg)
 		if cfg.Payload.Kernel == "" && cfg.Payload.Firmware == "" {
-			return http.StatusBadRequest, []string{"The VM could not be created", "Error validating configuration", "No kernel or firmware specified"}
+			return http.StatusBadRequest, []string{top, "Error validating configuration", "No kernel or firmware specified"}
 		}
-		if err := f.bindSerial(body); err != nil {
-			return http.StatusInternalServerError, []string{"The VM could not be created", "Error creating console devices", err.Error()}
-		}
+		// cloud-hypervisor keeps the config before it binds the consoles, and keeps it when
+		// that fails.
 		f.config = body
+		if err := f.preCreateConsole(body); err != nil {
+			return http.StatusInternalServerError, []string{top, "Error creating console devices", err.Error()}
+		}
 		return http.StatusNoContent, nil
 	case "vm.boot":
+		const top = "The VM could not boot"
 		if f.config == nil {
-			return notCreated("The VM could not boot")
+			return notCreated(top)
 		}
 		if f.booted {
-			return http.StatusInternalServerError, []string{"The VM could not boot", "VM is already created"}
+			return http.StatusInternalServerError, []string{top, "VM is already created"}
 		}
-		if err := f.bindSerial(f.config); err != nil {
-			return http.StatusInternalServerError, []string{"The VM could not boot", "Error creating console devices", err.Error()}
+		if f.consoleInfo == nil {
+			if err := f.preCreateConsole(f.config); err != nil {
+				return http.StatusInternalServerError, []string{top, "Error creating console devices", err.Error()}
+			}
 		}
-		f.booted, f.paused = true, false
+		if err := f.openDevices(f.config); err != nil {
+			return http.StatusInternalServerError, []string{top, "Error creating the device manager", err.Error()}
+		}
+		f.startVM(false)
 		return http.StatusNoContent, nil
 	case "vm.pause", "vm.resume":
 		top := map[string]string{"vm.pause": "The VM could not be paused", "vm.resume": "The VM could not resume"}[op]
@@ -304,16 +358,21 @@ func (f *fakeVMM) op(op string, body []byte) (int, any) {
 		if !f.booted {
 			return notRunning("The VM could not shutdown")
 		}
-		f.dropVM(false)
+		f.shutdownVM()
 		return http.StatusNoContent, nil
 	case "vm.reboot":
+		const top = "The VM could not reboot"
 		if !f.booted {
-			return notCreated("The VM could not reboot")
+			return notCreated(top)
 		}
-		f.booted, f.paused = true, false
+		f.shutdownVM()
+		if err := f.preCreateConsole(f.config); err != nil {
+			return http.StatusInternalServerError, []string{top, "Error creating console devices", err.Error()}
+		}
+		f.startVM(false)
 		return http.StatusNoContent, nil
 	case "vm.delete":
-		f.dropVM(true)
+		f.deleteVM()
 		return http.StatusNoContent, nil
 	case "vm.snapshot":
 		return f.snapshot(body)
@@ -323,30 +382,43 @@ func (f *fakeVMM) op(op string, body []byte) (int, any) {
 	return http.StatusInternalServerError, []string{"the fake does not implement " + op}
 }
 
-// dropVM shuts the VM down (its serial socket goes) and, with config, forgets its config too.
-func (f *fakeVMM) dropVM(config bool) {
-	if f.serial != nil {
-		_ = f.serial.Close() // removes the socket
-		f.serial = nil
-	}
-	f.booted, f.paused = false, false
-	if config {
-		f.config = nil
-	}
-}
-
-// bindSerial binds the serial console's socket of cfg when it is in Socket mode and not bound.
-func (f *fakeVMM) bindSerial(cfg []byte) error {
+// preCreateConsole binds the serial socket of cfg when it is in Socket mode, as
+// cloud-hypervisor's pre_create_console_devices does (replacing the one it kept).
+func (f *fakeVMM) preCreateConsole(cfg []byte) error {
 	var c vmConfig
-	if err := json.Unmarshal(cfg, &c); err != nil || c.Serial.Mode != "Socket" || f.serial != nil {
+	if err := json.Unmarshal(cfg, &c); err != nil {
 		return err
 	}
-	ln, err := net.Listen("unix", c.Serial.Socket)
+	f.dropConsoleInfo()
+	if c.Serial.Mode != "Socket" {
+		return nil
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: c.Serial.Socket, Net: "unix"})
 	if err != nil {
 		return err
 	}
-	f.serial = ln
-	go func() { // ends when dropVM closes the listener
+	ln.SetUnlinkOnClose(false)
+	f.consoleInfo = ln
+	return nil
+}
+
+// dropConsoleInfo forgets the bound console socket; its file stays. A socket the running VM
+// serves stays open.
+func (f *fakeVMM) dropConsoleInfo() {
+	if f.consoleInfo != nil && f.consoleInfo != f.serial {
+		_ = f.consoleInfo.Close()
+	}
+	f.consoleInfo = nil
+}
+
+// startVM boots (or restores) the VM: its serial manager serves the bound socket.
+func (f *fakeVMM) startVM(paused bool) {
+	f.booted, f.paused = true, paused
+	f.serial = f.consoleInfo
+	if f.serial == nil {
+		return
+	}
+	go func(ln *net.UnixListener) { // ends when shutdownVM closes the listener
 		for {
 			conn, err := ln.Accept()
 			if err != nil {
@@ -355,7 +427,90 @@ func (f *fakeVMM) bindSerial(cfg []byte) error {
 			_, _ = fmt.Fprintf(conn, "fake serial console of %s\r\n", f.name)
 			_ = conn.Close()
 		}
-	}()
+	}(f.serial)
+}
+
+// shutdownVM shuts the booted VM down: the serial manager goes and removes its socket's file;
+// the config stays (vm.info: Created).
+func (f *fakeVMM) shutdownVM() {
+	if !f.booted {
+		return
+	}
+	f.dropConsoleInfo()
+	if f.serial != nil {
+		path := f.serial.Addr().String()
+		_ = f.serial.Close()
+		_ = os.Remove(path)
+		f.serial = nil
+	}
+	f.booted, f.paused = false, false
+}
+
+// deleteVM is vm.delete: a booted VM is shut down, and the config goes. A socket bound for a VM
+// that never booted stays bound.
+func (f *fakeVMM) deleteVM() {
+	f.shutdownVM()
+	f.config = nil
+}
+
+// openDevices checks what cloud-hypervisor opens when it boots a VM.
+func (f *fakeVMM) openDevices(cfg []byte) error {
+	var c vmConfig
+	if err := json.Unmarshal(cfg, &c); err != nil {
+		return err
+	}
+	for _, p := range []string{c.Payload.Kernel, c.Payload.Initramfs, c.Payload.Firmware} {
+		if _, err := os.Stat(p); p != "" && err != nil {
+			return fmt.Errorf("Cannot load the payload: %w", err)
+		}
+	}
+	for _, d := range c.Disks {
+		if err := openDisk(d); err != nil {
+			return fmt.Errorf("Error opening disk %s: %w", d.Path, err)
+		}
+	}
+	for _, d := range c.Devices {
+		if _, err := os.Stat(d.Path); err != nil {
+			return fmt.Errorf("Failed to create VFIO device %s: %w", d.Path, err)
+		}
+	}
+	if f.checkTaps {
+		for _, n := range c.Net {
+			ifc, err := net.InterfaceByName(n.Tap)
+			if err != nil {
+				return fmt.Errorf("Open tap device failed: %s: %w", n.Tap, err)
+			}
+			if ifc.Flags&net.FlagUp == 0 {
+				return fmt.Errorf("tap %s is down", n.Tap)
+			}
+		}
+	}
+	return nil
+}
+
+// openDisk opens a disk as cloud-hypervisor's block factory does: a qcow2 image with a backing
+// file needs backing_files.
+func openDisk(d diskConfig) error {
+	fh, err := os.Open(d.Path)
+	if err != nil {
+		return err
+	}
+	defer fh.Close()
+	hdr := make([]byte, 16)
+	_, _ = io.ReadFull(fh, hdr)
+	isQcow := string(hdr[:4]) == "QFI\xfb"
+	switch d.ImageType {
+	case "Qcow2":
+		if !isQcow {
+			return errors.New("not a qcow2 image")
+		}
+		if hdr[8]|hdr[9]|hdr[10]|hdr[11]|hdr[12]|hdr[13]|hdr[14]|hdr[15] != 0 && !d.BackingFiles {
+			return errors.New("the image has a backing file and backing_files is off")
+		}
+	case "Raw", "":
+	default:
+		return fmt.Errorf("the fake opens no %s image", d.ImageType)
+	}
 	return nil
 }
 
@@ -375,6 +530,8 @@ func (f *fakeVMM) snapshot(body []byte) (int, any) {
 	if !f.booted {
 		return http.StatusInternalServerError, []string{top, "VM is not running"}
 	}
+	// cloud-hypervisor drains console_info before it snapshots: the VM keeps serving it.
+	f.dropConsoleInfo()
 	if !f.paused {
 		return http.StatusInternalServerError, []string{top, "Error snapshotting VM", "Trying to snapshot while VM is running"}
 	}
@@ -386,19 +543,16 @@ func (f *fakeVMM) snapshot(body []byte) (int, any) {
 	}
 	state, _ := json.Marshal(map[string]string{"fake": "state of " + f.name})
 	for name, data := range map[string][]byte{"config.json": f.config, "state.json": state, "memory-ranges": []byte("fake memory")} {
-		w, err := os.OpenFile(filepath.Join(dir, name), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-		if err != nil {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
 			return http.StatusInternalServerError, []string{top, "Error sending snapshot", err.Error()}
 		}
-		_, _ = w.Write(data)
-		_ = w.Close()
 	}
 	return http.StatusNoContent, nil
 }
 
 func (f *fakeVMM) restore(body []byte) (int, any) {
 	const top = "The VM could not be restored"
-	if f.config != nil {
+	if f.config != nil || f.booted {
 		return http.StatusInternalServerError, []string{top, "VM is already created"}
 	}
 	var rc struct {
@@ -420,10 +574,17 @@ func (f *fakeVMM) restore(body []byte) (int, any) {
 	if errs := f.spec.validateJSON("VmConfig", cfg); len(errs) > 0 {
 		return http.StatusInternalServerError, []string{top, "Error deserialising VM config snapshot", strings.Join(errs, "; ")}
 	}
-	if err := f.bindSerial(cfg); err != nil {
+	// A restore that fails deletes the VM (vm_restore's map_err calls vm_delete).
+	f.config = cfg
+	if err := f.preCreateConsole(cfg); err != nil {
+		f.deleteVM()
 		return http.StatusInternalServerError, []string{top, "Error creating console devices", err.Error()}
 	}
-	f.config, f.booted, f.paused = cfg, true, !rc.Resume
+	if err := f.openDevices(cfg); err != nil {
+		f.deleteVM()
+		return http.StatusInternalServerError, []string{top, "Error restoring VM", err.Error()}
+	}
+	f.startVM(!rc.Resume)
 	return http.StatusNoContent, nil
 }
 

@@ -65,9 +65,24 @@ func (r *Runtime) Reboot(ctx context.Context, id string) error {
 		return err
 	}
 	if state != vmRunning {
-		return fmt.Errorf("chv: instance %s is %s, not running: only a running instance reboots", id, state)
+		return fmt.Errorf("chv: instance %s is %s, not running (cloud-hypervisor: %s): only a running instance reboots", id, stateWord(state), state)
 	}
 	return c.put(ctx, "vm.reboot")
+}
+
+// stateWord says a VM state of the API in the runtime's words.
+func stateWord(state string) string {
+	switch state {
+	case vmRunning:
+		return runtime.StateRunning
+	case vmPaused:
+		return runtime.StatePaused
+	case vmCreated, vmShutdown:
+		return runtime.StateStopped
+	case vmBreakPoint:
+		return "at a debugger's breakpoint"
+	}
+	return "in the unknown state " + state
 }
 
 // running returns a client of the instance's VMM and its VM's state, for the calls that need a
@@ -86,7 +101,7 @@ func (r *Runtime) running(ctx context.Context, id string) (*client, string, erro
 	case vmmUnresponsive:
 		return nil, "", fmt.Errorf("chv: instance %s: cloud-hypervisor (pid %d) does not answer on %s", id, pid, v.socket)
 	}
-	c := newClient(v.name, v.socket)
+	c := r.client(v)
 	info, err := c.info(ctx)
 	if notCreated(err) {
 		return nil, "", fmt.Errorf("chv: instance %s is stopped (its VMM holds no VM)", id)
@@ -135,7 +150,7 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 func (r *Runtime) stopVMM(ctx context.Context, v vmFiles) error {
 	pid, st := r.probe(ctx, v)
 	if st == vmmAnswering {
-		c := newClient(v.name, v.socket)
+		c := r.client(v)
 		// vm.delete shuts the VM down; vmm.shutdown ends the process, which may close the
 		// connection before it answers, so its error says nothing: the wait below decides.
 		_ = c.put(ctx, "vm.delete")

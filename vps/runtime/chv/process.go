@@ -35,7 +35,7 @@ const (
 // line) and whether its API answers.
 func (r *Runtime) probe(ctx context.Context, v vmFiles) (int, vmmState) {
 	pid := r.pidOf(v)
-	c := newClient(v.name, v.socket)
+	c := r.client(v)
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	if p, err := c.ping(pctx); err == nil {
@@ -117,7 +117,7 @@ func (r *Runtime) spawn(ctx context.Context, v vmFiles) (*client, error) {
 		return nil, fmt.Errorf("chv: %s: %w", v.name, err)
 	}
 
-	c := newClient(v.name, v.socket)
+	c := r.client(v)
 	ctx, cancel := context.WithTimeout(ctx, r.opts.StartTimeout)
 	defer cancel()
 	for {

@@ -42,7 +42,7 @@ func (r *Runtime) Save(ctx context.Context, id, path string) (err error) {
 		}()
 	case vmPaused:
 	default:
-		return fmt.Errorf("chv: instance %s is %s: only a running or paused instance can be saved", id, state)
+		return fmt.Errorf("chv: instance %s is %s (cloud-hypervisor: %s): only a running or paused instance can be saved", id, stateWord(state), state)
 	}
 	rec, err := readRecord(r.files(id).record)
 	if err != nil {
@@ -118,8 +118,8 @@ func (r *Runtime) Restore(ctx context.Context, path string, in runtime.Instance)
 
 	defer r.lock(in.ID)()
 	v := r.files(in.ID)
-	if err := os.MkdirAll(v.dir, 0o750); err != nil {
-		return runtime.Status{}, fmt.Errorf("chv: %w", err)
+	if err := makeDirs(v, in); err != nil {
+		return runtime.Status{}, err
 	}
 	cur, err := readRecord(v.record)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -149,6 +149,9 @@ func (r *Runtime) Restore(ctx context.Context, path string, in runtime.Instance)
 		if err := r.opts.Taps.Delete(ctx, t.Name); err != nil {
 			return runtime.Status{}, err
 		}
+	}
+	if err := removeConsoles(cur, saved.Config); err != nil {
+		return runtime.Status{}, err
 	}
 	if err := c.restore(ctx, path); err != nil {
 		return runtime.Status{}, err
