@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 )
@@ -201,8 +202,13 @@ func (c *client) call(ctx context.Context, method, op string, body, out any) err
 	return nil
 }
 
-// withCause adds why ctx ended to err, when it did: a call that timed out says so.
+// withCause adds why ctx ended to err, when it did: a call that timed out says so. The URL,
+// always the same on a Unix socket, is left out.
 func withCause(ctx context.Context, err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err
+	}
 	if cause := context.Cause(ctx); cause != nil && !errors.Is(err, cause) {
 		return fmt.Errorf("%w: %w", cause, err)
 	}

@@ -20,6 +20,40 @@ func (r *Runtime) Ensure(ctx context.Context, in runtime.Instance) (runtime.Stat
 	}
 	defer r.lock(in.ID)()
 	v := r.files(in.ID)
+	fresh, err := isFresh(v)
+	if err != nil {
+		return runtime.Status{}, err
+	}
+	st, err := r.ensure(ctx, in, v)
+	if err != nil && fresh {
+		err = r.undo(ctx, in.ID, err)
+	}
+	return st, err
+}
+
+// isFresh reports whether the runtime has no VM of v's yet (no record).
+func isFresh(v vmFiles) (bool, error) {
+	_, err := os.Stat(v.record)
+	if errors.Is(err, os.ErrNotExist) {
+		return true, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("chv: %w", err)
+	}
+	return false, nil
+}
+
+// undo removes what a call that failed made of a new instance, so that a failure leaves nothing
+// half-made: it is err, with why the undoing failed if it did. It runs even when ctx has ended.
+func (r *Runtime) undo(ctx context.Context, id string, err error) error {
+	if derr := r.remove(context.WithoutCancel(ctx), id); derr != nil {
+		return errors.Join(err, fmt.Errorf("chv: removing what was made of instance %s: %w", id, derr))
+	}
+	return err
+}
+
+// ensure is Ensure, with the instance locked.
+func (r *Runtime) ensure(ctx context.Context, in runtime.Instance, v vmFiles) (runtime.Status, error) {
 	want, taps, err := r.vmConfig(in, v)
 	if err != nil {
 		return runtime.Status{}, err

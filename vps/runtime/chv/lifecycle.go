@@ -119,6 +119,11 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 		return err
 	}
 	defer r.lock(id)()
+	return r.remove(ctx, id)
+}
+
+// remove is Delete, with the instance locked.
+func (r *Runtime) remove(ctx context.Context, id string) error {
 	v := r.files(id)
 	if ok, err := exists(v); err != nil {
 		return fmt.Errorf("chv: %w", err)

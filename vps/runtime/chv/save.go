@@ -118,6 +118,19 @@ func (r *Runtime) Restore(ctx context.Context, path string, in runtime.Instance)
 
 	defer r.lock(in.ID)()
 	v := r.files(in.ID)
+	fresh, err := isFresh(v)
+	if err != nil {
+		return runtime.Status{}, err
+	}
+	st, err := r.restore(ctx, path, in, v, saved)
+	if err != nil && fresh {
+		err = r.undo(ctx, in.ID, err)
+	}
+	return st, err
+}
+
+// restore is Restore, with the instance locked.
+func (r *Runtime) restore(ctx context.Context, path string, in runtime.Instance, v vmFiles, saved record) (runtime.Status, error) {
 	if err := makeDirs(v, in); err != nil {
 		return runtime.Status{}, err
 	}
