@@ -2,8 +2,9 @@
 // cloud-hypervisor process and drives it through the process's HTTP API on a Unix socket
 // (--api-socket), as runtime.Runtime asks.
 //
-// A VM's files live in StateDir/bc-<id>/ (see docs/vps-runtimes.md): the API socket, the record
-// of the configuration the VM was created with, the VMM's pid and log. The VMM runs in a session
+// A VM's files live in StateDir/bc-<id>/ (see docs/vps-chv.md): the API socket, the record of
+// the configuration the VM was created with, the VMM's pid and log, and the instance's own disk
+// (a qcow2 overlay on its image). The VMM runs in a session
 // of its own, detached from bcd, so that it outlives bcd's restarts; the runtime finds it again by
 // its socket. Its serial console is served on the instance's Console socket, its NICs are tap
 // devices the runtime puts on the NICs' bridges (Taps), and GPUs are passed through with VFIO.
@@ -30,6 +31,7 @@ import (
 // Defaults of Options.
 const (
 	DefaultBinary       = "cloud-hypervisor"
+	DefaultQemuImg      = "qemu-img"
 	DefaultStateDir     = "/var/lib/bcd/cloud-hypervisor"
 	DefaultStartTimeout = 10 * time.Second
 	DefaultStopTimeout  = 10 * time.Second
@@ -44,6 +46,10 @@ type Options struct {
 	// Binary is the cloud-hypervisor executable, a path or a name looked up on PATH
 	// (DefaultBinary).
 	Binary string
+	// QemuImg is the qemu-img executable, a path or a name looked up on PATH (DefaultQemuImg).
+	// It makes the copy-on-write disks of instances that have a Disk, and copies them into
+	// saved states and back; instances without a Disk do not need it.
+	QemuImg string
 	// StateDir is an absolute directory that holds a directory per VM: its API socket, log,
 	// pid and configuration record (DefaultStateDir). It is created when the first VM is.
 	StateDir string
@@ -85,6 +91,9 @@ func New(opts Options) (*Runtime, error) {
 	o.Args = append([]string(nil), opts.Args...)
 	if o.Binary == "" {
 		o.Binary = DefaultBinary
+	}
+	if o.QemuImg == "" {
+		o.QemuImg = DefaultQemuImg
 	}
 	if o.StateDir == "" {
 		o.StateDir = DefaultStateDir
@@ -147,6 +156,7 @@ type vmFiles struct {
 	dir    string
 	socket string // the API socket
 	record string // the configuration the VM was created with (record.json)
+	disk   string // the instance's own disk, an overlay on its image
 	pid    string
 	log    string // the VMM's stdout and stderr
 	serial string // the serial console when the instance has no Console socket
@@ -160,6 +170,7 @@ func (r *Runtime) files(id string) vmFiles {
 		dir:    dir,
 		socket: filepath.Join(dir, "api.sock"),
 		record: filepath.Join(dir, "record.json"),
+		disk:   filepath.Join(dir, "disk.qcow2"),
 		pid:    filepath.Join(dir, "pid"),
 		log:    filepath.Join(dir, "cloud-hypervisor.log"),
 		serial: filepath.Join(dir, "serial.log"),

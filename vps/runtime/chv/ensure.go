@@ -61,6 +61,9 @@ func (r *Runtime) ensure(ctx context.Context, in runtime.Instance, v vmFiles) (r
 	if err := makeDirs(v, in); err != nil {
 		return runtime.Status{}, err
 	}
+	if err := r.ensureDisk(ctx, in, v); err != nil {
+		return runtime.Status{}, err
+	}
 	rec, err := readRecord(v.record)
 	if errors.Is(err, os.ErrNotExist) {
 		// Written before anything is started, so that what follows is found again.

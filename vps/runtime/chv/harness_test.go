@@ -252,8 +252,10 @@ func (h *harness) gone(id, console string) {
 	if pid := h.vmmPID(id); pid != 0 && !waitGone(pid, 5*time.Second) {
 		h.t.Fatalf("%s's VMM (pid %d) still runs", id, pid)
 	}
-	if n := h.taps.names(); len(n) != 0 {
-		h.t.Fatalf("taps left: %v", n)
+	for i := range maxNICs {
+		if _, ok := h.taps.get(tapName(id, i)); ok {
+			h.t.Fatalf("%s's tap %s is left", id, tapName(id, i))
+		}
 	}
 	if console != "" {
 		if _, err := os.Lstat(console); !errors.Is(err, os.ErrNotExist) {

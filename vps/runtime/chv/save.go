@@ -11,9 +11,9 @@ import (
 )
 
 // Save writes the instance's state to the directory path (cloud-hypervisor's snapshot:
-// config.json, state.json, memory-ranges, and the runtime's record), replacing what was there.
-// A running VM is paused for the snapshot (the VMM snapshots only a paused VM) and resumed after,
-// even when the snapshot failed. The snapshot is written to path+".partial" and renamed, so path
+// config.json, state.json, memory-ranges; a copy of the instance's disk, disk.qcow2; and the
+// runtime's record), replacing what was there. A running VM is paused for the snapshot and the
+// disk's copy (the VMM snapshots only a paused VM) and resumed after, even when they failed. The snapshot is written to path+".partial" and renamed, so path
 // holds either the previous state or the new one whole.
 func (r *Runtime) Save(ctx context.Context, id, path string) (err error) {
 	if err := r.checkID(id); err != nil {
@@ -44,7 +44,8 @@ func (r *Runtime) Save(ctx context.Context, id, path string) (err error) {
 	default:
 		return fmt.Errorf("chv: instance %s is %s (cloud-hypervisor: %s): only a running or paused instance can be saved", id, stateWord(state), state)
 	}
-	rec, err := readRecord(r.files(id).record)
+	v := r.files(id)
+	rec, err := readRecord(v.record)
 	if err != nil {
 		return err
 	}
@@ -58,6 +59,13 @@ func (r *Runtime) Save(ctx context.Context, id, path string) (err error) {
 	if err := c.snapshot(ctx, tmp); err != nil {
 		_ = os.RemoveAll(tmp)
 		return err
+	}
+	// The disk as the memory knows it: copied while the VM is paused.
+	if _, err := os.Stat(v.disk); err == nil {
+		if err := r.copyDisk(ctx, v.disk, filepath.Join(tmp, savedDiskFile)); err != nil {
+			_ = os.RemoveAll(tmp)
+			return fmt.Errorf("chv: save of %s: copying its disk: %w", id, err)
+		}
 	}
 	if err := writeRecord(filepath.Join(tmp, savedRecordFile), rec); err != nil {
 		_ = os.RemoveAll(tmp)
@@ -85,7 +93,8 @@ func replaceDir(from, to string) error {
 }
 
 // Restore makes in from the state Save wrote to path: it replaces the instance's VM, if it has
-// one, by the saved one (vm.restore, which leaves it paused), then puts it in in's power state.
+// one, by the saved one (vm.restore, which leaves it paused), its disk by the saved copy, then
+// puts it in in's power state.
 // The VM is the saved one, shape and devices included: the saved configuration names the
 // instance's console socket and taps, so a state restores only as the instance that saved it.
 func (r *Runtime) Restore(ctx context.Context, path string, in runtime.Instance) (runtime.Status, error) {
@@ -165,6 +174,11 @@ func (r *Runtime) restore(ctx context.Context, path string, in runtime.Instance,
 	}
 	if err := removeConsoles(cur, saved.Config); err != nil {
 		return runtime.Status{}, err
+	}
+	if _, err := os.Stat(filepath.Join(path, savedDiskFile)); err == nil { // the VM is gone: its disk is free
+		if err := r.copyDisk(ctx, filepath.Join(path, savedDiskFile), v.disk); err != nil {
+			return runtime.Status{}, fmt.Errorf("chv: restore of %s: its disk: %w", in.ID, err)
+		}
 	}
 	if err := c.restore(ctx, path); err != nil {
 		return runtime.Status{}, err

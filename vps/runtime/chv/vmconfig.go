@@ -87,13 +87,12 @@ func (r *Runtime) vmConfig(in runtime.Instance, v vmFiles) (vmConfig, []Tap, err
 		cfg.Payload = payloadConfig{Firmware: r.opts.Firmware}
 	}
 	if in.Disk != "" {
-		kind, err := imageType(in.Disk)
-		if err != nil {
+		if _, err := imageType(in.Disk); err != nil {
 			return vmConfig{}, nil, fmt.Errorf("chv: instance %s: Disk: %w", in.ID, err)
 		}
-		// An explicit type: cloud-hypervisor refuses writes to sector 0 of a raw image whose type
-		// it guessed, and a qcow2 image's backing file only when told.
-		cfg.Disks = []diskConfig{{Path: in.Disk, ImageType: kind, BackingFiles: kind == "Qcow2", ID: "disk0"}}
+		// The instance's own overlay on the image (disk.go). An explicit type: cloud-hypervisor
+		// follows a qcow2 image's backing file only when told.
+		cfg.Disks = []diskConfig{diskOf(v)}
 	}
 	var taps []Tap
 	for i, n := range in.NICs {
