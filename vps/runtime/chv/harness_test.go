@@ -225,17 +225,6 @@ func (m *memTaps) Delete(_ context.Context, name string) error {
 	return nil
 }
 
-func (m *memTaps) names() []string {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	var out []string
-	for n := range m.taps {
-		out = append(out, n)
-	}
-	slices.Sort(out)
-	return out
-}
-
 func (m *memTaps) get(name string) (Tap, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
