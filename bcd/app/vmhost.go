@@ -11,46 +11,64 @@ import (
 	"github.com/better-compute/compute/agent/ext"
 	"github.com/better-compute/compute/internal/nodeagent"
 	"github.com/better-compute/compute/vps/hostagent"
+	"github.com/better-compute/compute/vps/runtime"
+	"github.com/better-compute/compute/vps/runtime/chv"
 	"github.com/better-compute/compute/vps/runtime/libvirt"
 )
 
 // vmHostFlags make bcd node a VM host of the vps module (docs/vps.md).
 type vmHostFlags struct {
-	runtime    string // libvirt, or empty: not a VM host
-	dir        string
-	socket     string
-	uri        string
-	domainType string
-	fileOwner  string
+	runtime     string // libvirt, chv, or empty: not a VM host
+	dir         string
+	socket      string
+	uri         string
+	domainType  string
+	fileOwner   string
+	chvBinary   string
+	chvFirmware string
 }
 
 func (f *vmHostFlags) flags(c *cobra.Command) {
-	c.Flags().StringVar(&f.runtime, "vps-runtime", "", "run the vps module's instances with this runtime: libvirt (libvirt-kvm); empty: not a VM host")
+	c.Flags().StringVar(&f.runtime, "vps-runtime", "", "run the vps module's instances with this runtime: libvirt (libvirt-kvm) or chv (cloud-hypervisor); empty: not a VM host")
 	c.Flags().StringVar(&f.dir, "vps-dir", "", "where the VM host keeps images, consoles and instances' disks (default <state-dir>/vps)")
 	c.Flags().StringVar(&f.socket, "libvirt-socket", "/run/libvirt/libvirt-sock", "libvirtd's (or virtqemud's) Unix socket")
 	c.Flags().StringVar(&f.uri, "libvirt-uri", "qemu:///system", "the libvirt driver: qemu:///system, or qemu:///session for a per-user daemon")
 	c.Flags().StringVar(&f.domainType, "libvirt-domain-type", "kvm", "kvm, or qemu on a host without /dev/kvm (TCG: slow)")
 	c.Flags().StringVar(&f.fileOwner, "libvirt-file-owner", "", "uid:gid that owns the disks and states the runtime makes (a session-mode libvirtd's user); empty: libvirtd's own")
+	c.Flags().StringVar(&f.chvBinary, "chv-binary", chv.DefaultBinary, "the cloud-hypervisor executable (--vps-runtime chv), a path or a name on PATH")
+	c.Flags().StringVar(&f.chvFirmware, "chv-firmware", "", "the firmware (e.g. CLOUDHV.fd) that boots instances with a disk and no kernel (--vps-runtime chv); empty: such instances are refused")
 }
 
 // start makes the runtime and the host agent, and runs the agent's reports until ctx ends or
 // stop is called.
 func (f *vmHostFlags) start(ctx context.Context, s *settings, reports *nodeagent.Reports, logger *slog.Logger) (ext.Extension, func(), error) {
-	if f.runtime != "libvirt" {
-		return ext.Extension{}, nil, fmt.Errorf("--vps-runtime %q: the runtime here is libvirt (cloud-hypervisor's is not wired into bcd yet)", f.runtime)
-	}
 	dir := f.dir
 	if dir == "" {
 		dir = filepath.Join(s.StateDir, "vps")
 	}
-	rt, err := libvirt.New(libvirt.Options{Socket: f.socket, URI: f.uri, DomainType: f.domainType,
-		StateDir: filepath.Join(dir, "instances"), FileOwner: f.fileOwner})
-	if err != nil {
-		return ext.Extension{}, nil, err
+	var rt runtime.Runtime
+	closeRT := func() {}
+	switch f.runtime {
+	case "libvirt":
+		lv, err := libvirt.New(libvirt.Options{Socket: f.socket, URI: f.uri, DomainType: f.domainType,
+			StateDir: filepath.Join(dir, "instances"), FileOwner: f.fileOwner})
+		if err != nil {
+			return ext.Extension{}, nil, err
+		}
+		rt, closeRT = lv, func() { _ = lv.Close() }
+	case "chv":
+		// Its VMMs outlive bcd (a restarted bcd finds them by their sockets): nothing to close.
+		ch, err := chv.New(chv.Options{Binary: f.chvBinary, Firmware: f.chvFirmware, StateDir: filepath.Join(dir, "cloud-hypervisor")})
+		if err != nil {
+			return ext.Extension{}, nil, fmt.Errorf("--vps-runtime chv: %w", err)
+		}
+		rt = ch
+	default:
+		return ext.Extension{}, nil, fmt.Errorf("--vps-runtime %q: want libvirt (libvirt-kvm) or chv (cloud-hypervisor)", f.runtime)
 	}
 	a, err := hostagent.New(hostagent.Options{Runtime: rt, Dir: dir, Reporter: reports, Logger: logger})
 	if err != nil {
-		_ = rt.Close()
+		closeRT()
 		return ext.Extension{}, nil, err
 	}
 	ctx, cancel := context.WithCancel(ctx)
@@ -59,5 +77,5 @@ func (f *vmHostFlags) start(ctx context.Context, s *settings, reports *nodeagent
 		defer close(done)
 		_ = a.Run(ctx)
 	}()
-	return a.Extension(), func() { cancel(); <-done; _ = rt.Close() }, nil
+	return a.Extension(), func() { cancel(); <-done; closeRT() }, nil
 }
