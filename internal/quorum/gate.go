@@ -99,7 +99,7 @@ func open(ctx context.Context, c *modules.Call, b modules.Batch, pol api.QuorumP
 	var a api.Approval
 	err = c.Runtime.DB.Tx(context.WithoutCancel(ctx), func(tx pgx.Tx) error {
 		// One open approval per caller and batch: asking again finds it.
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, c.Principal.ID+"\x00"+hex.EncodeToString(digest)); err != nil {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, "quorum/"+c.Principal.ID+"/"+hex.EncodeToString(digest)); err != nil {
 			return err
 		}
 		var id string
