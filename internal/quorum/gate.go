@@ -97,7 +97,8 @@ func open(ctx context.Context, c *modules.Call, b modules.Batch, pol api.QuorumP
 		return fmt.Errorf("quorum: the policy's ttl %q: %w", pol.TTL, err)
 	}
 	var a api.Approval
-	err = c.Runtime.DB.Tx(context.WithoutCancel(ctx), func(tx pgx.Tx) error {
+	ctx = context.WithoutCancel(ctx) // the refusal's record is written even if the caller goes
+	err = c.Runtime.DB.Tx(ctx, func(tx pgx.Tx) error {
 		// One open approval per caller and batch: asking again finds it.
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, "quorum/"+c.Principal.ID+"/"+hex.EncodeToString(digest)); err != nil {
 			return err
