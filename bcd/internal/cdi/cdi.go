@@ -147,6 +147,14 @@ func IsSpecName(name string) bool {
 // SpecName is the file name of a holder's spec.
 func SpecName(holder string) string { return prefix + holder + ".json" }
 
+// HolderOf is the holder whose spec file name is, and whether it is one.
+func HolderOf(name string) (string, bool) {
+	if !IsSpecName(name) {
+		return "", false
+	}
+	return strings.TrimSuffix(strings.TrimPrefix(name, prefix), ".json"), true
+}
+
 // HookName is the OCI stage at which the cgroup hook runs: createRuntime, in the runtime's
 // namespaces once the container's cgroup exists and before its process starts. (createContainer
 // and startContainer hooks run in the container's namespaces, where a cgroup namespace hides

@@ -163,7 +163,7 @@ type specDir struct {
 }
 
 func (s specDir) Write(name string, b []byte) error {
-	holder, ok := holderOf(name)
+	holder, ok := cdi.HolderOf(name)
 	if !ok {
 		return fmt.Errorf("bcd helper: %q is not a spec file name", name)
 	}
@@ -178,15 +178,6 @@ func (s specDir) List() ([]string, error) {
 	var out CDINames
 	err := s.c.Call(context.Background(), OpCDIList, CDIList{Dir: s.dir}, &out)
 	return out.Names, err
-}
-
-// holderOf is the holder a spec file is of.
-func holderOf(name string) (string, bool) {
-	if !cdi.IsSpecName(name) {
-		return "", false
-	}
-	const pre, suf = len("better-compute-"), len(".json")
-	return name[pre : len(name)-suf], true
 }
 
 var _ hardware.MIG = (*Client)(nil)
