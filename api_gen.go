@@ -27,10 +27,12 @@ type API struct {
 	Workflows    WorkflowsGroup
 	Access       AccessGroup
 	Fleet        FleetGroup
+	Quorum       QuorumGroup
+	Approvals    ApprovalsGroup
 }
 
 func newAPI(c *Compute) API {
-	return API{Sites: SitesGroup{c}, Pools: PoolsGroup{c}, Nodes: NodesGroup{c}, Reservations: ReservationsGroup{c}, Capacity: CapacityGroup{c}, Quotas: QuotasGroup{c}, Devices: DevicesGroup{c}, JoinTokens: JoinTokensGroup{c}, Commands: CommandsGroup{c}, Events: EventsGroup{c}, Webhooks: WebhooksGroup{c}, Audit: AuditGroup{c}, Workflows: WorkflowsGroup{c}, Access: AccessGroup{c}, Fleet: FleetGroup{c}}
+	return API{Sites: SitesGroup{c}, Pools: PoolsGroup{c}, Nodes: NodesGroup{c}, Reservations: ReservationsGroup{c}, Capacity: CapacityGroup{c}, Quotas: QuotasGroup{c}, Devices: DevicesGroup{c}, JoinTokens: JoinTokensGroup{c}, Commands: CommandsGroup{c}, Events: EventsGroup{c}, Webhooks: WebhooksGroup{c}, Audit: AuditGroup{c}, Workflows: WorkflowsGroup{c}, Access: AccessGroup{c}, Fleet: FleetGroup{c}, Quorum: QuorumGroup{c}, Approvals: ApprovalsGroup{c}}
 }
 
 // SitesGroup is the sites group.
@@ -180,6 +182,26 @@ func (g NodesGroup) SetLabels(ctx context.Context, cred string, in api.SetNodeLa
 // SetLabelsTx calls nodes.setLabels in the host's transaction tx: see InvokeTx.
 func (g NodesGroup) SetLabelsTx(ctx context.Context, tx pgx.Tx, cred string, in api.SetNodeLabels) (api.Node, error) {
 	return InvokeTx(ctx, g.c, tx, cred, api.NodesSetLabels, in)
+}
+
+// DrainMany calls nodes.drainMany: Drain several nodes of a pool at once; a batch over the tenant's quorum policy needs others' approval.
+func (g NodesGroup) DrainMany(ctx context.Context, cred string, in api.DrainNodes) (api.NodeBatch, error) {
+	return Invoke(ctx, g.c, cred, api.NodesDrainMany, in)
+}
+
+// DrainManyTx calls nodes.drainMany in the host's transaction tx: see InvokeTx.
+func (g NodesGroup) DrainManyTx(ctx context.Context, tx pgx.Tx, cred string, in api.DrainNodes) (api.NodeBatch, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.NodesDrainMany, in)
+}
+
+// RetireMany calls nodes.retireMany: Retire several nodes of a pool at once; a batch over the tenant's quorum policy needs others' approval.
+func (g NodesGroup) RetireMany(ctx context.Context, cred string, in api.RetireNodes) (api.NodeBatch, error) {
+	return Invoke(ctx, g.c, cred, api.NodesRetireMany, in)
+}
+
+// RetireManyTx calls nodes.retireMany in the host's transaction tx: see InvokeTx.
+func (g NodesGroup) RetireManyTx(ctx context.Context, tx pgx.Tx, cred string, in api.RetireNodes) (api.NodeBatch, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.NodesRetireMany, in)
 }
 
 // ReservationsGroup is the reservations group.
@@ -556,4 +578,55 @@ func (g FleetGroup) ApplyTx(ctx context.Context, tx pgx.Tx, cred string, in api.
 // Drift calls fleet.drift: How the live state differs now from the FleetConfig last applied.
 func (g FleetGroup) Drift(ctx context.Context, cred string, in api.GetFleetDrift) (api.DriftReport, error) {
 	return Invoke(ctx, g.c, cred, api.FleetDrift, in)
+}
+
+// QuorumGroup is the quorum group.
+type QuorumGroup struct{ c *Compute }
+
+// Get calls quorum.get: The destructive-batch quorum policy that applies to a tenant: its own, or the nearest ancestor's.
+func (g QuorumGroup) Get(ctx context.Context, cred string, in api.GetQuorum) (api.QuorumPolicy, error) {
+	return Invoke(ctx, g.c, cred, api.QuorumGet, in)
+}
+
+// Set calls quorum.set: Set a tenant's destructive-batch quorum policy: how large a batch may be before other people must approve it, and how many.
+func (g QuorumGroup) Set(ctx context.Context, cred string, in api.SetQuorum) (api.QuorumPolicy, error) {
+	return Invoke(ctx, g.c, cred, api.QuorumSet, in)
+}
+
+// SetTx calls quorum.set in the host's transaction tx: see InvokeTx.
+func (g QuorumGroup) SetTx(ctx context.Context, tx pgx.Tx, cred string, in api.SetQuorum) (api.QuorumPolicy, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.QuorumSet, in)
+}
+
+// ApprovalsGroup is the approvals group.
+type ApprovalsGroup struct{ c *Compute }
+
+// List calls approvals.list: List the approvals destructive batches asked for, newest first, by state.
+func (g ApprovalsGroup) List(ctx context.Context, cred string, in api.ListApprovals) (api.Page[api.Approval], error) {
+	return Invoke(ctx, g.c, cred, api.ApprovalsList, in)
+}
+
+// Get calls approvals.get: Get an approval: the batch it is of, its state and its votes.
+func (g ApprovalsGroup) Get(ctx context.Context, cred string, in api.ApprovalRef) (api.Approval, error) {
+	return Invoke(ctx, g.c, cred, api.ApprovalsGet, in)
+}
+
+// Approve calls approvals.approve: Approve a destructive batch another principal asked for; once enough have, its caller may run it, once.
+func (g ApprovalsGroup) Approve(ctx context.Context, cred string, in api.DecideApproval) (api.Approval, error) {
+	return Invoke(ctx, g.c, cred, api.ApprovalsApprove, in)
+}
+
+// ApproveTx calls approvals.approve in the host's transaction tx: see InvokeTx.
+func (g ApprovalsGroup) ApproveTx(ctx context.Context, tx pgx.Tx, cred string, in api.DecideApproval) (api.Approval, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.ApprovalsApprove, in)
+}
+
+// Deny calls approvals.deny: Deny a destructive batch: it may not run with this approval.
+func (g ApprovalsGroup) Deny(ctx context.Context, cred string, in api.DecideApproval) (api.Approval, error) {
+	return Invoke(ctx, g.c, cred, api.ApprovalsDeny, in)
+}
+
+// DenyTx calls approvals.deny in the host's transaction tx: see InvokeTx.
+func (g ApprovalsGroup) DenyTx(ctx context.Context, tx pgx.Tx, cred string, in api.DecideApproval) (api.Approval, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.ApprovalsDeny, in)
 }

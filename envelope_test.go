@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
+	"github.com/google/uuid"
 
 	"github.com/better-compute/compute"
 	"github.com/better-compute/compute/api"
@@ -223,6 +224,18 @@ func aRun(t *testing.T, env *computetest.Env) string {
 	return id
 }
 
+// anApproval is a pending approval of the root tenant that another principal asked for, written
+// as the quorum gate writes one.
+func anApproval(t *testing.T, env *computetest.Env) string {
+	t.Helper()
+	id := uuid.Must(uuid.NewV7()).String()
+	if _, err := env.DB.Pool.Exec(context.Background(), `INSERT INTO compute.approvals (id, tenant_id, method, digest, targets, params, reason, requested_by, approvers, state, created_at, expires_at)
+		VALUES ($1, $2, 'nodes.drainMany', sha256('x'), '{}', '{}', 'test', 'idn_someone_else', 1, 'pending', now(), now() + interval '1 hour')`, id, computetest.RootTenantID); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
 // TestOneDecisionPerMutation checks that every mutating method of the core table asks IAM
 // exactly once, with its own action and in the caller's tenant, and that repeated reads are served
 // from the decision cache. A mutating method added to the table without a step here fails it.
@@ -289,8 +302,13 @@ func TestOneDecisionPerMutation(t *testing.T) {
 			env.Counter.Reset()
 			return `{"document": "` + doc + `", "fingerprint": "` + p.body["fingerprint"].(string) + `"}`
 		}, true},
+		{"nodes/drainMany", fixed(`{"pool": "p1", "nodes": ["n1"], "end": true}`), true},
 		{"nodes/drain", fixed(`{"node": "n1", "pool": "p1"}`), false},
+		{"nodes/retireMany", fixed(`{"pool": "p1", "nodes": ["n1"]}`), true},
 		{"nodes/retire", func() string { return `{"node": "` + ff.nodeID + `"}` }, false},
+		{"quorum/set", fixed(`{"maxNodes": 10, "maxPercent": 50, "approvers": 1, "ttl": "2h"}`), true},
+		{"approvals/approve", func() string { return `{"approval": "` + anApproval(t, env) + `"}` }, false},
+		{"approvals/deny", func() string { return `{"approval": "` + anApproval(t, env) + `", "comment": "no"}` }, false},
 	}
 	covered := map[string]bool{}
 	for _, s := range steps {

@@ -17,6 +17,7 @@ import (
 	"github.com/better-compute/compute/internal/fleet"
 	"github.com/better-compute/compute/internal/nodes"
 	"github.com/better-compute/compute/internal/pki"
+	"github.com/better-compute/compute/internal/quorum"
 	"github.com/better-compute/compute/internal/workflow"
 	"github.com/better-compute/compute/modules"
 	"github.com/better-compute/compute/postgres"
@@ -34,6 +35,7 @@ func newRuntime(o Options, reg *modules.Registry, nm *nodes.Module, leases *capa
 		Clock:    clock{},
 		Secrets:  secretBox{o.Secret},
 		Access:   access.Service{},
+		Quorum:   quorum.Service{},
 		Registry: reg,
 	}
 	rt.Workflows = workflow.Service{RT: rt}

@@ -26,7 +26,7 @@ func Methods() []MethodInfo { return infos(Table()) }
 
 // Table returns the core methods with their types, for code generators.
 func Table() []Describer {
-	return slices.Concat(fleetTable(), capacityTable(), joinTokenTable(), nodeTable(), eventTable(), webhookTable(), auditTable(), workflowTable(), accessTable(), fleetConfigTable())
+	return slices.Concat(fleetTable(), capacityTable(), joinTokenTable(), nodeTable(), eventTable(), webhookTable(), auditTable(), workflowTable(), accessTable(), fleetConfigTable(), quorumTable())
 }
 
 // FleetMethods returns the fleet part of the method table.
@@ -94,6 +94,9 @@ var (
 	NodesDrain     = NewMethod[DrainNode, Node]("nodes", "drain", true, ResourceNode, "v0.1", "Stop new bookings and end the existing ones, or let them run out.")
 	NodesRetire    = NewMethod[RetireNode, Node]("nodes", "retire", true, ResourceNode, "v0.1", "Retire a node that holds nothing; its certificates are revoked.")
 	NodesSetLabels = NewMethod[SetNodeLabels, Node]("nodes", "setLabels", true, ResourceNode, "v0.1", "Replace a node's labels.")
+	// The batch forms: all or none, and over a tenant's quorum policy only with an approval.
+	NodesDrainMany  = NewMethod[DrainNodes, NodeBatch]("nodes", "drainMany", true, ResourceNode, "v1.0", "Drain several nodes of a pool at once; a batch over the tenant's quorum policy needs others' approval.")
+	NodesRetireMany = NewMethod[RetireNodes, NodeBatch]("nodes", "retireMany", true, ResourceNode, "v1.0", "Retire several nodes of a pool at once; a batch over the tenant's quorum policy needs others' approval.")
 
 	CommandsCreate = NewMethod[CreateCommand, Command]("commands", "create", true, ResourceCommand, "v0.1", "Send one-shot work to a node.")
 	CommandsGet    = NewMethod[GetCommand, Command]("commands", "get", false, ResourceCommand, "v0.1", "Get a command and its result.")
@@ -113,7 +116,7 @@ func joinTokenTable() []Describer {
 
 func nodeTable() []Describer {
 	return []Describer{
-		NodesCordon, NodesUncordon, NodesDrain, NodesRetire, NodesSetLabels,
+		NodesCordon, NodesUncordon, NodesDrain, NodesRetire, NodesSetLabels, NodesDrainMany, NodesRetireMany,
 		CommandsCreate, CommandsGet, CommandsList, CommandsCancel,
 	}
 }

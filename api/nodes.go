@@ -137,6 +137,45 @@ type DrainNode struct {
 // certificates are revoked.
 type RetireNode struct{ NodeRef }
 
+// DrainNodes is the input of nodes.drainMany: drain several nodes of one pool in one
+// transaction, all or none. A batch over the tenant's quorum policy needs an approval of it
+// (docs/fleet.md, "Destructive-batch quorum").
+type DrainNodes struct {
+	TenantID string   `json:"tenantId,omitempty"`
+	Pool     string   `json:"pool"`
+	Nodes    []string `json:"nodes"` // ids or names in the pool
+	End      bool     `json:"end,omitempty"`
+	// Approval is the id of an approved approval of this very batch, once a first call has
+	// answered confirmation_required with it and others have approved it.
+	Approval string `json:"approval,omitempty"`
+}
+
+// Validate implements the input check.
+func (in DrainNodes) Validate() error {
+	return first(ValidateRef("pool", in.Pool), ValidateBatch("nodes", in.Nodes), ValidateApproval(in.Approval))
+}
+
+// RetireNodes is the input of nodes.retireMany: retire several nodes of one pool, all or none;
+// none may hold a booking. Approval is as for DrainNodes.
+type RetireNodes struct {
+	TenantID string   `json:"tenantId,omitempty"`
+	Pool     string   `json:"pool"`
+	Nodes    []string `json:"nodes"`
+	Approval string   `json:"approval,omitempty"`
+}
+
+// Validate implements the input check.
+func (in RetireNodes) Validate() error {
+	return first(ValidateRef("pool", in.Pool), ValidateBatch("nodes", in.Nodes), ValidateApproval(in.Approval))
+}
+
+// NodeBatch answers a batch of nodes: each node as the batch left it, in the order named.
+type NodeBatch struct {
+	Nodes []Node `json:"nodes"`
+	// Approval is the approval the batch spent, if it needed one.
+	Approval string `json:"approval,omitempty"`
+}
+
 // SetNodeLabels is the input of nodes.setLabels: the labels are replaced.
 type SetNodeLabels struct {
 	NodeRef

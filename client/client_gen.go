@@ -25,10 +25,12 @@ type groups struct {
 	Workflows    WorkflowsGroup
 	Access       AccessGroup
 	Fleet        FleetGroup
+	Quorum       QuorumGroup
+	Approvals    ApprovalsGroup
 }
 
 func newGroups(c *Client) groups {
-	return groups{Sites: SitesGroup{c}, Pools: PoolsGroup{c}, Nodes: NodesGroup{c}, Reservations: ReservationsGroup{c}, Capacity: CapacityGroup{c}, Quotas: QuotasGroup{c}, Devices: DevicesGroup{c}, JoinTokens: JoinTokensGroup{c}, Commands: CommandsGroup{c}, Events: EventsGroup{c}, Webhooks: WebhooksGroup{c}, Audit: AuditGroup{c}, Workflows: WorkflowsGroup{c}, Access: AccessGroup{c}, Fleet: FleetGroup{c}}
+	return groups{Sites: SitesGroup{c}, Pools: PoolsGroup{c}, Nodes: NodesGroup{c}, Reservations: ReservationsGroup{c}, Capacity: CapacityGroup{c}, Quotas: QuotasGroup{c}, Devices: DevicesGroup{c}, JoinTokens: JoinTokensGroup{c}, Commands: CommandsGroup{c}, Events: EventsGroup{c}, Webhooks: WebhooksGroup{c}, Audit: AuditGroup{c}, Workflows: WorkflowsGroup{c}, Access: AccessGroup{c}, Fleet: FleetGroup{c}, Quorum: QuorumGroup{c}, Approvals: ApprovalsGroup{c}}
 }
 
 // SitesGroup is the sites group.
@@ -123,6 +125,16 @@ func (g NodesGroup) Retire(ctx context.Context, in api.RetireNode) (api.Node, er
 // SetLabels calls nodes.setLabels: Replace a node's labels.
 func (g NodesGroup) SetLabels(ctx context.Context, in api.SetNodeLabels) (api.Node, error) {
 	return call(ctx, g.c, api.NodesSetLabels, in)
+}
+
+// DrainMany calls nodes.drainMany: Drain several nodes of a pool at once; a batch over the tenant's quorum policy needs others' approval.
+func (g NodesGroup) DrainMany(ctx context.Context, in api.DrainNodes) (api.NodeBatch, error) {
+	return call(ctx, g.c, api.NodesDrainMany, in)
+}
+
+// RetireMany calls nodes.retireMany: Retire several nodes of a pool at once; a batch over the tenant's quorum policy needs others' approval.
+func (g NodesGroup) RetireMany(ctx context.Context, in api.RetireNodes) (api.NodeBatch, error) {
+	return call(ctx, g.c, api.NodesRetireMany, in)
 }
 
 // ReservationsGroup is the reservations group.
@@ -384,4 +396,40 @@ func (g FleetGroup) Apply(ctx context.Context, in api.ApplyFleet) (api.AppliedFl
 // Drift calls fleet.drift: How the live state differs now from the FleetConfig last applied.
 func (g FleetGroup) Drift(ctx context.Context, in api.GetFleetDrift) (api.DriftReport, error) {
 	return call(ctx, g.c, api.FleetDrift, in)
+}
+
+// QuorumGroup is the quorum group.
+type QuorumGroup struct{ c *Client }
+
+// Get calls quorum.get: The destructive-batch quorum policy that applies to a tenant: its own, or the nearest ancestor's.
+func (g QuorumGroup) Get(ctx context.Context, in api.GetQuorum) (api.QuorumPolicy, error) {
+	return call(ctx, g.c, api.QuorumGet, in)
+}
+
+// Set calls quorum.set: Set a tenant's destructive-batch quorum policy: how large a batch may be before other people must approve it, and how many.
+func (g QuorumGroup) Set(ctx context.Context, in api.SetQuorum) (api.QuorumPolicy, error) {
+	return call(ctx, g.c, api.QuorumSet, in)
+}
+
+// ApprovalsGroup is the approvals group.
+type ApprovalsGroup struct{ c *Client }
+
+// List calls approvals.list: List the approvals destructive batches asked for, newest first, by state.
+func (g ApprovalsGroup) List(ctx context.Context, in api.ListApprovals) (api.Page[api.Approval], error) {
+	return call(ctx, g.c, api.ApprovalsList, in)
+}
+
+// Get calls approvals.get: Get an approval: the batch it is of, its state and its votes.
+func (g ApprovalsGroup) Get(ctx context.Context, in api.ApprovalRef) (api.Approval, error) {
+	return call(ctx, g.c, api.ApprovalsGet, in)
+}
+
+// Approve calls approvals.approve: Approve a destructive batch another principal asked for; once enough have, its caller may run it, once.
+func (g ApprovalsGroup) Approve(ctx context.Context, in api.DecideApproval) (api.Approval, error) {
+	return call(ctx, g.c, api.ApprovalsApprove, in)
+}
+
+// Deny calls approvals.deny: Deny a destructive batch: it may not run with this approval.
+func (g ApprovalsGroup) Deny(ctx context.Context, in api.DecideApproval) (api.Approval, error) {
+	return call(ctx, g.c, api.ApprovalsDeny, in)
 }

@@ -91,6 +91,7 @@ func (m *Module) Register(r *modules.Registry) error {
 	m.registerProfiles(r)
 	m.registerSites(r)
 	m.registerDeploys(r)
+	m.registerBatches(r)
 	m.registerLeases(r)
 	return nil
 }

@@ -48,6 +48,7 @@ type Runtime struct {
 	Jobs      Jobs
 	Workflows Workflows
 	Access    Access
+	Quorum    Quorum
 	// Registry is what every module registered, checked; read it, never add to it.
 	Registry *Registry
 }

@@ -104,3 +104,40 @@ type SecretBox interface {
 	Seal(purpose string, plaintext []byte) ([]byte, error)
 	Open(purpose string, sealed []byte) ([]byte, error)
 }
+
+// Quorum is the destructive-batch gate (docs/fleet.md, "Destructive-batch quorum"): a batch
+// method whose batch is over its tenant's quorum policy runs only with an approval of that very
+// batch by other principals. Each batch method calls Check once, in its transaction, before it
+// changes anything.
+type Quorum interface {
+	// Check admits batch b of the call c. It returns no error when the batch is within the
+	// policy of c's tenant (or its nearest ancestor's), or when b.Approval names an approved,
+	// unexpired approval of exactly this batch (same method, targets and params) that c's
+	// principal asked for, which it spends in c's transaction and returns. Otherwise it
+	// returns an *api.Error: confirmation_required with the approval opened for the batch
+	// (details: approvalId, expiresAt), or a refusal of the approval given.
+	Check(ctx context.Context, c *Call, b Batch) (approval string, err error)
+}
+
+// Batch is a destructive batch as the quorum gate weighs it.
+type Batch struct {
+	Method string // the batch method's full name, e.g. "nodes.drainMany"
+	// Targets are the ids of what the batch acts on, each once (in any order).
+	Targets []string
+	// Groups are the sets the targets belong to (a pool, a site), for the policy's percent
+	// limit: how many members each has in all and how many of them the batch touches.
+	Groups []BatchGroup
+	// Params is the rest of what the batch does (drain's end, a deploy's image), without the
+	// targets and the approval; it is bound into the approval with them.
+	Params map[string]any
+	// Approval is the approval the call carries, "" for none.
+	Approval string
+}
+
+// BatchGroup is a set some of a batch's targets belong to.
+type BatchGroup struct {
+	Kind  string // "pool", "site"
+	ID    string
+	Size  int // its members in all
+	Count int // the members the batch touches
+}

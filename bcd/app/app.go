@@ -94,7 +94,7 @@ object with stateDir, cdiDir, gateway, transport, logLevel and fake {gpus, model
 	pf.StringVar(&configPath, "config", "", "config file (default "+defaultConfig+" when it exists)")
 	pf.StringVar(&s.StateDir, "state-dir", s.StateDir, "where the journal (identity, desired state, pending results) is kept")
 	pf.StringVar(&s.LogLevel, "log-level", s.LogLevel, "debug, info, warn or error")
-	root.AddCommand(joinCmd(s), nodeCmd(s), statusCmd(s), doctorCmd(s), versionCmd(), simCmd(s), ramdiskCmd(s), siteCmd(s), initCmd(s), cgroupHookCmd())
+	root.AddCommand(joinCmd(s), nodeCmd(s), statusCmd(s), doctorCmd(s), versionCmd(), simCmd(s), ramdiskCmd(s), siteCmd(s), initCmd(s), cgroupHookCmd(), helperCmd(s))
 	return root
 }
 
@@ -226,7 +226,7 @@ func nodeCmd(s *settings) *cobra.Command {
 	var fakeGPUs int
 	var fakeModel string
 	var fakeDelay time.Duration
-	var sshdDir, sshUser string
+	var sshdDir, sshUser, helperSocket string
 	var execOK bool
 	var consoles []string
 	var vm vmHostFlags
@@ -267,7 +267,7 @@ and bcd doctor say why). --fake-gpus runs on simulated hardware instead.`,
 				exts = append(exts, vmExt)
 			}
 			return daemon.Run(ctx, daemon.Config{StateDir: s.StateDir, CDIDir: s.CDIDir, Gateway: s.Gateway, Transport: s.Transport, Fake: s.Fake, Extensions: exts,
-				Version: version, Logger: logger, Exec: execOK, Consoles: cons, Reports: reports})
+				Version: version, Logger: logger, Exec: execOK, Consoles: cons, Reports: reports, Helper: helperSocket})
 		},
 	}
 	c.Flags().StringVar(&s.CDIDir, "cdi-dir", s.CDIDir, "where CDI specs of held devices are written")
@@ -280,6 +280,7 @@ and bcd doctor say why). --fake-gpus runs on simulated hardware instead.`,
 	c.Flags().DurationVar(&fakeDelay, "fake-command-delay", 0, "how long simulated commands take")
 	c.Flags().StringVar(&sshdDir, "sshd-dir", "", "give the host's sshd the holders' SSH certificate access: CAs, principals and revocations are kept in this directory, with an sshd_config to Include (docs/access.md); empty: off")
 	c.Flags().StringVar(&sshUser, "ssh-user", "root", "the local user the holders of reservations log in as over SSH")
+	c.Flags().StringVar(&helperSocket, "helper", "", "run unprivileged: write CDI specs, change MIG and reset GPUs through the root helper listening on this socket (bcd helper; docs/bcd.md)")
 	vm.flags(c)
 	return c
 }

@@ -12,9 +12,15 @@ import (
 	"github.com/better-compute/compute/modules"
 )
 
-// transition moves a node between lifecycle states: allowed lists the states it may come from.
+// transition moves the call's node between lifecycle states: allowed lists the states it may
+// come from.
 func transition(ctx context.Context, c *modules.Call, to string, allowed ...string) (api.Node, error) {
-	n, err := lockNode(ctx, c)
+	return transitionOf(ctx, c, c.Target.ResourceID, to, allowed...)
+}
+
+// transitionOf is transition of node id, a node of the call's tenant.
+func transitionOf(ctx context.Context, c *modules.Call, id, to string, allowed ...string) (api.Node, error) {
+	n, err := lockNodeOf(ctx, c, id)
 	if err != nil {
 		return n, err
 	}
@@ -41,10 +47,14 @@ func transition(ctx context.Context, c *modules.Call, to string, allowed ...stri
 }
 
 func lockNode(ctx context.Context, c *modules.Call) (api.Node, error) {
-	if err := fleet.LockNodes(ctx, c.Tx, []string{c.Target.ResourceID}); err != nil {
+	return lockNodeOf(ctx, c, c.Target.ResourceID)
+}
+
+func lockNodeOf(ctx context.Context, c *modules.Call, id string) (api.Node, error) {
+	if err := fleet.LockNodes(ctx, c.Tx, []string{id}); err != nil {
 		return api.Node{}, err
 	}
-	return fleet.GetNode(ctx, c.Tx, c.Target.ResourceID, c.Target.TenantID)
+	return fleet.GetNode(ctx, c.Tx, id, c.Target.TenantID)
 }
 
 func nodeTarget[In any](ref func(In) api.NodeRef) modules.TargetFunc[In] {
@@ -64,34 +74,11 @@ func registerLifecycle(r *modules.Registry) {
 		})
 	modules.Handle(r, api.NodesDrain, nodeTarget(func(in api.DrainNode) api.NodeRef { return in.NodeRef }),
 		func(ctx context.Context, c *modules.Call, in api.DrainNode) (api.Node, error) {
-			n, err := transition(ctx, c, api.NodeDraining, api.NodeActive, api.NodeCordoned)
-			if err != nil || !in.End {
-				return n, err
-			}
-			if _, err := capacity.EndOnNode(ctx, c.Tx, n.ID); err != nil {
-				return n, err
-			}
-			return n, nil
+			return drain(ctx, c, c.Target.ResourceID, in.End)
 		})
 	modules.Handle(r, api.NodesRetire, nodeTarget(func(in api.RetireNode) api.NodeRef { return in.NodeRef }),
 		func(ctx context.Context, c *modules.Call, in api.RetireNode) (api.Node, error) {
-			n, err := lockNode(ctx, c)
-			if err != nil {
-				return n, err
-			}
-			held, err := capacity.HoldsOnNode(ctx, c.Tx, n.ID)
-			if err != nil {
-				return n, err
-			}
-			if held {
-				return n, &api.Error{Code: api.CodeFailedPrecondition,
-					Message: fmt.Sprintf("node %s still holds bookings, now or later; drain it (end: true) first", n.Name),
-					Details: map[string]any{"reason": "node_holds_bookings"}}
-			}
-			if _, err := pki.RevokeNode(ctx, c.Tx, n.ID); err != nil {
-				return n, err
-			}
-			return transition(ctx, c, api.NodeRetired, api.NodeActive, api.NodeCordoned, api.NodeDraining)
+			return retire(ctx, c, c.Target.ResourceID)
 		})
 	modules.Handle(r, api.NodesSetLabels, nodeTarget(func(in api.SetNodeLabels) api.NodeRef { return in.NodeRef }),
 		func(ctx context.Context, c *modules.Call, in api.SetNodeLabels) (api.Node, error) {
@@ -100,4 +87,37 @@ func registerLifecycle(r *modules.Registry) {
 			}
 			return fleet.GetNode(ctx, c.Tx, c.Target.ResourceID, c.Target.TenantID)
 		})
+}
+
+// drain moves node id to draining and, with end, ends what it holds now.
+func drain(ctx context.Context, c *modules.Call, id string, end bool) (api.Node, error) {
+	n, err := transitionOf(ctx, c, id, api.NodeDraining, api.NodeActive, api.NodeCordoned)
+	if err != nil || !end {
+		return n, err
+	}
+	if _, err := capacity.EndOnNode(ctx, c.Tx, n.ID); err != nil {
+		return n, err
+	}
+	return n, nil
+}
+
+// retire retires node id, which must hold nothing, and revokes its certificates.
+func retire(ctx context.Context, c *modules.Call, id string) (api.Node, error) {
+	n, err := lockNodeOf(ctx, c, id)
+	if err != nil {
+		return n, err
+	}
+	held, err := capacity.HoldsOnNode(ctx, c.Tx, n.ID)
+	if err != nil {
+		return n, err
+	}
+	if held {
+		return n, &api.Error{Code: api.CodeFailedPrecondition,
+			Message: fmt.Sprintf("node %s still holds bookings, now or later; drain it (end: true) first", n.Name),
+			Details: map[string]any{"reason": "node_holds_bookings", "node": n.ID}}
+	}
+	if _, err := pki.RevokeNode(ctx, c.Tx, n.ID); err != nil {
+		return n, err
+	}
+	return transitionOf(ctx, c, id, api.NodeRetired, api.NodeActive, api.NodeCordoned, api.NodeDraining)
 }

@@ -91,6 +91,7 @@ func (m *Module) Register(r *modules.Registry) error {
 	registerRemediation(r)
 	m.reg = r
 	registerLifecycle(r)
+	registerBatches(r)
 	registerCommands(r)
 	return nil
 }

@@ -89,6 +89,70 @@ type Converger struct {
 	Hook string
 	// Logger reports refused holds; default slog.Default().
 	Logger *slog.Logger
+	// Specs is where the spec files are written, listed and removed; nil means Dir itself. A
+	// node agent that runs unprivileged writes through its root helper (bcd helper).
+	Specs Specs
+}
+
+// Specs keeps the spec files of one directory, by file name (prefix + holder + ".json").
+type Specs interface {
+	Write(name string, b []byte) error
+	Remove(name string) error
+	List() ([]string, error)
+}
+
+// DirSpecs keeps spec files in a directory, each written atomically.
+type DirSpecs string
+
+// Write implements Specs.
+func (d DirSpecs) Write(name string, b []byte) error {
+	if err := os.MkdirAll(string(d), 0o755); err != nil {
+		return fmt.Errorf("cdi: spec directory: %w", err)
+	}
+	return writeAtomic(filepath.Join(string(d), name), b)
+}
+
+// Remove implements Specs; a file that is not there is no error.
+func (d DirSpecs) Remove(name string) error {
+	if err := os.Remove(filepath.Join(string(d), name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// List implements Specs: the names of the files bcd wrote (prefix, .json); none when the
+// directory does not exist.
+func (d DirSpecs) List() ([]string, error) {
+	entries, err := os.ReadDir(string(d))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, e := range entries {
+		if n := e.Name(); IsSpecName(n) {
+			out = append(out, n)
+		}
+	}
+	return out, nil
+}
+
+// IsSpecName reports whether name is the name of a spec file bcd writes.
+func IsSpecName(name string) bool {
+	return strings.HasPrefix(name, prefix) && strings.HasSuffix(name, ".json") && !strings.ContainsRune(name, '/')
+}
+
+// SpecName is the file name of a holder's spec.
+func SpecName(holder string) string { return prefix + holder + ".json" }
+
+// HolderOf is the holder whose spec file name is, and whether it is one.
+func HolderOf(name string) (string, bool) {
+	if !IsSpecName(name) {
+		return "", false
+	}
+	return strings.TrimSuffix(strings.TrimPrefix(name, prefix), ".json"), true
 }
 
 // HookName is the OCI stage at which the cgroup hook runs: createRuntime, in the runtime's
@@ -151,8 +215,12 @@ func (c *Converger) known() map[int32]string {
 // Apply implements nodeagent.Converger: the GPUs' MIG modes and slices, then a spec for each
 // hold, none for anything else.
 func (c *Converger) Apply(ctx context.Context, ds *agentv1.DesiredState) error {
-	if err := os.MkdirAll(c.Dir, 0o755); err != nil {
-		return fmt.Errorf("cdi: spec directory: %w", err)
+	specs := c.Specs
+	if specs == nil {
+		if err := os.MkdirAll(c.Dir, 0o755); err != nil {
+			return fmt.Errorf("cdi: spec directory: %w", err)
+		}
+		specs = DirSpecs(c.Dir)
 	}
 	want := map[string]bool{}
 	var errs []error
@@ -180,25 +248,24 @@ func (c *Converger) Apply(ctx context.Context, ds *agentv1.DesiredState) error {
 		if slices.Refused[h.GetHolder()] != nil {
 			continue // its error is among errs already
 		}
-		name := prefix + h.GetHolder() + ".json"
+		name := SpecName(h.GetHolder())
 		want[name] = true
 		b, err := json.MarshalIndent(c.spec(h, slices, minors), "", "  ")
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		if err := writeAtomic(filepath.Join(c.Dir, name), append(b, '\n')); err != nil {
+		if err := specs.Write(name, append(b, '\n')); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	entries, err := os.ReadDir(c.Dir)
+	names, err := specs.List()
 	if err != nil {
 		return errors.Join(append(errs, err)...)
 	}
-	for _, e := range entries {
-		n := e.Name()
-		if strings.HasPrefix(n, prefix) && strings.HasSuffix(n, ".json") && !want[n] {
-			if err := os.Remove(filepath.Join(c.Dir, n)); err != nil && !errors.Is(err, os.ErrNotExist) {
+	for _, n := range names {
+		if !want[n] {
+			if err := specs.Remove(n); err != nil {
 				errs = append(errs, err)
 			}
 		}

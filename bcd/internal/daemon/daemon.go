@@ -18,6 +18,7 @@ import (
 	agentv1 "github.com/better-compute/compute/agent/v1"
 	"github.com/better-compute/compute/bcd/internal/cdi"
 	"github.com/better-compute/compute/bcd/internal/hardware"
+	"github.com/better-compute/compute/bcd/internal/helper"
 	"github.com/better-compute/compute/bcd/internal/journal"
 	"github.com/better-compute/compute/bcd/internal/mig"
 	"github.com/better-compute/compute/internal/nodeagent"
@@ -48,6 +49,9 @@ type Config struct {
 	// Exec and Consoles are what holders' tunnels may reach (nodeagent.Config).
 	Exec     bool
 	Consoles map[string]string
+	// Helper is the socket of the root helper (bcd helper) that writes CDI specs, makes MIG
+	// changes and resets GPUs for this agent, which then runs unprivileged; "" does them here.
+	Helper string
 }
 
 // Status is the status file: the agent's status and what bcd knows of its machine.
@@ -79,7 +83,18 @@ func Run(ctx context.Context, cfg Config) error {
 	if !ok {
 		return errors.New("this node has not joined: run bcd join --url URL --token TOKEN first")
 	}
-	hw, migGPUs, closeHW, err := openHardware(cfg, id.NodeName)
+	var hc *helper.Client
+	if cfg.Helper != "" {
+		c, hello, err := helper.Dial(cfg.Helper)
+		if err != nil {
+			return fmt.Errorf("the root helper (--helper %s): %w", cfg.Helper, err)
+		}
+		defer c.Close()
+		hc = c
+		cfg.Logger.Info("bcd: privileged actions go through the root helper", "socket", cfg.Helper, "cdiRoots", hello.CDIRoots, "mig", hello.MIG, "reset", hello.Reset, "why", hello.Why)
+		hc.NoMIG = !hello.MIG
+	}
+	hw, migGPUs, closeHW, err := openHardware(cfg, id.NodeName, hc)
 	if err != nil {
 		return err
 	}
@@ -92,6 +107,9 @@ func Run(ctx context.Context, cfg Config) error {
 	var conv nodeagent.Converger = &nodeagent.RecordingConverger{} // no devices to hand out: a site agent
 	if cfg.CDIDir != "" {
 		devices, err := devicesConverger(cfg, inv, migGPUs)
+		if hc != nil && err == nil {
+			devices.Specs = hc.Specs(cfg.CDIDir)
+		}
 		if err != nil {
 			return err
 		}
@@ -137,8 +155,8 @@ func Run(ctx context.Context, cfg Config) error {
 }
 
 // openHardware opens the machine (or fakes one) and its MIG, nil where its GPUs cannot be read
-// through NVML.
-func openHardware(cfg Config, name string) (nodeagent.Hardware, hardware.MIG, func(), error) {
+// through NVML. With a root helper (hc), MIG changes and GPU resets go through it.
+func openHardware(cfg Config, name string, hc *helper.Client) (nodeagent.Hardware, hardware.MIG, func(), error) {
 	if cfg.Fake != nil {
 		model := cfg.Fake.Model
 		if model == "" {
@@ -146,6 +164,9 @@ func openHardware(cfg Config, name string) (nodeagent.Hardware, hardware.MIG, fu
 		}
 		hw := nodeagent.NewFakeHardware(name, cfg.Fake.GPUs, model)
 		hw.SlowCommands(cfg.Fake.CommandDelay)
+		if hc != nil {
+			return helperReset{hw, hc}, hc.MIG(), func() {}, nil
+		}
 		return hw, hardware.NewFakeMIG(cfg.Fake.GPUs), func() {}, nil
 	}
 	gpus, err := hardware.OpenSystemGPUs()
@@ -157,7 +178,27 @@ func openHardware(cfg Config, name string) (nodeagent.Hardware, hardware.MIG, fu
 		closeFn = c.Close
 	}
 	m, _ := gpus.(hardware.MIG) // NoGPUs has none: never touch NVML after a failed Init
-	return &hardware.Machine{Host: hardware.Host{Disk: cfg.StateDir}, GPUs: gpus}, m, closeFn, nil
+	machine := &hardware.Machine{Host: hardware.Host{Disk: cfg.StateDir}, GPUs: gpus}
+	if hc != nil {
+		machine.Reset = hc.ResetGPU
+		if m != nil {
+			m = hc.MIG()
+		}
+	}
+	return machine, m, closeFn, nil
+}
+
+// helperReset is fake hardware whose GPU resets go through the root helper too.
+type helperReset struct {
+	*nodeagent.FakeHardware
+	hc *helper.Client
+}
+
+func (h helperReset) ResetGPU(ctx context.Context, index int) error {
+	if err := h.hc.ResetGPU(ctx, index); err != nil {
+		return err
+	}
+	return h.FakeHardware.ResetGPU(ctx, index)
 }
 
 // devicesConverger is the CDI converger with the MIG converger over gpus (if any), its specs'

@@ -98,6 +98,9 @@ func (h Host) Pressure() *agentv1.HostPressure {
 type Machine struct {
 	Host Host
 	GPUs GPUs
+	// Reset resets a GPU whose index the inventory has; nil: nvidia-smi, which needs root. An
+	// unprivileged node agent resets through its root helper.
+	Reset func(ctx context.Context, index int) error
 }
 
 // GPUs is the GPU half of a Machine: NVML, or nothing.
@@ -132,6 +135,13 @@ func (m *Machine) ResetGPU(ctx context.Context, index int) error {
 	}
 	if !known {
 		return fmt.Errorf("gpu.reset: this node has no GPU %d", index)
+	}
+	if m.Reset != nil {
+		if err := m.Reset(ctx, index); err != nil {
+			return err
+		}
+		m.GPUs.Cleared(index)
+		return nil
 	}
 	path, err := exec.LookPath("nvidia-smi")
 	if err != nil {
