@@ -141,7 +141,8 @@ func TestInstancesRunOnARealBCDHost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	inst, err := compute.Invoke(ctx, c, key, vps.InstancesCreate, vps.CreateInstance{Name: "one", Pool: "vms", Flavor: flavor.Name, Image: "guest"})
+	inst, err := compute.Invoke(ctx, c, key, vps.InstancesCreate, vps.CreateInstance{Name: "one", Pool: "vms", Flavor: flavor.Name, Image: "guest",
+		UserData: "#cloud-config\nruncmd: [echo seeded]\n"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,6 +167,15 @@ func TestInstancesRunOnARealBCDHost(t *testing.T) {
 			t.Fatal(err)
 		}
 		return v.console(t, ticket)
+	}
+	// Its NoCloud seed is its second disk, read-only.
+	if virsh, err := exec.LookPath("virsh"); err == nil {
+		out, err := exec.Command(virsh, "-c", "qemu:///session?socket="+h.Socket, "dumpxml", "bc-"+inst.ID).CombinedOutput()
+		if err != nil || !strings.Contains(string(out), filepath.Join(h.Dir, "vps", "seeds", inst.ID+".iso")) || !strings.Contains(string(out), "<readonly/>") {
+			t.Fatalf("the domain has no read-only seed disk: %v\n%s", err, out)
+		}
+	} else {
+		t.Log("virsh (Debian libvirt-clients) is not installed: the seed disk is not read back from libvirt")
 	}
 	con := console()
 	con.expect(t, `bc-guest: (up|tick)`, 3*time.Minute)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 
 	"github.com/spf13/cobra"
@@ -11,6 +12,7 @@ import (
 	"github.com/better-compute/compute/agent/ext"
 	"github.com/better-compute/compute/internal/nodeagent"
 	"github.com/better-compute/compute/vps/hostagent"
+	"github.com/better-compute/compute/vps/hostnet"
 	"github.com/better-compute/compute/vps/runtime"
 	"github.com/better-compute/compute/vps/runtime/chv"
 	"github.com/better-compute/compute/vps/runtime/libvirt"
@@ -26,10 +28,12 @@ type vmHostFlags struct {
 	fileOwner   string
 	chvBinary   string
 	chvFirmware string
+	uplink      string
 }
 
 func (f *vmHostFlags) flags(c *cobra.Command) {
 	c.Flags().StringVar(&f.runtime, "vps-runtime", "", "run the vps module's instances with this runtime: libvirt (libvirt-kvm) or chv (cloud-hypervisor); empty: not a VM host")
+	c.Flags().StringVar(&f.uplink, "vps-uplink", "", "the host's interface that carries the vps networks' VLANs (eth0, bond0); bridges are made (as root) for instances' NICs")
 	c.Flags().StringVar(&f.dir, "vps-dir", "", "where the VM host keeps images, consoles and instances' disks (default <state-dir>/vps)")
 	c.Flags().StringVar(&f.socket, "libvirt-socket", "/run/libvirt/libvirt-sock", "libvirtd's (or virtqemud's) Unix socket")
 	c.Flags().StringVar(&f.uri, "libvirt-uri", "qemu:///system", "the libvirt driver: qemu:///system, or qemu:///session for a per-user daemon")
@@ -66,7 +70,16 @@ func (f *vmHostFlags) start(ctx context.Context, s *settings, reports *nodeagent
 	default:
 		return ext.Extension{}, nil, fmt.Errorf("--vps-runtime %q: want libvirt (libvirt-kvm) or chv (cloud-hypervisor)", f.runtime)
 	}
-	a, err := hostagent.New(hostagent.Options{Runtime: rt, Dir: dir, Reporter: reports, Logger: logger})
+	opts := hostagent.Options{Runtime: rt, Dir: dir, Reporter: reports, Logger: logger, Uplink: f.uplink}
+	if os.Geteuid() == 0 { // bridges and VLAN sub-interfaces are made as root; otherwise NICs plug into those that exist
+		links, err := hostnet.New()
+		if err != nil {
+			closeRT()
+			return ext.Extension{}, nil, err
+		}
+		opts.Links = links
+	}
+	a, err := hostagent.New(opts)
 	if err != nil {
 		closeRT()
 		return ext.Extension{}, nil, err

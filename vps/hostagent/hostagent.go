@@ -27,6 +27,7 @@ import (
 
 	"github.com/better-compute/compute/agent/ext"
 	"github.com/better-compute/compute/vps/hostapi"
+	"github.com/better-compute/compute/vps/hostnet"
 	"github.com/better-compute/compute/vps/runtime"
 )
 
@@ -45,7 +46,12 @@ type Options struct {
 	// StatusEvery is how often the instances' status is reported when nothing changed; default
 	// 30 s.
 	StatusEvery time.Duration
-	Logger      *slog.Logger
+	// Links, if set, makes the bridges (and VLAN sub-interfaces of Uplink) instances' NICs plug
+	// into (hostnet.Links, as root); without it NICs plug into bridges that exist.
+	Links interface{ Ensure(hostnet.Segment) error }
+	// Uplink is the host's interface that carries the networks' VLANs (bcd node --vps-uplink).
+	Uplink string
+	Logger *slog.Logger
 }
 
 // Agent is one host's agent. Its converger and its reporting loop (Run) share what it last
@@ -249,6 +255,8 @@ func (a *Agent) converge(ctx context.Context, version uint32, payload []byte) er
 		}
 		_ = os.Remove(a.consolePath(st.ID))
 		_ = os.RemoveAll(filepath.Join(a.opts.Dir, "snapshots", st.ID))
+		_ = os.Remove(a.seedPath(st.ID))
+		_ = os.Remove(a.seedPath(st.ID) + ".sha256")
 		a.opts.Logger.Info("vps: instance deleted", "instance", st.ID)
 	}
 	for id := range a.snapErrors {
@@ -288,6 +296,22 @@ func (a *Agent) ensure(ctx context.Context, in hostapi.Instance) error {
 			return err
 		}
 		*f.dst = p
+	}
+	for _, n := range in.NICs {
+		if a.opts.Links != nil {
+			if err := a.opts.Links.Ensure(hostnet.Segment{Bridge: n.Bridge, VLAN: n.VLAN, Uplink: a.opts.Uplink}); err != nil {
+				return fmt.Errorf("network %s: %w", n.Network, err)
+			}
+		}
+		// Untagged on the bridge: the bridge's port on the uplink's VLAN sub-interface tags.
+		r.NICs = append(r.NICs, runtime.NIC{MAC: n.MAC, Bridge: n.Bridge})
+	}
+	if in.CloudInit != nil {
+		p, err := a.writeSeed(in.ID, in.CloudInit)
+		if err != nil {
+			return err
+		}
+		r.Seed = p
 	}
 	if len(in.Env) > 0 && r.Kernel != "" {
 		b, _ := json.Marshal(in.Env)

@@ -41,6 +41,9 @@ type Instance struct {
 	Console string
 	// GPUs are PCI addresses of devices passed through (0000:3b:00.0), or MIG device UUIDs.
 	GPUs []string
+	// Seed, if set, is a read-only image given to the guest as a second disk: its cloud-init
+	// NoCloud seed (an ISO 9660 volume labelled cidata).
+	Seed string
 }
 
 // NIC is a network interface on a host bridge, optionally on a VLAN.

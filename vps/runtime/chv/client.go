@@ -89,6 +89,7 @@ type diskConfig struct {
 	Path         string `json:"path"`
 	ImageType    string `json:"image_type,omitempty"` // Qcow2, Raw
 	BackingFiles bool   `json:"backing_files,omitempty"`
+	Readonly     bool   `json:"readonly,omitempty"`
 	ID           string `json:"id,omitempty"`
 }
 

@@ -94,6 +94,9 @@ func (r *Runtime) vmConfig(in runtime.Instance, v vmFiles) (vmConfig, []Tap, err
 		// follows a qcow2 image's backing file only when told.
 		cfg.Disks = []diskConfig{diskOf(v)}
 	}
+	if in.Seed != "" { // the cloud-init seed, read-only, after the boot disk
+		cfg.Disks = append(cfg.Disks, diskConfig{Path: in.Seed, ImageType: "Raw", Readonly: true, ID: "seed"})
+	}
 	var taps []Tap
 	for i, n := range in.NICs {
 		t := Tap{Name: tapName(in.ID, i), Bridge: n.Bridge, VLAN: n.VLAN}

@@ -307,6 +307,15 @@ func (r *Runtime) domainXML(in runtime.Instance, uuid *golibvirt.UUID) (string, 
 			Target: &libvirtxml.DomainDiskTarget{Dev: "vda", Bus: "virtio"},
 		}}
 	}
+	if in.Seed != "" {
+		dom.Devices.Disks = append(dom.Devices.Disks, libvirtxml.DomainDisk{
+			Device:   "disk",
+			Driver:   &libvirtxml.DomainDiskDriver{Name: "qemu", Type: "raw"},
+			Source:   &libvirtxml.DomainDiskSource{File: &libvirtxml.DomainDiskSourceFile{File: in.Seed}},
+			Target:   &libvirtxml.DomainDiskTarget{Dev: "vdb", Bus: "virtio"},
+			ReadOnly: &libvirtxml.DomainDiskReadOnly{},
+		})
+	}
 	if in.Console != "" {
 		if err := r.mkdir(filepath.Dir(in.Console)); err != nil { // QEMU binds it: the directory is its user's
 			return "", err
