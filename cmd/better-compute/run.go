@@ -23,8 +23,8 @@ import (
 	"github.com/better-compute/compute/internal/devserver"
 	"github.com/better-compute/compute/internal/sim"
 	"github.com/better-compute/compute/metal"
-	"github.com/better-compute/compute/vps"
 	"github.com/better-compute/compute/postgres"
+	"github.com/better-compute/compute/vps"
 )
 
 func signals() (context.Context, context.CancelFunc) {
