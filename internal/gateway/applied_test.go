@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/better-compute/compute"
 	agentv1 "github.com/better-compute/compute/agent/v1"
 )
 
@@ -11,7 +12,9 @@ import (
 // stands until it acknowledges another state; its heartbeats, which carry only the generation it
 // applied, do not erase it (they did, within a flush).
 func TestAppliedErrorOutlivesHeartbeats(t *testing.T) {
-	p := newPlane(t, nil)
+	// The raw session beats only when the test says: a grace of seconds, not fast's, keeps a
+	// loaded machine's slow first push from ending it.
+	p := newPlane(t, func(o *compute.Options) { o.HeartbeatInterval = 2 * time.Second })
 	n := p.rawSession(t, "raw-applied")
 	m, err := n.next(t, func(m *agentv1.ServerMessage) bool { return m.GetDesired() != nil })
 	if err != nil {
