@@ -26,10 +26,11 @@ type API struct {
 	Audit        AuditGroup
 	Workflows    WorkflowsGroup
 	Access       AccessGroup
+	Releases     ReleasesGroup
 }
 
 func newAPI(c *Compute) API {
-	return API{Sites: SitesGroup{c}, Pools: PoolsGroup{c}, Nodes: NodesGroup{c}, Reservations: ReservationsGroup{c}, Capacity: CapacityGroup{c}, Quotas: QuotasGroup{c}, Devices: DevicesGroup{c}, JoinTokens: JoinTokensGroup{c}, Commands: CommandsGroup{c}, Events: EventsGroup{c}, Webhooks: WebhooksGroup{c}, Audit: AuditGroup{c}, Workflows: WorkflowsGroup{c}, Access: AccessGroup{c}}
+	return API{Sites: SitesGroup{c}, Pools: PoolsGroup{c}, Nodes: NodesGroup{c}, Reservations: ReservationsGroup{c}, Capacity: CapacityGroup{c}, Quotas: QuotasGroup{c}, Devices: DevicesGroup{c}, JoinTokens: JoinTokensGroup{c}, Commands: CommandsGroup{c}, Events: EventsGroup{c}, Webhooks: WebhooksGroup{c}, Audit: AuditGroup{c}, Workflows: WorkflowsGroup{c}, Access: AccessGroup{c}, Releases: ReleasesGroup{c}}
 }
 
 // SitesGroup is the sites group.
@@ -527,4 +528,57 @@ func (g AccessGroup) Console(ctx context.Context, cred string, in api.OpenTunnel
 // ConsoleTx calls access.console in the host's transaction tx: see InvokeTx.
 func (g AccessGroup) ConsoleTx(ctx context.Context, tx pgx.Tx, cred string, in api.OpenTunnel) (api.TunnelTicket, error) {
 	return InvokeTx(ctx, g.c, tx, cred, api.AccessConsole, in)
+}
+
+// ReleasesGroup is the releases group.
+type ReleasesGroup struct{ c *Compute }
+
+// Keys calls releases.keys: The control plane's online keys, to which a release root delegates snapshot and timestamp.
+func (g ReleasesGroup) Keys(ctx context.Context, cred string, in api.GetReleaseKeys) (api.ReleaseKeys, error) {
+	return Invoke(ctx, g.c, cred, api.ReleasesKeys, in)
+}
+
+// SetRoot calls releases.setRoot: Install the repository's root metadata, signed offline: the first, or a rotation signed by the current root's keys too.
+func (g ReleasesGroup) SetRoot(ctx context.Context, cred string, in api.SetReleaseRoot) (api.ReleaseMetadata, error) {
+	return Invoke(ctx, g.c, cred, api.ReleasesSetRoot, in)
+}
+
+// SetRootTx calls releases.setRoot in the host's transaction tx: see InvokeTx.
+func (g ReleasesGroup) SetRootTx(ctx context.Context, tx pgx.Tx, cred string, in api.SetReleaseRoot) (api.ReleaseMetadata, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.ReleasesSetRoot, in)
+}
+
+// Upload calls releases.upload: A ticket to upload one bcd build (PUT its bytes to the ticket's URL); a build already held needs none.
+func (g ReleasesGroup) Upload(ctx context.Context, cred string, in api.UploadBuild) (api.UploadTicket, error) {
+	return Invoke(ctx, g.c, cred, api.ReleasesUpload, in)
+}
+
+// UploadTx calls releases.upload in the host's transaction tx: see InvokeTx.
+func (g ReleasesGroup) UploadTx(ctx context.Context, tx pgx.Tx, cred string, in api.UploadBuild) (api.UploadTicket, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.ReleasesUpload, in)
+}
+
+// Publish calls releases.publish: Publish targets metadata signed offline by the targets key; the control plane signs a snapshot and a timestamp over it.
+func (g ReleasesGroup) Publish(ctx context.Context, cred string, in api.PublishTargets) (api.Published, error) {
+	return Invoke(ctx, g.c, cred, api.ReleasesPublish, in)
+}
+
+// PublishTx calls releases.publish in the host's transaction tx: see InvokeTx.
+func (g ReleasesGroup) PublishTx(ctx context.Context, tx pgx.Tx, cred string, in api.PublishTargets) (api.Published, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.ReleasesPublish, in)
+}
+
+// Get calls releases.get: Get a release: its builds by platform, with their lengths and hashes.
+func (g ReleasesGroup) Get(ctx context.Context, cred string, in api.GetRelease) (api.Release, error) {
+	return Invoke(ctx, g.c, cred, api.ReleasesGet, in)
+}
+
+// List calls releases.list: List the published releases, newest first.
+func (g ReleasesGroup) List(ctx context.Context, cred string, in api.ListReleases) (api.Page[api.Release], error) {
+	return Invoke(ctx, g.c, cred, api.ReleasesList, in)
+}
+
+// Metadata calls releases.metadata: The repository's current signed metadata of a role (root, targets, snapshot or timestamp).
+func (g ReleasesGroup) Metadata(ctx context.Context, cred string, in api.GetReleaseMetadata) (api.ReleaseMetadata, error) {
+	return Invoke(ctx, g.c, cred, api.ReleasesMetadata, in)
 }

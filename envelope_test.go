@@ -231,6 +231,7 @@ func TestOneDecisionPerMutation(t *testing.T) {
 	env := ff.env
 	url := env.Server(t)
 	ids := map[string]string{} // the ids earlier steps answered, by step name
+	rel := newReleaseSigner(t)
 	future := time.Now().Add(3 * time.Hour).UTC().Format(time.RFC3339)
 	steps := []struct {
 		method   string
@@ -279,6 +280,9 @@ func TestOneDecisionPerMutation(t *testing.T) {
 		}, false},
 		{"webhooks/delete", func() string { return `{"webhook": "` + ids["webhooks/create"] + `"}` }, false},
 		{"workflows/cancel", func() string { return `{"run": "` + aRun(t, env) + `"}` }, false},
+		{"releases/setRoot", func() string { return rel.rootBody(t) }, true},
+		{"releases/upload", fixed(rel.uploadBody()), true},
+		{"releases/publish", func() string { return rel.publishBody(t, url, ids["releases/upload.url"]) }, true},
 		{"nodes/drain", fixed(`{"node": "n1", "pool": "p1"}`), false},
 		{"nodes/retire", func() string { return `{"node": "` + ff.nodeID + `"}` }, false},
 	}
@@ -291,6 +295,9 @@ func TestOneDecisionPerMutation(t *testing.T) {
 		}
 		if id, ok := c.body["id"].(string); ok {
 			ids[s.method] = id
+		}
+		if u, ok := c.body["url"].(string); ok {
+			ids[s.method+".url"] = u
 		}
 		if serial, ok := c.body["serial"].(float64); ok {
 			ids[s.method+".serial"] = fmt.Sprint(int64(serial))

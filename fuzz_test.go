@@ -125,6 +125,13 @@ func (ff *fuzzFleet) examples() map[string]string {
 		"audit.checkpoint":          `{}`,
 		"audit.proveInclusion":      `{"seq":1,"size":2}`,
 		"audit.proveConsistency":    `{"from":1,"to":2}`,
+		"releases.keys":             `{}`,
+		"releases.setRoot":          `{"root":{"signed":{"_type":"root","version":1},"signatures":[]}}`,
+		"releases.upload":           `{"version":"v1.0.0","os":"linux","arch":"amd64","length":1024,"sha256":"` + strings.Repeat("ab", 32) + `"}`,
+		"releases.publish":          `{"targets":{"signed":{"_type":"targets","version":1},"signatures":[]}}`,
+		"releases.get":              `{"version":"v1.0.0"}`,
+		"releases.list":             `{"limit":5}`,
+		"releases.metadata":         `{"role":"timestamp"}`,
 	}
 }
 

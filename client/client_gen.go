@@ -24,10 +24,11 @@ type groups struct {
 	Audit        AuditGroup
 	Workflows    WorkflowsGroup
 	Access       AccessGroup
+	Releases     ReleasesGroup
 }
 
 func newGroups(c *Client) groups {
-	return groups{Sites: SitesGroup{c}, Pools: PoolsGroup{c}, Nodes: NodesGroup{c}, Reservations: ReservationsGroup{c}, Capacity: CapacityGroup{c}, Quotas: QuotasGroup{c}, Devices: DevicesGroup{c}, JoinTokens: JoinTokensGroup{c}, Commands: CommandsGroup{c}, Events: EventsGroup{c}, Webhooks: WebhooksGroup{c}, Audit: AuditGroup{c}, Workflows: WorkflowsGroup{c}, Access: AccessGroup{c}}
+	return groups{Sites: SitesGroup{c}, Pools: PoolsGroup{c}, Nodes: NodesGroup{c}, Reservations: ReservationsGroup{c}, Capacity: CapacityGroup{c}, Quotas: QuotasGroup{c}, Devices: DevicesGroup{c}, JoinTokens: JoinTokensGroup{c}, Commands: CommandsGroup{c}, Events: EventsGroup{c}, Webhooks: WebhooksGroup{c}, Audit: AuditGroup{c}, Workflows: WorkflowsGroup{c}, Access: AccessGroup{c}, Releases: ReleasesGroup{c}}
 }
 
 // SitesGroup is the sites group.
@@ -360,4 +361,42 @@ func (g AccessGroup) Exec(ctx context.Context, in api.OpenTunnel) (api.TunnelTic
 // Console calls access.console: A single-use ticket to a node's console, over its session.
 func (g AccessGroup) Console(ctx context.Context, in api.OpenTunnel) (api.TunnelTicket, error) {
 	return call(ctx, g.c, api.AccessConsole, in)
+}
+
+// ReleasesGroup is the releases group.
+type ReleasesGroup struct{ c *Client }
+
+// Keys calls releases.keys: The control plane's online keys, to which a release root delegates snapshot and timestamp.
+func (g ReleasesGroup) Keys(ctx context.Context, in api.GetReleaseKeys) (api.ReleaseKeys, error) {
+	return call(ctx, g.c, api.ReleasesKeys, in)
+}
+
+// SetRoot calls releases.setRoot: Install the repository's root metadata, signed offline: the first, or a rotation signed by the current root's keys too.
+func (g ReleasesGroup) SetRoot(ctx context.Context, in api.SetReleaseRoot) (api.ReleaseMetadata, error) {
+	return call(ctx, g.c, api.ReleasesSetRoot, in)
+}
+
+// Upload calls releases.upload: A ticket to upload one bcd build (PUT its bytes to the ticket's URL); a build already held needs none.
+func (g ReleasesGroup) Upload(ctx context.Context, in api.UploadBuild) (api.UploadTicket, error) {
+	return call(ctx, g.c, api.ReleasesUpload, in)
+}
+
+// Publish calls releases.publish: Publish targets metadata signed offline by the targets key; the control plane signs a snapshot and a timestamp over it.
+func (g ReleasesGroup) Publish(ctx context.Context, in api.PublishTargets) (api.Published, error) {
+	return call(ctx, g.c, api.ReleasesPublish, in)
+}
+
+// Get calls releases.get: Get a release: its builds by platform, with their lengths and hashes.
+func (g ReleasesGroup) Get(ctx context.Context, in api.GetRelease) (api.Release, error) {
+	return call(ctx, g.c, api.ReleasesGet, in)
+}
+
+// List calls releases.list: List the published releases, newest first.
+func (g ReleasesGroup) List(ctx context.Context, in api.ListReleases) (api.Page[api.Release], error) {
+	return call(ctx, g.c, api.ReleasesList, in)
+}
+
+// Metadata calls releases.metadata: The repository's current signed metadata of a role (root, targets, snapshot or timestamp).
+func (g ReleasesGroup) Metadata(ctx context.Context, in api.GetReleaseMetadata) (api.ReleaseMetadata, error) {
+	return call(ctx, g.c, api.ReleasesMetadata, in)
 }
