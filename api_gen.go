@@ -27,10 +27,11 @@ type API struct {
 	Workflows    WorkflowsGroup
 	Access       AccessGroup
 	Releases     ReleasesGroup
+	Rollouts     RolloutsGroup
 }
 
 func newAPI(c *Compute) API {
-	return API{Sites: SitesGroup{c}, Pools: PoolsGroup{c}, Nodes: NodesGroup{c}, Reservations: ReservationsGroup{c}, Capacity: CapacityGroup{c}, Quotas: QuotasGroup{c}, Devices: DevicesGroup{c}, JoinTokens: JoinTokensGroup{c}, Commands: CommandsGroup{c}, Events: EventsGroup{c}, Webhooks: WebhooksGroup{c}, Audit: AuditGroup{c}, Workflows: WorkflowsGroup{c}, Access: AccessGroup{c}, Releases: ReleasesGroup{c}}
+	return API{Sites: SitesGroup{c}, Pools: PoolsGroup{c}, Nodes: NodesGroup{c}, Reservations: ReservationsGroup{c}, Capacity: CapacityGroup{c}, Quotas: QuotasGroup{c}, Devices: DevicesGroup{c}, JoinTokens: JoinTokensGroup{c}, Commands: CommandsGroup{c}, Events: EventsGroup{c}, Webhooks: WebhooksGroup{c}, Audit: AuditGroup{c}, Workflows: WorkflowsGroup{c}, Access: AccessGroup{c}, Releases: ReleasesGroup{c}, Rollouts: RolloutsGroup{c}}
 }
 
 // SitesGroup is the sites group.
@@ -581,4 +582,57 @@ func (g ReleasesGroup) List(ctx context.Context, cred string, in api.ListRelease
 // Metadata calls releases.metadata: The repository's current signed metadata of a role (root, targets, snapshot or timestamp).
 func (g ReleasesGroup) Metadata(ctx context.Context, cred string, in api.GetReleaseMetadata) (api.ReleaseMetadata, error) {
 	return Invoke(ctx, g.c, cred, api.ReleasesMetadata, in)
+}
+
+// RolloutsGroup is the rollouts group.
+type RolloutsGroup struct{ c *Compute }
+
+// Create calls rollouts.create: Roll a release of bcd out to a pool in waves, each within the pool's disruption budget and gated on its nodes coming back on the new version.
+func (g RolloutsGroup) Create(ctx context.Context, cred string, in api.CreateRollout) (api.Rollout, error) {
+	return Invoke(ctx, g.c, cred, api.RolloutsCreate, in)
+}
+
+// CreateTx calls rollouts.create in the host's transaction tx: see InvokeTx.
+func (g RolloutsGroup) CreateTx(ctx context.Context, tx pgx.Tx, cred string, in api.CreateRollout) (api.Rollout, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.RolloutsCreate, in)
+}
+
+// Get calls rollouts.get: Get a rollout: its waves and every node's progress.
+func (g RolloutsGroup) Get(ctx context.Context, cred string, in api.RolloutRef) (api.Rollout, error) {
+	return Invoke(ctx, g.c, cred, api.RolloutsGet, in)
+}
+
+// List calls rollouts.list: List a tenant's rollouts, newest first, by pool and state.
+func (g RolloutsGroup) List(ctx context.Context, cred string, in api.ListRollouts) (api.Page[api.Rollout], error) {
+	return Invoke(ctx, g.c, cred, api.RolloutsList, in)
+}
+
+// Pause calls rollouts.pause: Pause a rollout: no new wave starts until it is resumed.
+func (g RolloutsGroup) Pause(ctx context.Context, cred string, in api.RolloutRef) (api.Rollout, error) {
+	return Invoke(ctx, g.c, cred, api.RolloutsPause, in)
+}
+
+// PauseTx calls rollouts.pause in the host's transaction tx: see InvokeTx.
+func (g RolloutsGroup) PauseTx(ctx context.Context, tx pgx.Tx, cred string, in api.RolloutRef) (api.Rollout, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.RolloutsPause, in)
+}
+
+// Resume calls rollouts.resume: Resume a paused rollout; the nodes of a failed wave are tried again, with a new deadline.
+func (g RolloutsGroup) Resume(ctx context.Context, cred string, in api.RolloutRef) (api.Rollout, error) {
+	return Invoke(ctx, g.c, cred, api.RolloutsResume, in)
+}
+
+// ResumeTx calls rollouts.resume in the host's transaction tx: see InvokeTx.
+func (g RolloutsGroup) ResumeTx(ctx context.Context, tx pgx.Tx, cred string, in api.RolloutRef) (api.Rollout, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.RolloutsResume, in)
+}
+
+// Rollback calls rollouts.rollback: Send the nodes a rollout touched back to the releases they ran before it, and stop it.
+func (g RolloutsGroup) Rollback(ctx context.Context, cred string, in api.RolloutRef) (api.Rollout, error) {
+	return Invoke(ctx, g.c, cred, api.RolloutsRollback, in)
+}
+
+// RollbackTx calls rollouts.rollback in the host's transaction tx: see InvokeTx.
+func (g RolloutsGroup) RollbackTx(ctx context.Context, tx pgx.Tx, cred string, in api.RolloutRef) (api.Rollout, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.RolloutsRollback, in)
 }

@@ -45,6 +45,7 @@ import (
 	"github.com/better-compute/compute/internal/metrics"
 	"github.com/better-compute/compute/internal/nodes"
 	"github.com/better-compute/compute/internal/releases"
+	"github.com/better-compute/compute/internal/rollouts"
 	"github.com/better-compute/compute/internal/tufrepo"
 	"github.com/better-compute/compute/internal/webhooks"
 	"github.com/better-compute/compute/internal/workflow"
@@ -251,7 +252,7 @@ func (m gatewayModule) Register(r *modules.Registry) error {
 // checks the whole.
 func registry(ev *events.Module, capm capacity.Module, mods []Module) (*modules.Registry, error) {
 	reg := modules.NewRegistry()
-	for _, m := range append([]Module{coreModule{}, fleet.Module{}, ev, audit.Module{}, capm, workflow.Module{}, access.Module{}, releases.Module{}}, mods...) {
+	for _, m := range append([]Module{coreModule{}, fleet.Module{}, ev, audit.Module{}, capm, workflow.Module{}, access.Module{}, releases.Module{}, rollouts.Module{}}, mods...) {
 		if err := reg.Add(m); err != nil {
 			return nil, fmt.Errorf("compute: %w", err)
 		}

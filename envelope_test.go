@@ -283,6 +283,10 @@ func TestOneDecisionPerMutation(t *testing.T) {
 		{"releases/setRoot", func() string { return rel.rootBody(t) }, true},
 		{"releases/upload", fixed(rel.uploadBody()), true},
 		{"releases/publish", func() string { return rel.publishBody(t, url, ids["releases/upload.url"]) }, true},
+		{"rollouts/create", fixed(`{"pool": "p1", "release": "v1.0.0", "maxUnavailable": 1}`), true},
+		{"rollouts/pause", func() string { return `{"rollout": "` + ids["rollouts/create"] + `"}` }, false},
+		{"rollouts/resume", func() string { return `{"rollout": "` + ids["rollouts/create"] + `"}` }, false},
+		{"rollouts/rollback", func() string { return `{"rollout": "` + ids["rollouts/create"] + `"}` }, false},
 		{"nodes/drain", fixed(`{"node": "n1", "pool": "p1"}`), false},
 		{"nodes/retire", func() string { return `{"node": "` + ff.nodeID + `"}` }, false},
 	}

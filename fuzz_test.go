@@ -132,6 +132,12 @@ func (ff *fuzzFleet) examples() map[string]string {
 		"releases.get":              `{"version":"v1.0.0"}`,
 		"releases.list":             `{"limit":5}`,
 		"releases.metadata":         `{"role":"timestamp"}`,
+		"rollouts.create":           `{"pool":"p1","release":"v1.0.0","maxUnavailable":2,"waveDeadline":"10m","onFailure":"rollback"}`,
+		"rollouts.get":              `{"rollout":"` + fuzzID + `"}`,
+		"rollouts.list":             `{"pool":"p1","state":"running","limit":3}`,
+		"rollouts.pause":            `{"rollout":"` + fuzzID + `"}`,
+		"rollouts.resume":           `{"rollout":"` + fuzzID + `"}`,
+		"rollouts.rollback":         `{"rollout":"` + fuzzID + `"}`,
 	}
 }
 

@@ -25,10 +25,11 @@ type groups struct {
 	Workflows    WorkflowsGroup
 	Access       AccessGroup
 	Releases     ReleasesGroup
+	Rollouts     RolloutsGroup
 }
 
 func newGroups(c *Client) groups {
-	return groups{Sites: SitesGroup{c}, Pools: PoolsGroup{c}, Nodes: NodesGroup{c}, Reservations: ReservationsGroup{c}, Capacity: CapacityGroup{c}, Quotas: QuotasGroup{c}, Devices: DevicesGroup{c}, JoinTokens: JoinTokensGroup{c}, Commands: CommandsGroup{c}, Events: EventsGroup{c}, Webhooks: WebhooksGroup{c}, Audit: AuditGroup{c}, Workflows: WorkflowsGroup{c}, Access: AccessGroup{c}, Releases: ReleasesGroup{c}}
+	return groups{Sites: SitesGroup{c}, Pools: PoolsGroup{c}, Nodes: NodesGroup{c}, Reservations: ReservationsGroup{c}, Capacity: CapacityGroup{c}, Quotas: QuotasGroup{c}, Devices: DevicesGroup{c}, JoinTokens: JoinTokensGroup{c}, Commands: CommandsGroup{c}, Events: EventsGroup{c}, Webhooks: WebhooksGroup{c}, Audit: AuditGroup{c}, Workflows: WorkflowsGroup{c}, Access: AccessGroup{c}, Releases: ReleasesGroup{c}, Rollouts: RolloutsGroup{c}}
 }
 
 // SitesGroup is the sites group.
@@ -399,4 +400,37 @@ func (g ReleasesGroup) List(ctx context.Context, in api.ListReleases) (api.Page[
 // Metadata calls releases.metadata: The repository's current signed metadata of a role (root, targets, snapshot or timestamp).
 func (g ReleasesGroup) Metadata(ctx context.Context, in api.GetReleaseMetadata) (api.ReleaseMetadata, error) {
 	return call(ctx, g.c, api.ReleasesMetadata, in)
+}
+
+// RolloutsGroup is the rollouts group.
+type RolloutsGroup struct{ c *Client }
+
+// Create calls rollouts.create: Roll a release of bcd out to a pool in waves, each within the pool's disruption budget and gated on its nodes coming back on the new version.
+func (g RolloutsGroup) Create(ctx context.Context, in api.CreateRollout) (api.Rollout, error) {
+	return call(ctx, g.c, api.RolloutsCreate, in)
+}
+
+// Get calls rollouts.get: Get a rollout: its waves and every node's progress.
+func (g RolloutsGroup) Get(ctx context.Context, in api.RolloutRef) (api.Rollout, error) {
+	return call(ctx, g.c, api.RolloutsGet, in)
+}
+
+// List calls rollouts.list: List a tenant's rollouts, newest first, by pool and state.
+func (g RolloutsGroup) List(ctx context.Context, in api.ListRollouts) (api.Page[api.Rollout], error) {
+	return call(ctx, g.c, api.RolloutsList, in)
+}
+
+// Pause calls rollouts.pause: Pause a rollout: no new wave starts until it is resumed.
+func (g RolloutsGroup) Pause(ctx context.Context, in api.RolloutRef) (api.Rollout, error) {
+	return call(ctx, g.c, api.RolloutsPause, in)
+}
+
+// Resume calls rollouts.resume: Resume a paused rollout; the nodes of a failed wave are tried again, with a new deadline.
+func (g RolloutsGroup) Resume(ctx context.Context, in api.RolloutRef) (api.Rollout, error) {
+	return call(ctx, g.c, api.RolloutsResume, in)
+}
+
+// Rollback calls rollouts.rollback: Send the nodes a rollout touched back to the releases they ran before it, and stop it.
+func (g RolloutsGroup) Rollback(ctx context.Context, in api.RolloutRef) (api.Rollout, error) {
+	return call(ctx, g.c, api.RolloutsRollback, in)
 }

@@ -21,6 +21,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"runtime/debug"
 	"strings"
 	"syscall"
@@ -196,7 +197,7 @@ token may also come from $BCD_JOIN_TOKEN.`,
 			ctx, cancel := signals()
 			defer cancel()
 			o := nodeagent.JoinOptions{URL: url, Token: token, CAHash: caHash, TakeoverSecret: secret,
-				Facts:  &agentv1.MachineFacts{Hostname: hostname, MachineId: machineID(), Os: "linux", AgentVersion: version},
+				Facts:  &agentv1.MachineFacts{Hostname: hostname, MachineId: machineID(), Os: "linux", Arch: runtime.GOARCH, AgentVersion: version},
 				Logger: slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))}
 			if tpm != "" {
 				o.TPM = func() (io.ReadWriteCloser, error) { return tpmattest.Open(tpm) }

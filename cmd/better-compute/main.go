@@ -104,6 +104,9 @@ config file (--config, default ` + defaultConfigPath() + `: {"url": …, "apiKey
 		if g.Name() == "workflows" {
 			g.AddCommand(workflowsWatchCmd(p))
 		}
+		if g.Name() == "releases" {
+			g.AddCommand(releasesInitCmd(p), releasesSignCmd(p), releasesPushCmd(p))
+		}
 		root.AddCommand(g)
 	}
 	root.AddCommand(devCmd(), serveCmd(), simCmd(p), iamCmd(p), mcpCmd(p), methodsCmd(p), callCmd(p), execCmd(p), consoleCmd(p))
