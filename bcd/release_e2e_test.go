@@ -113,7 +113,9 @@ func startSupervised(t *testing.T, bin, name, state, gateway string) *supervised
 	return &supervised{name: name, state: state, cmd: cmd}
 }
 
-func (n *supervised) slots() selfupdate.Slots { return selfupdate.Slots{Dir: filepath.Join(n.state, "slots")} }
+func (n *supervised) slots() selfupdate.Slots {
+	return selfupdate.Slots{Dir: filepath.Join(n.state, "slots")}
+}
 
 func sum(t *testing.T, path string) [32]byte {
 	b, err := os.ReadFile(path)
