@@ -107,6 +107,9 @@ config file (--config, default ` + defaultConfigPath() + `: {"url": …, "apiKey
 		if g.Name() == "releases" {
 			g.AddCommand(releasesInitCmd(p), releasesSignCmd(p), releasesPushCmd(p))
 		}
+		if g.Name() == "rollouts" {
+			g.AddCommand(rolloutsWatchCmd(p))
+		}
 		root.AddCommand(g)
 	}
 	root.AddCommand(devCmd(), serveCmd(), simCmd(p), iamCmd(p), mcpCmd(p), methodsCmd(p), callCmd(p), execCmd(p), consoleCmd(p))

@@ -366,3 +366,73 @@ func putBuild(ctx context.Context, url string, data []byte) error {
 	}
 	return nil
 }
+
+// rolloutsWatchCmd follows a rollout until it stops: better-compute rollouts watch --rollout ID.
+func rolloutsWatchCmd(p *profile) *cobra.Command {
+	var id string
+	var every time.Duration
+	c := &cobra.Command{
+		Use:   "watch",
+		Short: "Follow a rollout's waves until it succeeds, pauses or is rolled back, with a progress bar",
+		Long: "Prints a line each time the rollout's progress changes: a bar of its nodes on the release, the wave, " +
+			"its state and what it waits for. Exits 0 when the rollout succeeds (or a rollback completes), 1 when it " +
+			"pauses or fails (-o json: the rollout as JSON, each time it changes).",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := (api.RolloutRef{Rollout: id}).Validate(); err != nil {
+				return usageError{fmt.Errorf("--rollout: %w", err)}
+			}
+			if every <= 0 {
+				return usageError{fmt.Errorf("--every %s: must be positive", every)}
+			}
+			cl, err := serverClient(p)
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			last := ""
+			for {
+				r, err := cl.Rollouts.Get(ctx, api.RolloutRef{Rollout: id})
+				if err != nil {
+					return err
+				}
+				if line := rolloutLine(r); line != last {
+					last = line
+					if p.Output == "json" {
+						b, _ := json.Marshal(r)
+						line = string(b)
+					}
+					fmt.Fprintln(cmd.OutOrStdout(), line)
+				}
+				switch r.State {
+				case api.RolloutSucceeded, api.RolloutRolledBack:
+					return nil
+				case api.RolloutPaused, api.RolloutFailed:
+					return fmt.Errorf("rollout %s %s: %s", r.ID, r.State, r.Error)
+				}
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-time.After(every):
+				}
+			}
+		},
+	}
+	c.Flags().StringVar(&id, "rollout", "", "the rollout's id (rollouts create answers it)")
+	c.Flags().DurationVar(&every, "every", time.Second, "how often to look")
+	return c
+}
+
+// rolloutLine is a rollout's progress in one line:
+//
+//	[##----] 2/6 on v1.4.0, wave 2 running: wave 2: waiting for n3 to come back online on v1.4.0, until …
+func rolloutLine(r api.Rollout) string {
+	line := fmt.Sprintf("[%s%s] %d/%d on %s, wave %d %s", strings.Repeat("#", r.Updated), strings.Repeat("-", max(r.Total-r.Updated, 0)),
+		r.Updated, r.Total, r.Release, r.Wave, r.State)
+	if r.Error != "" {
+		line += ": " + r.Error
+	} else if r.Note != "" {
+		line += ": " + r.Note
+	}
+	return line
+}

@@ -10,6 +10,9 @@ import (
 
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/computetest"
+	"github.com/better-compute/compute/internal/fleet"
+	"github.com/better-compute/compute/internal/releases/releasetest"
+	"github.com/better-compute/compute/internal/tufrepo"
 )
 
 // TestReleasesInitSignPush makes the offline keys and a root with better-compute releases init,
@@ -86,5 +89,43 @@ func TestReleasesInitSignPush(t *testing.T) {
 	}
 	if code, _, errs := cli("releases", "sign", "--keys", keys, "--version", "v2", "--file", "linux-amd64"); code != 2 || !strings.Contains(errs, "os/arch=PATH") {
 		t.Fatalf("a malformed --file = %d %s", code, errs)
+	}
+}
+
+// TestRolloutsWatch follows a rollout whose only node never comes back on the release: a line
+// per change, and exit 1 with the error once the failed wave pauses it.
+func TestRolloutsWatch(t *testing.T) {
+	ctx := context.Background()
+	env := computetest.New(t, computetest.Options{})
+	url := env.Server(t)
+	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
+	t.Setenv("HOME", t.TempDir())
+	t.Setenv("BETTER_COMPUTE_URL", url)
+	t.Setenv("BETTER_COMPUTE_API_KEY", env.RootKey)
+	releasetest.Init(t, env, url).Publish(t, map[tufrepo.Build][]byte{{Version: "v2.0.0", OS: "linux", Arch: "amd64"}: []byte("bcd v2")})
+	p, err := env.Compute.API.Pools.Create(ctx, env.RootKey, api.CreatePool{Name: "p1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fleet.InsertNode(ctx, env.DB.Pool, fleet.NewNode{PoolID: p.ID, Name: "n0"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Compute.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r, err := env.Compute.API.Rollouts.Create(ctx, env.RootKey, api.CreateRollout{Pool: "p1", Release: "v2.0.0", WaveDeadline: "10s"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	code := run([]string{"rollouts", "watch", "--rollout", r.ID, "--every", "100ms"}, &stdout, &stderr)
+	if code != 1 || !strings.Contains(stderr.String(), "paused: wave 1 failed: n0 did not come back online on v2.0.0") {
+		t.Fatalf("watch = %d\n%s\n%s", code, stdout.String(), stderr.String())
+	}
+	out := stdout.String()
+	for _, want := range []string{"[-] 0/1 on v2.0.0, wave 1 running: wave 1: waiting for n0", "[-] 0/1 on v2.0.0, wave 1 paused: wave 1 failed"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the progress lacks %q:\n%s", want, out)
+		}
 	}
 }
