@@ -3,6 +3,7 @@ package releases
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -57,7 +58,7 @@ func publish(ctx context.Context, c *modules.Call, in api.PublishTargets) (api.P
 		sum, _ := tufrepo.SHA256(tf)
 		var length int64
 		err := c.Tx.QueryRow(ctx, `SELECT length FROM compute.release_blobs WHERE sha256 = $1`, sum).Scan(&length)
-		if err == pgx.ErrNoRows || (err == nil && length != tf.Length) {
+		if errors.Is(err, pgx.ErrNoRows) || (err == nil && length != tf.Length) {
 			return api.Published{}, api.Errorf(api.CodeFailedPrecondition, "target %s (%d bytes, sha256 %s) has not been uploaded: upload it first (releases.upload)", name, tf.Length, sum).
 				With("reason", "not_uploaded").With("target", name)
 		}
@@ -231,7 +232,7 @@ func scanRelease(row pgx.Row) (api.Release, error) {
 
 func getRelease(ctx context.Context, q postgres.Querier, version string) (api.Release, error) {
 	r, err := scanRelease(q.QueryRow(ctx, `SELECT `+releaseColumns+` FROM compute.releases r WHERE r.version = $1`, version))
-	if err == pgx.ErrNoRows {
+	if errors.Is(err, pgx.ErrNoRows) {
 		return r, api.NotFound("release", version)
 	}
 	return r, err
