@@ -264,12 +264,21 @@ func TestSelfUpdateAndRollouts(t *testing.T) {
 	if v, _ := version("n1"); v != "v2.0.0" {
 		t.Fatalf("n1, never in a wave, reports %s", v)
 	}
-	// The node said why it does not run v3, and does not try that again.
-	var applied string
-	eventuallyWithin(t, "n0's report of the rollback", 10*time.Second, func() bool {
-		_ = env.DB.Pool.QueryRow(ctx, `SELECT d.applied_error FROM compute.node_desired d JOIN compute.nodes n ON n.id = d.node_id WHERE n.name = 'n0'`).Scan(&applied)
-		return strings.Contains(applied, "v3.0.0 was installed and rolled back")
+	// Still told v3 (the rollout is paused, not rolled back), the node does not try it again, and
+	// says why.
+	var st struct {
+		Update struct {
+			Refused string `json:"refused"`
+		} `json:"update"`
+	}
+	eventuallyWithin(t, "n0's status naming the release it rolled back", 10*time.Second, func() bool {
+		out, err := exec.Command(n0.slots().CurrentPath(), "status", "--json", "--state-dir", n0.state).Output()
+		return err == nil && json.Unmarshal(out, &st) == nil && strings.Contains(st.Update.Refused, "v3.0.0 was installed and rolled back")
 	})
+	time.Sleep(3 * time.Second)
+	if tr, _ := n0.slots().Trial(); tr != nil {
+		t.Fatalf("n0 tried v3 again: %+v", tr)
+	}
 	if cur, _, _ := n0.slots().Current(); cur != selfupdate.SlotB {
 		t.Fatalf("n0 runs slot %s after the rollback", cur)
 	}

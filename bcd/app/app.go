@@ -340,6 +340,9 @@ func statusCmd(s *settings) *cobra.Command {
 					if t := u.Trial; t != nil {
 						row("update trial", fmt.Sprintf("%s (from %s) until %s", t.Version, t.PreviousVersion, t.Deadline.Format(time.RFC3339)))
 					}
+					if u.Refused != "" {
+						row("update refused", u.Refused)
+					}
 					if r := u.LastRollback; r != nil {
 						row("last rollback", fmt.Sprintf("%s at %s: %s", r.Version, r.At.Format(time.RFC3339), r.Reason))
 					}

@@ -104,6 +104,11 @@ func setNote(ctx context.Context, tx pgx.Tx, id, note string) error {
 }
 
 func stepRunning(ctx context.Context, tx pgx.Tx, rt *modules.Runtime, r *rollout) (bool, error) {
+	// A node retired since it was counted will not come back: it is no longer waited for.
+	if _, err := tx.Exec(ctx, `UPDATE compute.rollout_nodes rn SET state = 'skipped' FROM compute.nodes n
+		WHERE rn.rollout_id = $1 AND n.id = rn.node_id AND n.state = 'retired' AND rn.state IN ('pending', 'updating')`, r.id); err != nil {
+		return false, err
+	}
 	if r.wave > 0 {
 		var state string
 		var deadline time.Time

@@ -61,8 +61,9 @@ type Updater struct {
 
 // Status is what `bcd status` shows of updates.
 type Status struct {
-	Wanted       string    `json:"wanted,omitempty"` // a release being installed
-	Error        string    `json:"error,omitempty"`  // why the last attempt failed
+	Wanted       string    `json:"wanted,omitempty"`  // a release being installed
+	Error        string    `json:"error,omitempty"`   // why the last attempt failed
+	Refused      string    `json:"refused,omitempty"` // a release this node rolled back, named again
 	Trial        *Trial    `json:"trial,omitempty"`
 	LastRollback *Rollback `json:"lastRollback,omitempty"`
 }
@@ -122,9 +123,20 @@ func (u *Updater) apply(_ context.Context, version uint32, payload []byte) error
 		return nil
 	}
 	if rb, err := u.cfg.Slots.LastRollback(); err == nil && rb != nil && rb.Try == tryKey(r) {
+		// Not an error of the state: that would hold back the parts after this one (a module's
+		// instances) for as long as the rollout names this release. The rollout sees the node
+		// stay on its version; bcd status says why.
 		u.want(nil)
-		return fmt.Errorf("bcd %s was installed and rolled back at %s (%s); this node stays on %s until it is tried again",
+		refused := fmt.Sprintf("bcd %s was installed and rolled back at %s (%s); this node stays on %s until it is tried again",
 			r.Version, rb.At.Format(time.RFC3339), rb.Reason, u.cfg.Version)
+		u.mu.Lock()
+		first := u.status.Refused != refused
+		u.status.Refused = refused
+		u.mu.Unlock()
+		if first {
+			u.cfg.Logger.Warn("bcd: " + refused)
+		}
+		return nil
 	}
 	u.want(&r)
 	return nil
@@ -133,6 +145,7 @@ func (u *Updater) apply(_ context.Context, version uint32, payload []byte) error
 func (u *Updater) want(r *api.BCDRelease) {
 	u.mu.Lock()
 	u.wanted = r
+	u.status.Refused = ""
 	if r == nil {
 		u.status.Wanted, u.status.Error = "", ""
 	} else {
