@@ -29,10 +29,12 @@ type API struct {
 	Fleet        FleetGroup
 	Quorum       QuorumGroup
 	Approvals    ApprovalsGroup
+	Releases     ReleasesGroup
+	Rollouts     RolloutsGroup
 }
 
 func newAPI(c *Compute) API {
-	return API{Sites: SitesGroup{c}, Pools: PoolsGroup{c}, Nodes: NodesGroup{c}, Reservations: ReservationsGroup{c}, Capacity: CapacityGroup{c}, Quotas: QuotasGroup{c}, Devices: DevicesGroup{c}, JoinTokens: JoinTokensGroup{c}, Commands: CommandsGroup{c}, Events: EventsGroup{c}, Webhooks: WebhooksGroup{c}, Audit: AuditGroup{c}, Workflows: WorkflowsGroup{c}, Access: AccessGroup{c}, Fleet: FleetGroup{c}, Quorum: QuorumGroup{c}, Approvals: ApprovalsGroup{c}}
+	return API{Sites: SitesGroup{c}, Pools: PoolsGroup{c}, Nodes: NodesGroup{c}, Reservations: ReservationsGroup{c}, Capacity: CapacityGroup{c}, Quotas: QuotasGroup{c}, Devices: DevicesGroup{c}, JoinTokens: JoinTokensGroup{c}, Commands: CommandsGroup{c}, Events: EventsGroup{c}, Webhooks: WebhooksGroup{c}, Audit: AuditGroup{c}, Workflows: WorkflowsGroup{c}, Access: AccessGroup{c}, Fleet: FleetGroup{c}, Quorum: QuorumGroup{c}, Approvals: ApprovalsGroup{c}, Releases: ReleasesGroup{c}, Rollouts: RolloutsGroup{c}}
 }
 
 // SitesGroup is the sites group.
@@ -629,4 +631,110 @@ func (g ApprovalsGroup) Deny(ctx context.Context, cred string, in api.DecideAppr
 // DenyTx calls approvals.deny in the host's transaction tx: see InvokeTx.
 func (g ApprovalsGroup) DenyTx(ctx context.Context, tx pgx.Tx, cred string, in api.DecideApproval) (api.Approval, error) {
 	return InvokeTx(ctx, g.c, tx, cred, api.ApprovalsDeny, in)
+}
+
+// ReleasesGroup is the releases group.
+type ReleasesGroup struct{ c *Compute }
+
+// Keys calls releases.keys: The control plane's online keys, to which a release root delegates snapshot and timestamp.
+func (g ReleasesGroup) Keys(ctx context.Context, cred string, in api.GetReleaseKeys) (api.ReleaseKeys, error) {
+	return Invoke(ctx, g.c, cred, api.ReleasesKeys, in)
+}
+
+// SetRoot calls releases.setRoot: Install the repository's root metadata, signed offline: the first, or a rotation signed by the current root's keys too.
+func (g ReleasesGroup) SetRoot(ctx context.Context, cred string, in api.SetReleaseRoot) (api.ReleaseMetadata, error) {
+	return Invoke(ctx, g.c, cred, api.ReleasesSetRoot, in)
+}
+
+// SetRootTx calls releases.setRoot in the host's transaction tx: see InvokeTx.
+func (g ReleasesGroup) SetRootTx(ctx context.Context, tx pgx.Tx, cred string, in api.SetReleaseRoot) (api.ReleaseMetadata, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.ReleasesSetRoot, in)
+}
+
+// Upload calls releases.upload: A ticket to upload one bcd build (PUT its bytes to the ticket's URL); a build already held needs none.
+func (g ReleasesGroup) Upload(ctx context.Context, cred string, in api.UploadBuild) (api.UploadTicket, error) {
+	return Invoke(ctx, g.c, cred, api.ReleasesUpload, in)
+}
+
+// UploadTx calls releases.upload in the host's transaction tx: see InvokeTx.
+func (g ReleasesGroup) UploadTx(ctx context.Context, tx pgx.Tx, cred string, in api.UploadBuild) (api.UploadTicket, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.ReleasesUpload, in)
+}
+
+// Publish calls releases.publish: Publish targets metadata signed offline by the targets key; the control plane signs a snapshot and a timestamp over it.
+func (g ReleasesGroup) Publish(ctx context.Context, cred string, in api.PublishTargets) (api.Published, error) {
+	return Invoke(ctx, g.c, cred, api.ReleasesPublish, in)
+}
+
+// PublishTx calls releases.publish in the host's transaction tx: see InvokeTx.
+func (g ReleasesGroup) PublishTx(ctx context.Context, tx pgx.Tx, cred string, in api.PublishTargets) (api.Published, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.ReleasesPublish, in)
+}
+
+// Get calls releases.get: Get a release: its builds by platform, with their lengths and hashes.
+func (g ReleasesGroup) Get(ctx context.Context, cred string, in api.GetRelease) (api.Release, error) {
+	return Invoke(ctx, g.c, cred, api.ReleasesGet, in)
+}
+
+// List calls releases.list: List the published releases, newest first.
+func (g ReleasesGroup) List(ctx context.Context, cred string, in api.ListReleases) (api.Page[api.Release], error) {
+	return Invoke(ctx, g.c, cred, api.ReleasesList, in)
+}
+
+// Metadata calls releases.metadata: The repository's current signed metadata of a role (root, targets, snapshot or timestamp).
+func (g ReleasesGroup) Metadata(ctx context.Context, cred string, in api.GetReleaseMetadata) (api.ReleaseMetadata, error) {
+	return Invoke(ctx, g.c, cred, api.ReleasesMetadata, in)
+}
+
+// RolloutsGroup is the rollouts group.
+type RolloutsGroup struct{ c *Compute }
+
+// Create calls rollouts.create: Roll a release of bcd out to a pool in waves, each within the pool's disruption budget and gated on its nodes coming back on the new version.
+func (g RolloutsGroup) Create(ctx context.Context, cred string, in api.CreateRollout) (api.Rollout, error) {
+	return Invoke(ctx, g.c, cred, api.RolloutsCreate, in)
+}
+
+// CreateTx calls rollouts.create in the host's transaction tx: see InvokeTx.
+func (g RolloutsGroup) CreateTx(ctx context.Context, tx pgx.Tx, cred string, in api.CreateRollout) (api.Rollout, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.RolloutsCreate, in)
+}
+
+// Get calls rollouts.get: Get a rollout: its waves and every node's progress.
+func (g RolloutsGroup) Get(ctx context.Context, cred string, in api.RolloutRef) (api.Rollout, error) {
+	return Invoke(ctx, g.c, cred, api.RolloutsGet, in)
+}
+
+// List calls rollouts.list: List a tenant's rollouts, newest first, by pool and state.
+func (g RolloutsGroup) List(ctx context.Context, cred string, in api.ListRollouts) (api.Page[api.Rollout], error) {
+	return Invoke(ctx, g.c, cred, api.RolloutsList, in)
+}
+
+// Pause calls rollouts.pause: Pause a rollout: no new wave starts until it is resumed.
+func (g RolloutsGroup) Pause(ctx context.Context, cred string, in api.RolloutRef) (api.Rollout, error) {
+	return Invoke(ctx, g.c, cred, api.RolloutsPause, in)
+}
+
+// PauseTx calls rollouts.pause in the host's transaction tx: see InvokeTx.
+func (g RolloutsGroup) PauseTx(ctx context.Context, tx pgx.Tx, cred string, in api.RolloutRef) (api.Rollout, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.RolloutsPause, in)
+}
+
+// Resume calls rollouts.resume: Resume a paused rollout; the nodes of a failed wave are tried again, with a new deadline.
+func (g RolloutsGroup) Resume(ctx context.Context, cred string, in api.RolloutRef) (api.Rollout, error) {
+	return Invoke(ctx, g.c, cred, api.RolloutsResume, in)
+}
+
+// ResumeTx calls rollouts.resume in the host's transaction tx: see InvokeTx.
+func (g RolloutsGroup) ResumeTx(ctx context.Context, tx pgx.Tx, cred string, in api.RolloutRef) (api.Rollout, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.RolloutsResume, in)
+}
+
+// Rollback calls rollouts.rollback: Send the nodes a rollout touched back to the releases they ran before it, and stop it.
+func (g RolloutsGroup) Rollback(ctx context.Context, cred string, in api.RolloutRef) (api.Rollout, error) {
+	return Invoke(ctx, g.c, cred, api.RolloutsRollback, in)
+}
+
+// RollbackTx calls rollouts.rollback in the host's transaction tx: see InvokeTx.
+func (g RolloutsGroup) RollbackTx(ctx context.Context, tx pgx.Tx, cred string, in api.RolloutRef) (api.Rollout, error) {
+	return InvokeTx(ctx, g.c, tx, cred, api.RolloutsRollback, in)
 }

@@ -46,6 +46,9 @@ import (
 	"github.com/better-compute/compute/internal/metrics"
 	"github.com/better-compute/compute/internal/nodes"
 	"github.com/better-compute/compute/internal/quorum"
+	"github.com/better-compute/compute/internal/releases"
+	"github.com/better-compute/compute/internal/rollouts"
+	"github.com/better-compute/compute/internal/tufrepo"
 	"github.com/better-compute/compute/internal/webhooks"
 	"github.com/better-compute/compute/internal/workflow"
 	"github.com/better-compute/compute/jointokens"
@@ -140,6 +143,7 @@ func New(opts Options) (*Compute, error) {
 	}
 	a := newAPI(c)
 	c.API = &a
+	upload := releases.UploadHandler(c.rt)
 	c.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !c.ready.Load() {
 			envelope.Unavailable("the API (Initialize has not completed)").ServeHTTP(w, r)
@@ -153,9 +157,18 @@ func New(opts Options) (*Compute, error) {
 			c.serveTunnel(w, r)
 			return
 		}
+		if isReleaseUpload(r) {
+			upload.ServeHTTP(w, r)
+			return
+		}
 		c.env.ServeHTTP(w, r)
 	})
-	c.NodeHandler = gw.Handler()
+	// Beside the sessions, the release repository, for nodes to update bcd through their own
+	// mutual TLS (docs/releases.md).
+	nodeMux := http.NewServeMux()
+	nodeMux.Handle(tufrepo.NodePath, gw.NodeFiles(releases.NodeFiles(o.Database)))
+	nodeMux.Handle("/", gw.Handler())
+	c.NodeHandler = nodeMux
 	// Anyone may call JoinService: its requests are bounded before they are read.
 	_, join := agentv1connect.NewJoinServiceHandler(joinService{nm}, connect.WithReadMaxBytes(nodes.MaxJoinBytes))
 	c.JoinHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -241,7 +254,7 @@ func (m gatewayModule) Register(r *modules.Registry) error {
 // checks the whole.
 func registry(ev *events.Module, capm capacity.Module, mods []Module) (*modules.Registry, error) {
 	reg := modules.NewRegistry()
-	for _, m := range append([]Module{coreModule{}, fleet.Module{}, ev, audit.Module{}, capm, workflow.Module{}, access.Module{}, fleetconfig.Module{}, quorum.Module{}}, mods...) {
+	for _, m := range append([]Module{coreModule{}, fleet.Module{}, ev, audit.Module{}, capm, workflow.Module{}, access.Module{}, fleetconfig.Module{}, quorum.Module{}, releases.Module{}, rollouts.Module{}}, mods...) {
 		if err := reg.Add(m); err != nil {
 			return nil, fmt.Errorf("compute: %w", err)
 		}

@@ -244,6 +244,7 @@ func TestOneDecisionPerMutation(t *testing.T) {
 	env := ff.env
 	url := env.Server(t)
 	ids := map[string]string{} // the ids earlier steps answered, by step name
+	rel := newReleaseSigner(t)
 	future := time.Now().Add(3 * time.Hour).UTC().Format(time.RFC3339)
 	steps := []struct {
 		method   string
@@ -303,6 +304,13 @@ func TestOneDecisionPerMutation(t *testing.T) {
 			return `{"document": "` + doc + `", "fingerprint": "` + p.body["fingerprint"].(string) + `"}`
 		}, true},
 		{"nodes/drainMany", fixed(`{"pool": "p1", "nodes": ["n1"], "end": true}`), true},
+		{"releases/setRoot", func() string { return rel.rootBody(t) }, true},
+		{"releases/upload", fixed(rel.uploadBody()), true},
+		{"releases/publish", func() string { return rel.publishBody(t, url, ids["releases/upload.url"]) }, true},
+		{"rollouts/create", fixed(`{"pool": "p1", "release": "v1.0.0", "maxUnavailable": 1}`), true},
+		{"rollouts/pause", func() string { return `{"rollout": "` + ids["rollouts/create"] + `"}` }, false},
+		{"rollouts/resume", func() string { return `{"rollout": "` + ids["rollouts/create"] + `"}` }, false},
+		{"rollouts/rollback", func() string { return `{"rollout": "` + ids["rollouts/create"] + `"}` }, false},
 		{"nodes/drain", fixed(`{"node": "n1", "pool": "p1"}`), false},
 		{"nodes/retireMany", fixed(`{"pool": "p1", "nodes": ["n1"]}`), true},
 		{"nodes/retire", func() string { return `{"node": "` + ff.nodeID + `"}` }, false},
@@ -319,6 +327,9 @@ func TestOneDecisionPerMutation(t *testing.T) {
 		}
 		if id, ok := c.body["id"].(string); ok {
 			ids[s.method] = id
+		}
+		if u, ok := c.body["url"].(string); ok {
+			ids[s.method+".url"] = u
 		}
 		if serial, ok := c.body["serial"].(float64); ok {
 			ids[s.method+".serial"] = fmt.Sprint(int64(serial))

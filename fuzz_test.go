@@ -137,6 +137,19 @@ func (ff *fuzzFleet) examples() map[string]string {
 		"fleet.plan":                `{"document":"apiVersion: compute/v1\nkind: FleetConfig\nspec:\n  manages: [sites, pools]\n  sites: [{name: s1, labels: {rack: a1}}]\n  pools: [{name: p1, site: s1}]\n","prune":true}`,
 		"fleet.apply":               `{"document":"apiVersion: compute/v1\nkind: FleetConfig\nspec:\n  manages: [quotas]\n  quotas: [{tenant: t1, pool: p1, resource: gpus, limit: 2}]\n","fingerprint":"sha256:` + strings.Repeat("0", 64) + `","prune":true}`,
 		"fleet.drift":               `{}`,
+		"releases.keys":             `{}`,
+		"releases.setRoot":          `{"root":{"signed":{"_type":"root","version":1},"signatures":[]}}`,
+		"releases.upload":           `{"version":"v1.0.0","os":"linux","arch":"amd64","length":1024,"sha256":"` + strings.Repeat("ab", 32) + `"}`,
+		"releases.publish":          `{"targets":{"signed":{"_type":"targets","version":1},"signatures":[]}}`,
+		"releases.get":              `{"version":"v1.0.0"}`,
+		"releases.list":             `{"limit":5}`,
+		"releases.metadata":         `{"role":"timestamp"}`,
+		"rollouts.create":           `{"pool":"p1","release":"v1.0.0","maxUnavailable":2,"waveDeadline":"10m","onFailure":"rollback"}`,
+		"rollouts.get":              `{"rollout":"` + fuzzID + `"}`,
+		"rollouts.list":             `{"pool":"p1","state":"running","limit":3}`,
+		"rollouts.pause":            `{"rollout":"` + fuzzID + `"}`,
+		"rollouts.resume":           `{"rollout":"` + fuzzID + `"}`,
+		"rollouts.rollback":         `{"rollout":"` + fuzzID + `"}`,
 	}
 }
 

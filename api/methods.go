@@ -26,7 +26,7 @@ func Methods() []MethodInfo { return infos(Table()) }
 
 // Table returns the core methods with their types, for code generators.
 func Table() []Describer {
-	return slices.Concat(fleetTable(), capacityTable(), joinTokenTable(), nodeTable(), eventTable(), webhookTable(), auditTable(), workflowTable(), accessTable(), fleetConfigTable(), quorumTable())
+	return slices.Concat(fleetTable(), capacityTable(), joinTokenTable(), nodeTable(), eventTable(), webhookTable(), auditTable(), workflowTable(), accessTable(), fleetConfigTable(), quorumTable(), releaseTable(), rolloutTable())
 }
 
 // FleetMethods returns the fleet part of the method table.

@@ -27,10 +27,12 @@ type groups struct {
 	Fleet        FleetGroup
 	Quorum       QuorumGroup
 	Approvals    ApprovalsGroup
+	Releases     ReleasesGroup
+	Rollouts     RolloutsGroup
 }
 
 func newGroups(c *Client) groups {
-	return groups{Sites: SitesGroup{c}, Pools: PoolsGroup{c}, Nodes: NodesGroup{c}, Reservations: ReservationsGroup{c}, Capacity: CapacityGroup{c}, Quotas: QuotasGroup{c}, Devices: DevicesGroup{c}, JoinTokens: JoinTokensGroup{c}, Commands: CommandsGroup{c}, Events: EventsGroup{c}, Webhooks: WebhooksGroup{c}, Audit: AuditGroup{c}, Workflows: WorkflowsGroup{c}, Access: AccessGroup{c}, Fleet: FleetGroup{c}, Quorum: QuorumGroup{c}, Approvals: ApprovalsGroup{c}}
+	return groups{Sites: SitesGroup{c}, Pools: PoolsGroup{c}, Nodes: NodesGroup{c}, Reservations: ReservationsGroup{c}, Capacity: CapacityGroup{c}, Quotas: QuotasGroup{c}, Devices: DevicesGroup{c}, JoinTokens: JoinTokensGroup{c}, Commands: CommandsGroup{c}, Events: EventsGroup{c}, Webhooks: WebhooksGroup{c}, Audit: AuditGroup{c}, Workflows: WorkflowsGroup{c}, Access: AccessGroup{c}, Fleet: FleetGroup{c}, Quorum: QuorumGroup{c}, Approvals: ApprovalsGroup{c}, Releases: ReleasesGroup{c}, Rollouts: RolloutsGroup{c}}
 }
 
 // SitesGroup is the sites group.
@@ -432,4 +434,75 @@ func (g ApprovalsGroup) Approve(ctx context.Context, in api.DecideApproval) (api
 // Deny calls approvals.deny: Deny a destructive batch: it may not run with this approval.
 func (g ApprovalsGroup) Deny(ctx context.Context, in api.DecideApproval) (api.Approval, error) {
 	return call(ctx, g.c, api.ApprovalsDeny, in)
+}
+
+// ReleasesGroup is the releases group.
+type ReleasesGroup struct{ c *Client }
+
+// Keys calls releases.keys: The control plane's online keys, to which a release root delegates snapshot and timestamp.
+func (g ReleasesGroup) Keys(ctx context.Context, in api.GetReleaseKeys) (api.ReleaseKeys, error) {
+	return call(ctx, g.c, api.ReleasesKeys, in)
+}
+
+// SetRoot calls releases.setRoot: Install the repository's root metadata, signed offline: the first, or a rotation signed by the current root's keys too.
+func (g ReleasesGroup) SetRoot(ctx context.Context, in api.SetReleaseRoot) (api.ReleaseMetadata, error) {
+	return call(ctx, g.c, api.ReleasesSetRoot, in)
+}
+
+// Upload calls releases.upload: A ticket to upload one bcd build (PUT its bytes to the ticket's URL); a build already held needs none.
+func (g ReleasesGroup) Upload(ctx context.Context, in api.UploadBuild) (api.UploadTicket, error) {
+	return call(ctx, g.c, api.ReleasesUpload, in)
+}
+
+// Publish calls releases.publish: Publish targets metadata signed offline by the targets key; the control plane signs a snapshot and a timestamp over it.
+func (g ReleasesGroup) Publish(ctx context.Context, in api.PublishTargets) (api.Published, error) {
+	return call(ctx, g.c, api.ReleasesPublish, in)
+}
+
+// Get calls releases.get: Get a release: its builds by platform, with their lengths and hashes.
+func (g ReleasesGroup) Get(ctx context.Context, in api.GetRelease) (api.Release, error) {
+	return call(ctx, g.c, api.ReleasesGet, in)
+}
+
+// List calls releases.list: List the published releases, newest first.
+func (g ReleasesGroup) List(ctx context.Context, in api.ListReleases) (api.Page[api.Release], error) {
+	return call(ctx, g.c, api.ReleasesList, in)
+}
+
+// Metadata calls releases.metadata: The repository's current signed metadata of a role (root, targets, snapshot or timestamp).
+func (g ReleasesGroup) Metadata(ctx context.Context, in api.GetReleaseMetadata) (api.ReleaseMetadata, error) {
+	return call(ctx, g.c, api.ReleasesMetadata, in)
+}
+
+// RolloutsGroup is the rollouts group.
+type RolloutsGroup struct{ c *Client }
+
+// Create calls rollouts.create: Roll a release of bcd out to a pool in waves, each within the pool's disruption budget and gated on its nodes coming back on the new version.
+func (g RolloutsGroup) Create(ctx context.Context, in api.CreateRollout) (api.Rollout, error) {
+	return call(ctx, g.c, api.RolloutsCreate, in)
+}
+
+// Get calls rollouts.get: Get a rollout: its waves and every node's progress.
+func (g RolloutsGroup) Get(ctx context.Context, in api.RolloutRef) (api.Rollout, error) {
+	return call(ctx, g.c, api.RolloutsGet, in)
+}
+
+// List calls rollouts.list: List a tenant's rollouts, newest first, by pool and state.
+func (g RolloutsGroup) List(ctx context.Context, in api.ListRollouts) (api.Page[api.Rollout], error) {
+	return call(ctx, g.c, api.RolloutsList, in)
+}
+
+// Pause calls rollouts.pause: Pause a rollout: no new wave starts until it is resumed.
+func (g RolloutsGroup) Pause(ctx context.Context, in api.RolloutRef) (api.Rollout, error) {
+	return call(ctx, g.c, api.RolloutsPause, in)
+}
+
+// Resume calls rollouts.resume: Resume a paused rollout; the nodes of a failed wave are tried again, with a new deadline.
+func (g RolloutsGroup) Resume(ctx context.Context, in api.RolloutRef) (api.Rollout, error) {
+	return call(ctx, g.c, api.RolloutsResume, in)
+}
+
+// Rollback calls rollouts.rollback: Send the nodes a rollout touched back to the releases they ran before it, and stop it.
+func (g RolloutsGroup) Rollback(ctx context.Context, in api.RolloutRef) (api.Rollout, error) {
+	return call(ctx, g.c, api.RolloutsRollback, in)
 }

@@ -21,6 +21,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"runtime/debug"
 	"strings"
 	"syscall"
@@ -35,6 +36,7 @@ import (
 	"github.com/better-compute/compute/bcd/internal/daemon"
 	"github.com/better-compute/compute/bcd/internal/doctor"
 	"github.com/better-compute/compute/bcd/internal/journal"
+	"github.com/better-compute/compute/bcd/internal/selfupdate"
 	"github.com/better-compute/compute/bcd/internal/sshd"
 	"github.com/better-compute/compute/internal/nodeagent"
 	"github.com/better-compute/compute/internal/selfstat"
@@ -94,7 +96,7 @@ object with stateDir, cdiDir, gateway, transport, logLevel and fake {gpus, model
 	pf.StringVar(&configPath, "config", "", "config file (default "+defaultConfig+" when it exists)")
 	pf.StringVar(&s.StateDir, "state-dir", s.StateDir, "where the journal (identity, desired state, pending results) is kept")
 	pf.StringVar(&s.LogLevel, "log-level", s.LogLevel, "debug, info, warn or error")
-	root.AddCommand(joinCmd(s), nodeCmd(s), statusCmd(s), doctorCmd(s), versionCmd(), simCmd(s), ramdiskCmd(s), siteCmd(s), initCmd(s), cgroupHookCmd(), helperCmd(s))
+	root.AddCommand(joinCmd(s), nodeCmd(s), statusCmd(s), doctorCmd(s), versionCmd(), superviseCmd(s), simCmd(s), ramdiskCmd(s), siteCmd(s), initCmd(s), cgroupHookCmd(), helperCmd(s))
 	return root
 }
 
@@ -195,7 +197,7 @@ token may also come from $BCD_JOIN_TOKEN.`,
 			ctx, cancel := signals()
 			defer cancel()
 			o := nodeagent.JoinOptions{URL: url, Token: token, CAHash: caHash, TakeoverSecret: secret,
-				Facts:  &agentv1.MachineFacts{Hostname: hostname, MachineId: machineID(), Os: "linux", AgentVersion: version},
+				Facts:  &agentv1.MachineFacts{Hostname: hostname, MachineId: machineID(), Os: "linux", Arch: runtime.GOARCH, AgentVersion: version},
 				Logger: slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))}
 			if tpm != "" {
 				o.TPM = func() (io.ReadWriteCloser, error) { return tpmattest.Open(tpm) }
@@ -230,6 +232,7 @@ func nodeCmd(s *settings) *cobra.Command {
 	var execOK bool
 	var consoles []string
 	var vm vmHostFlags
+	update := selfUpdateFlags{enabled: true, deadline: selfupdate.DefaultDeadline}
 	c := &cobra.Command{
 		Use:   "node",
 		Short: "Run the node agent: the session, inventory, health, CDI device holds and commands",
@@ -266,10 +269,21 @@ and bcd doctor say why). --fake-gpus runs on simulated hardware instead.`,
 				defer stop()
 				exts = append(exts, vmExt)
 			}
-			return daemon.Run(ctx, daemon.Config{StateDir: s.StateDir, CDIDir: s.CDIDir, Gateway: s.Gateway, Transport: s.Transport, Fake: s.Fake, Extensions: exts,
-				Version: version, Logger: logger, Exec: execOK, Consoles: cons, Reports: reports, Helper: helperSocket})
+			ctx, restart := context.WithCancelCause(ctx)
+			su, err := update.start(s.StateDir, logger, func(path string) { restart(restartInto{path}) })
+			if err != nil {
+				return err
+			}
+			err = daemon.Run(ctx, daemon.Config{StateDir: s.StateDir, CDIDir: s.CDIDir, Gateway: s.Gateway, Transport: s.Transport, Fake: s.Fake, Extensions: exts,
+				Version: version, Logger: logger, Exec: execOK, Consoles: cons, Reports: reports, Helper: helperSocket, SelfUpdate: su})
+			var into restartInto
+			if errors.As(context.Cause(ctx), &into) {
+				return selfupdate.Exec(into.path)
+			}
+			return err
 		},
 	}
+	update.flags(c)
 	c.Flags().StringVar(&s.CDIDir, "cdi-dir", s.CDIDir, "where CDI specs of held devices are written")
 	c.Flags().BoolVar(&execOK, "exec", false, "run the commands of holders' tunnels (access.exec), as the user bcd runs as (docs/access.md)")
 	c.Flags().StringArrayVar(&consoles, "console", nil, "a console holders' tunnels may attach to (access.console), as name=unix:/path/to/socket; the name may be empty (the node's default); repeatable")
@@ -314,6 +328,9 @@ func statusCmd(s *settings) *cobra.Command {
 			w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 			row := func(k string, v any) { fmt.Fprintf(w, "%s\t%v\n", k, v) }
 			row("node", fmt.Sprintf("%s (%s)", st.NodeName, st.NodeID))
+			if st.Version != "" {
+				row("version", st.Version)
+			}
 			row("running", running)
 			if running {
 				session := "disconnected"
@@ -328,6 +345,20 @@ func statusCmd(s *settings) *cobra.Command {
 				row("gpus", gpus)
 				if st.LastError != "" {
 					row("last error", st.LastError)
+				}
+				if u := st.Update; u != nil {
+					if u.Wanted != "" {
+						row("update", "installing "+u.Wanted+errSuffix(u.Error))
+					}
+					if t := u.Trial; t != nil {
+						row("update trial", fmt.Sprintf("%s (from %s) until %s", t.Version, t.PreviousVersion, t.Deadline.Format(time.RFC3339)))
+					}
+					if u.Refused != "" {
+						row("update refused", u.Refused)
+					}
+					if r := u.LastRollback; r != nil {
+						row("last rollback", fmt.Sprintf("%s at %s: %s", r.Version, r.At.Format(time.RFC3339), r.Reason))
+					}
 				}
 			}
 			row("generation applied", st.AppliedGeneration)
@@ -462,6 +493,13 @@ stopped; it prints how many are connected, and its CPU and memory, every ten sec
 	c.Flags().IntVar(&o.GPUs, "gpus", 8, "GPUs per node")
 	c.Flags().StringVar(&o.Prefix, "prefix", "sim", "node names are <prefix>-<n>")
 	return c
+}
+
+func errSuffix(e string) string {
+	if e == "" {
+		return ""
+	}
+	return " (last attempt: " + e + ")"
 }
 
 // parseConsoles reads --console values: name=unix:/path.

@@ -108,6 +108,12 @@ config file (--config, default ` + defaultConfigPath() + `: {"url": …, "apiKey
 			g.RemoveCommand(g.Commands()...)
 			g.AddCommand(fleetCmds(p)...)
 		}
+		if g.Name() == "releases" {
+			g.AddCommand(releasesInitCmd(p), releasesSignCmd(p), releasesPushCmd(p))
+		}
+		if g.Name() == "rollouts" {
+			g.AddCommand(rolloutsWatchCmd(p))
+		}
 		root.AddCommand(g)
 	}
 	root.AddCommand(devCmd(), serveCmd(), simCmd(p), iamCmd(p), mcpCmd(p), methodsCmd(p), callCmd(p), execCmd(p), consoleCmd(p))
@@ -117,9 +123,6 @@ config file (--config, default ` + defaultConfigPath() + `: {"url": …, "apiKey
 	return root
 }
 
-// strictUsage makes every mistake in a command line a usage error: a word that names no
-// subcommand (cobra would print help and succeed) answers "unknown command" with suggestions,
-// and a wrong number of arguments is a usage error too.
 // helpCmd is cobra's help command, except that a topic that names no command is a usage error
 // (exit 2), not the root's help and success.
 func helpCmd(root *cobra.Command) *cobra.Command {
@@ -136,6 +139,9 @@ func helpCmd(root *cobra.Command) *cobra.Command {
 	}
 }
 
+// strictUsage makes every mistake in a command line a usage error: a word that names no
+// subcommand (cobra would print help and succeed) answers "unknown command" with suggestions,
+// and a wrong number of arguments is a usage error too.
 func strictUsage(c *cobra.Command) {
 	c.SuggestionsMinimumDistance = 2
 	if c.HasSubCommands() && c.Run == nil && c.RunE == nil {

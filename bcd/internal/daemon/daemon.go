@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"syscall"
 	"time"
 
@@ -21,6 +22,7 @@ import (
 	"github.com/better-compute/compute/bcd/internal/helper"
 	"github.com/better-compute/compute/bcd/internal/journal"
 	"github.com/better-compute/compute/bcd/internal/mig"
+	"github.com/better-compute/compute/bcd/internal/selfupdate"
 	"github.com/better-compute/compute/internal/nodeagent"
 )
 
@@ -52,18 +54,36 @@ type Config struct {
 	// Helper is the socket of the root helper (bcd helper) that writes CDI specs, makes MIG
 	// changes and resets GPUs for this agent, which then runs unprivileged; "" does them here.
 	Helper string
+	// SelfUpdate, if set, lets the control plane update this bcd (the bcd.release part).
+	SelfUpdate *SelfUpdate
+}
+
+// SelfUpdate is how bcd updates itself: into the slots under the state directory, verified
+// against the release repository's metadata (kept there too), restarting through Restart.
+type SelfUpdate struct {
+	Self     string        // this binary
+	Root     []byte        // a pinned root of the repository; nil: trust on first use
+	Deadline time.Duration // a new binary's trial
+	Restart  func(path string)
+}
+
+// SlotsOf is the binary slots of a state directory.
+func SlotsOf(stateDir string) selfupdate.Slots {
+	return selfupdate.Slots{Dir: filepath.Join(stateDir, "slots")}
 }
 
 // Status is the status file: the agent's status and what bcd knows of its machine.
 type Status struct {
 	nodeagent.Status
-	PID       int       `json:"pid"`
-	Version   string    `json:"version"`
-	GPUStatus string    `json:"gpuStatus,omitempty"` // why there are no GPUs, if there are none
-	GPUs      int       `json:"gpus"`
-	CDIDir    string    `json:"cdiDir"`
-	URL       string    `json:"url,omitempty"` // the control plane the node joined
-	UpdatedAt time.Time `json:"updatedAt"`
+	PID     int    `json:"pid"`
+	Version string `json:"version"`
+	// Update is the state of self-update, when it is on.
+	Update    *selfupdate.Status `json:"update,omitempty"`
+	GPUStatus string             `json:"gpuStatus,omitempty"` // why there are no GPUs, if there are none
+	GPUs      int                `json:"gpus"`
+	CDIDir    string             `json:"cdiDir"`
+	URL       string             `json:"url,omitempty"` // the control plane the node joined
+	UpdatedAt time.Time          `json:"updatedAt"`
 }
 
 // StatusPath is the status file of a state directory.
@@ -115,10 +135,21 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		conv = devices
 	}
+	exts := cfg.Extensions
+	var up *selfupdate.Updater
+	if su := cfg.SelfUpdate; su != nil {
+		up, err = selfupdate.New(selfupdate.Config{Slots: SlotsOf(cfg.StateDir), Version: cfg.Version, Self: su.Self, Identity: j.Identity,
+			Gateway: cfg.Gateway, MetadataDir: filepath.Join(cfg.StateDir, "releases"), Root: su.Root, Deadline: su.Deadline,
+			Restart: su.Restart, Logger: cfg.Logger})
+		if err != nil {
+			return err
+		}
+		exts = append(append([]ext.Extension(nil), exts...), up.Extension())
+	}
 	a, err := nodeagent.New(nodeagent.Config{
 		Store: j, Hardware: hw, Converger: conv, Logger: cfg.Logger, Version: cfg.Version,
-		Gateway: cfg.Gateway, Transport: cfg.Transport, Facts: &agentv1.MachineFacts{Hostname: host, MachineId: machineID(), Os: "linux", AgentVersion: cfg.Version},
-		Extensions: cfg.Extensions, Reports: cfg.Reports, Exec: cfg.Exec, Consoles: cfg.Consoles,
+		Gateway: cfg.Gateway, Transport: cfg.Transport, Facts: &agentv1.MachineFacts{Hostname: host, MachineId: machineID(), Os: "linux", Arch: runtime.GOARCH, AgentVersion: cfg.Version},
+		Extensions: exts, Reports: cfg.Reports, Exec: cfg.Exec, Consoles: cfg.Consoles,
 	})
 	if err != nil {
 		return err
@@ -126,6 +157,13 @@ func Run(ctx context.Context, cfg Config) error {
 	write := func() {
 		s := Status{Status: a.Status(), PID: os.Getpid(), Version: cfg.Version, GPUStatus: inv.GetGpuStatus(),
 			GPUs: len(inv.GetGpus()), CDIDir: cfg.CDIDir, URL: id.URL, UpdatedAt: time.Now()}
+		if up != nil {
+			st := up.Status()
+			s.Update = &st
+			if s.Connected {
+				up.Connected() // the session is up: a new binary has proved itself
+			}
+		}
 		if s.NodeID == "" {
 			s.NodeID, s.NodeName, s.CertNotAfter = id.NodeID, id.NodeName, id.NotAfter
 		}
@@ -133,6 +171,9 @@ func Run(ctx context.Context, cfg Config) error {
 			cfg.Logger.Warn("bcd: write the status file", "error", err)
 		}
 	}
+	// What runs beside the agent ends with it, whether ctx ended or the agent gave up.
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -147,9 +188,18 @@ func Run(ctx context.Context, cfg Config) error {
 			}
 		}
 	}()
-	cfg.Logger.Info("bcd: node running", "node", id.NodeName, "id", id.NodeID, "gpus", len(inv.GetGpus()), "gpuStatus", inv.GetGpuStatus())
+	cfg.Logger.Info("bcd: node running", "node", id.NodeName, "id", id.NodeID, "version", cfg.Version, "gpus", len(inv.GetGpus()), "gpuStatus", inv.GetGpuStatus())
+	updated := make(chan struct{})
+	go func() {
+		defer close(updated)
+		if up != nil {
+			_ = up.Run(ctx)
+		}
+	}()
 	err = a.Run(ctx)
+	stop()
 	<-done
+	<-updated
 	os.Remove(StatusPath(cfg.StateDir))
 	return err
 }

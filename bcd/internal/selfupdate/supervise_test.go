@@ -1,0 +1,116 @@
+package selfupdate
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The supervisor is tested with real processes: shell scripts stand in for bcd binaries. The
+// one in slot a (the working bcd) waits for a signal file and then re-execs itself into the
+// current slot, in the same process, as bcd node does after installing an update.
+const oldBinary = `#!/bin/sh
+echo "a $$" >> "$LOG"
+while [ ! -e "$GO" ]; do sleep 0.05; done
+rm -f "$GO"
+exec "$SLOTS/current/bcd"
+`
+
+var newBinaries = map[string]string{
+	"exits":   "#!/bin/sh\necho \"b $$\" >> \"$LOG\"\nexit 3\n",
+	"hangs":   "#!/bin/sh\necho \"b $$\" >> \"$LOG\"\nexec sleep 1000\n",
+	"commits": "#!/bin/sh\necho \"b $$\" >> \"$LOG\"\nrm -f \"$SLOTS/trial.json\"\nexec sleep 1000\n",
+}
+
+func TestSupervisor(t *testing.T) {
+	if _, err := os.Stat("/bin/sh"); err != nil {
+		t.Skip("needs /bin/sh")
+	}
+	for _, tc := range []struct {
+		binary     string
+		rolledBack bool
+		reason     string
+	}{
+		{"exits", true, "exited during its trial (exit status 3)"},
+		{"hangs", true, "did not reach its gateway within 1s"},
+		{"commits", false, ""},
+	} {
+		t.Run(tc.binary, func(t *testing.T) {
+			dir := t.TempDir()
+			s := Slots{Dir: filepath.Join(dir, "slots")}
+			log, goFile := filepath.Join(dir, "log"), filepath.Join(dir, "go")
+			t.Setenv("LOG", log)
+			t.Setenv("GO", goFile)
+			t.Setenv("SLOTS", s.Dir)
+			self := filepath.Join(dir, "bcd")
+			writeFile(t, self, oldBinary)
+			sv := &Supervisor{Slots: s, Self: self, Grace: 300 * time.Millisecond, Backoff: 100 * time.Millisecond,
+				Stdout: io.Discard, Stderr: io.Discard, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- sv.Run(ctx) }()
+			defer func() {
+				cancel()
+				select {
+				case <-done:
+				case <-time.After(20 * time.Second):
+					t.Error("the supervisor did not stop")
+				}
+			}()
+			lines := func() []string {
+				b, _ := os.ReadFile(log)
+				return strings.Fields(string(b))
+			}
+			waitFor(t, "the old binary running", func() bool { return len(lines()) == 2 })
+			pid := lines()[1]
+
+			// The old binary installs the new one, switches, and re-execs into it.
+			if err := s.Write(SlotB, strings.NewReader(newBinaries[tc.binary])); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Begin(Trial{Slot: SlotB, Previous: SlotA, Version: "v2", PreviousVersion: "v1", Try: "v2/r#1",
+				Started: time.Now(), Deadline: time.Now().Add(time.Second)}); err != nil {
+				t.Fatal(err)
+			}
+			writeFile(t, goFile, "")
+			waitFor(t, "the new binary running", func() bool { return len(lines()) >= 4 })
+			if l := lines(); l[2] != "b" || l[3] != pid {
+				t.Fatalf("the new binary did not run in the old one's process: %v", l)
+			}
+			if !tc.rolledBack {
+				time.Sleep(2 * time.Second) // past the deadline and the grace
+				if cur, _, _ := s.Current(); cur != SlotB || len(lines()) != 4 {
+					t.Fatalf("a committed update: current %s, runs %v", cur, lines())
+				}
+				if rb, _ := s.LastRollback(); rb != nil {
+					t.Fatalf("a committed update was rolled back: %+v", rb)
+				}
+				return
+			}
+			waitFor(t, "the old binary running again", func() bool { return len(lines()) == 6 && lines()[4] == "a" })
+			if cur, _, _ := s.Current(); cur != SlotA {
+				t.Fatalf("current after the rollback = %s", cur)
+			}
+			rb, _ := s.LastRollback()
+			if rb == nil || rb.Version != "v2" || !strings.Contains(rb.Reason, tc.reason) {
+				t.Fatalf("the rollback = %+v, want the reason %q", rb, tc.reason)
+			}
+		})
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
