@@ -319,7 +319,7 @@ func (in ListInstances) Validate() error {
 	}
 	switch in.Status {
 	case "", "pending", "running", "paused", "stopped", "error", "deleted":
-		return nil
+		return in.PageRequest.Validate()
 	}
 	return api.InvalidField("status", "%q is not an instance status (pending, running, paused, stopped, error, deleted)", in.Status)
 }

@@ -305,5 +305,8 @@ func (in ListProviderInstances) Validate() error {
 			return err
 		}
 	}
-	return api.ValidateEnum("status", in.Status, providerStatuses...)
+	if err := api.ValidateEnum("status", in.Status, providerStatuses...); err != nil {
+		return err
+	}
+	return in.PageRequest.Validate()
 }

@@ -256,9 +256,11 @@ type ListSandboxes struct {
 // Validate implements the input check.
 func (in ListSandboxes) Validate() error {
 	if in.Template != "" {
-		return api.ValidateRef("template", in.Template)
+		if err := api.ValidateRef("template", in.Template); err != nil {
+			return err
+		}
 	}
-	return nil
+	return in.PageRequest.Validate()
 }
 
 // Snapshot is a saved state of a sandbox, kept by its host.
@@ -292,6 +294,14 @@ func (in CreateSnapshot) Validate() error {
 type ListSnapshots struct {
 	SandboxRef
 	api.PageRequest
+}
+
+// Validate implements the input check (both embedded types have one).
+func (in ListSnapshots) Validate() error {
+	if err := in.SandboxRef.Validate(); err != nil {
+		return err
+	}
+	return in.PageRequest.Validate()
 }
 
 // SnapshotRef names a snapshot.
