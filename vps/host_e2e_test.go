@@ -89,7 +89,7 @@ func startVMHost(t *testing.T) *vmHost {
 	if out, err := exec.Command(bin, "join", "--state-dir", state, "--url", url, "--token", tok.Token, "--hostname", "vm-host").CombinedOutput(); err != nil {
 		t.Fatalf("join: %v\n%s", err, out)
 	}
-	node := exec.Command(bin, "node", "--state-dir", state, "--cdi-dir", filepath.Join(state, "cdi"), "--gateway", gw, "--fake-gpus", "0",
+	node := exec.Command(bin, "node", "--state-dir", state, "--cdi-dir", filepath.Join(state, "cdi"), "--gateway", gw, "--fake-gpus", "1",
 		"--vps-runtime", "libvirt", "--vps-dir", filepath.Join(h.Dir, "vps"), "--libvirt-socket", h.Socket, "--libvirt-uri", "qemu:///session",
 		"--libvirt-domain-type", "qemu", "--libvirt-file-owner", h.Owner(), "--log-level", cmp.Or(os.Getenv("BC_TEST_BCD_LOG"), "warn"))
 	node.Stdout, node.Stderr = os.Stderr, os.Stderr
@@ -214,13 +214,30 @@ func TestInstancesRunOnARealBCDHost(t *testing.T) {
 		t.Fatalf("the error of an image that does not match its checksum: %q", d)
 	}
 
+	// A GPU flavor: the GPU its reservation holds is passed through by its PCI address (the
+	// simulated GPU's; defined stopped, as no GPU can be bound to VFIO here).
+	if _, err := compute.Invoke(ctx, c, key, vps.FlavorsCreate, vps.CreateFlavor{Name: "gpu", VCPUs: 1, MemoryGiB: 1, GPUs: 1}); err != nil {
+		t.Fatal(err)
+	}
+	g, err := compute.Invoke(ctx, c, key, vps.InstancesCreate, vps.CreateInstance{Name: "gpu1", Pool: "vms", Flavor: "gpu", Image: "guest", Power: vps.PowerStopped})
+	if err != nil {
+		t.Fatal(err)
+	}
+	status(g.ID, "stopped")
+	if virsh, err := exec.LookPath("virsh"); err == nil {
+		out, err := exec.Command(virsh, "-c", "qemu:///session?socket="+h.Socket, "dumpxml", "bc-"+g.ID).CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "<hostdev") || !strings.Contains(string(out), "bus='0x10'") {
+			t.Fatalf("the GPU instance's domain passes no GPU through: %v\n%s", err, out)
+		}
+	}
+
 	// Deleted: the VM goes, and its reservation is released.
 	rt, err := libvirt.New(libvirt.Options{Socket: h.Socket, URI: "qemu:///session", StateDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer rt.Close()
-	for _, id := range []string{inst.ID, bad.ID} {
+	for _, id := range []string{inst.ID, bad.ID, g.ID} {
 		if _, err := compute.Invoke(ctx, c, key, vps.InstancesDelete, vps.InstanceRef{Instance: id}); err != nil {
 			t.Fatal(err)
 		}

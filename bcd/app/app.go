@@ -275,7 +275,8 @@ and bcd doctor say why). --fake-gpus runs on simulated hardware instead.`,
 				return err
 			}
 			err = daemon.Run(ctx, daemon.Config{StateDir: s.StateDir, CDIDir: s.CDIDir, Gateway: s.Gateway, Transport: s.Transport, Fake: s.Fake, Extensions: exts,
-				Version: version, Logger: logger, Exec: execOK, Consoles: cons, Reports: reports, Helper: helperSocket, SelfUpdate: su})
+				Version: version, Logger: logger, Exec: execOK, Consoles: cons, Reports: reports, Helper: helperSocket, SelfUpdate: su,
+				OnHardware: vm.sawHardware})
 			var into restartInto
 			if errors.As(context.Cause(ctx), &into) {
 				return selfupdate.Exec(into.path)

@@ -2,10 +2,12 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 
 	"github.com/spf13/cobra"
 
@@ -29,6 +31,27 @@ type vmHostFlags struct {
 	chvBinary   string
 	chvFirmware string
 	uplink      string
+	machine     atomic.Value // nodeagent.Hardware, once bcd node has opened it
+}
+
+// sawHardware keeps the machine bcd node opened, for its GPUs' PCI addresses.
+func (f *vmHostFlags) sawHardware(hw nodeagent.Hardware) { f.machine.Store(&hw) }
+
+// gpus reads the machine's GPUs: UUID → PCI address.
+func (f *vmHostFlags) gpus(ctx context.Context) (map[string]string, error) {
+	hw, _ := f.machine.Load().(*nodeagent.Hardware)
+	if hw == nil {
+		return nil, errors.New("bcd node has not opened the machine yet")
+	}
+	inv, err := (*hw).Inventory(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, g := range inv.GetGpus() {
+		out[g.GetUuid()] = g.GetPciAddress()
+	}
+	return out, nil
 }
 
 func (f *vmHostFlags) flags(c *cobra.Command) {
@@ -70,7 +93,7 @@ func (f *vmHostFlags) start(ctx context.Context, s *settings, reports *nodeagent
 	default:
 		return ext.Extension{}, nil, fmt.Errorf("--vps-runtime %q: want libvirt (libvirt-kvm) or chv (cloud-hypervisor)", f.runtime)
 	}
-	opts := hostagent.Options{Runtime: rt, Dir: dir, Reporter: reports, Logger: logger, Uplink: f.uplink}
+	opts := hostagent.Options{Runtime: rt, Dir: dir, Reporter: reports, Logger: logger, Uplink: f.uplink, GPUs: f.gpus}
 	if os.Geteuid() == 0 { // bridges and VLAN sub-interfaces are made as root; otherwise NICs plug into those that exist
 		links, err := hostnet.New()
 		if err != nil {

@@ -51,6 +51,9 @@ type Options struct {
 	Links interface{ Ensure(hostnet.Segment) error }
 	// Uplink is the host's interface that carries the networks' VLANs (bcd node --vps-uplink).
 	Uplink string
+	// GPUs, if set, reads the host's GPUs: UUID → PCI address, which the runtime passes through.
+	// Without it an instance holding GPUs is refused (reported in error).
+	GPUs func(ctx context.Context) (map[string]string, error)
 	Logger *slog.Logger
 }
 
@@ -297,6 +300,13 @@ func (a *Agent) ensure(ctx context.Context, in hostapi.Instance) error {
 		}
 		*f.dst = p
 	}
+	if len(in.GPUs) > 0 {
+		gpus, err := a.passThrough(ctx, in.GPUs)
+		if err != nil {
+			return err
+		}
+		r.GPUs = gpus
+	}
 	for _, n := range in.NICs {
 		if a.opts.Links != nil {
 			if err := a.opts.Links.Ensure(hostnet.Segment{Bridge: n.Bridge, VLAN: n.VLAN, Uplink: a.opts.Uplink}); err != nil {
@@ -488,4 +498,39 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		last = b
 	}
+}
+
+// passThrough maps the GPUs an instance holds (their UUIDs, as its reservation names them) to
+// what the runtime passes through: the PCI address of a whole GPU, or a MIG device's UUID.
+func (a *Agent) passThrough(ctx context.Context, uuids []string) ([]string, error) {
+	if a.opts.GPUs == nil {
+		return nil, errors.New("this host passes no GPUs through (bcd node read none)")
+	}
+	byUUID, err := a.opts.GPUs(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read the host's GPUs: %w", err)
+	}
+	out := make([]string, 0, len(uuids))
+	for _, u := range uuids {
+		if strings.HasPrefix(u, "MIG-") {
+			out = append(out, u)
+			continue
+		}
+		addr, ok := byUUID[u]
+		if !ok || addr == "" {
+			return nil, fmt.Errorf("GPU %s is not on this host (or has no PCI address)", u)
+		}
+		out = append(out, pciAddress(addr))
+	}
+	return out, nil
+}
+
+// pciAddress writes a PCI address as the runtimes take it: NVML's 00000000:3B:00.0 becomes
+// 0000:3b:00.0.
+func pciAddress(s string) string {
+	s = strings.ToLower(s)
+	if dom, rest, ok := strings.Cut(s, ":"); ok && len(dom) == 8 {
+		s = dom[4:] + ":" + rest
+	}
+	return s
 }

@@ -56,6 +56,9 @@ type Config struct {
 	Helper string
 	// SelfUpdate, if set, lets the control plane update this bcd (the bcd.release part).
 	SelfUpdate *SelfUpdate
+	// OnHardware, if set, is given the machine once it is open (the vps host agent reads its
+	// GPUs' PCI addresses from it).
+	OnHardware func(nodeagent.Hardware)
 }
 
 // SelfUpdate is how bcd updates itself: into the slots under the state directory, verified
@@ -119,6 +122,9 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer closeHW()
+	if cfg.OnHardware != nil {
+		cfg.OnHardware(hw)
+	}
 	inv, err := hw.Inventory(ctx)
 	if err != nil {
 		return fmt.Errorf("read the machine: %w", err)
