@@ -18,6 +18,7 @@ import (
 	"github.com/better-compute/compute"
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/metal"
+	"github.com/better-compute/compute/vps"
 )
 
 // APIPath and ProtocolPath are where the snapshots live, from the module's root.
@@ -71,7 +72,11 @@ func Modules() ([]compute.Module, error) {
 	if err != nil {
 		return nil, err
 	}
-	return []compute.Module{m}, nil
+	v, err := vps.New(vps.Options{})
+	if err != nil {
+		return nil, err
+	}
+	return []compute.Module{m, v}, nil
 }
 
 // LiveAPI is the surface of the code as built.
