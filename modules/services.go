@@ -65,6 +65,10 @@ type Access interface {
 	// ConsoleTicket records a single-use ticket to a console of a node a reservation of c's
 	// tenant holds now, and its access.console event.
 	ConsoleTicket(ctx context.Context, c *Call, in api.OpenTunnel) (api.TunnelTicket, error)
+	// SSHCA returns the public key (authorized_keys form) of the SSH CA of c's tenant, made on
+	// its first use: access.sshCertificate signs with it, for a reservation's principal
+	// (api.ReservationPrincipal).
+	SSHCA(ctx context.Context, c *Call) (string, error)
 }
 
 // Events writes the event outbox.

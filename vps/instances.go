@@ -92,7 +92,7 @@ func (m *Module) registerInstances(r *modules.Registry) {
 		return getInstance(ctx, c.Tx, c.Target.ResourceID) // deleting a deleted instance answers it as it is
 	})
 	modules.Handle(r, InstancesConsole, instanceTarget, func(ctx context.Context, c *modules.Call, _ InstanceRef) (api.TunnelTicket, error) {
-		return consoleTicket(ctx, c)
+		return consoleTicket(ctx, c, hostapi.ConsoleName)
 	})
 }
 
@@ -170,10 +170,16 @@ func launch(ctx context.Context, c *modules.Call, s launchSpec) (Instance, error
 	if _, err := allocate(ctx, c.Tx, c.Target.TenantID, id, s.networks); err != nil {
 		return Instance{}, err
 	}
+	var sshCA string
+	if s.kind != kindInstance { // a sandbox's guest takes SSH certificates of its tenant's CA
+		if sshCA, err = c.Runtime.Access.SSHCA(ctx, c); err != nil {
+			return Instance{}, err
+		}
+	}
 	_, err = c.Tx.Exec(ctx, `INSERT INTO compute.vps_instances (id, tenant_id, name, flavor_id, image_id, reservation_id, node_id, power, labels, created_by,
-			kind, template_id, expires_at, user_data)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, compute.compute_now() + $13::interval, $14)`,
-		id, c.Target.TenantID, s.name, f.ID, s.image.ID, res.ID, node, power, labels, c.Principal.ID, s.kind, template, expires, s.userData)
+			kind, template_id, expires_at, user_data, ssh_ca)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, compute.compute_now() + $13::interval, $14, $15)`,
+		id, c.Target.TenantID, s.name, f.ID, s.image.ID, res.ID, node, power, labels, c.Principal.ID, s.kind, template, expires, s.userData, sshCA)
 	if postgres.ErrorCode(err) == postgres.UniqueViolation {
 		return Instance{}, api.Errorf(api.CodeConflict, "the tenant has a live instance or sandbox named %q", s.name).With("reason", "name_taken")
 	}
@@ -325,7 +331,7 @@ func (m *Module) desiredInstances(ctx context.Context, q postgres.Querier, nodeI
 	rows, err := q.Query(ctx, `SELECT i.id::text, i.reservation_id::text, f.vcpus, f.memory_gib, f.disk_gib, m.kernel_url, m.kernel_sha256,
 		m.initrd_url, m.initrd_sha256, m.cmdline, m.disk_url, m.disk_sha256, i.power, i.reboots, coalesce(t.env, '{}'),
 		ARRAY(SELECT s.id::text FROM compute.vps_snapshots s WHERE s.instance_id = i.id AND s.deleted_at IS NULL AND s.status <> 'failed' ORDER BY s.id),
-		coalesce(i.restore_snapshot::text, ''), i.restores, CASE WHEN i.kind = 'warm' THEN t.ready_line ELSE '' END, i.name, i.user_data
+		coalesce(i.restore_snapshot::text, ''), i.restores, CASE WHEN i.kind = 'warm' THEN t.ready_line ELSE '' END, i.name, i.user_data, i.ssh_ca
 		FROM compute.vps_instances i JOIN compute.vps_flavors f ON f.id = i.flavor_id JOIN compute.vps_images m ON m.id = i.image_id
 		LEFT JOIN compute.vps_sandbox_templates t ON t.id = i.template_id
 		WHERE i.node_id = $1 AND i.deleted_at IS NULL ORDER BY i.id`, nodeID)
@@ -334,14 +340,19 @@ func (m *Module) desiredInstances(ctx context.Context, q postgres.Querier, nodeI
 	}
 	type row struct {
 		hostapi.Instance
-		reservation, name, userData string
+		reservation, name, userData, sshCA string
 	}
 	all, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
 		var x row
 		var memGiB, restores int
 		var k, ks, ir, irs, d, ds, restore string
 		err := r.Scan(&x.ID, &x.reservation, &x.VCPUs, &memGiB, &x.DiskGiB, &k, &ks, &ir, &irs, &x.Cmdline, &d, &ds, &x.Power, &x.Reboots,
-			&x.Env, &x.Snapshots, &restore, &restores, &x.ReadyLine, &x.name, &x.userData)
+			&x.Env, &x.Snapshots, &restore, &restores, &x.ReadyLine, &x.name, &x.userData, &x.sshCA)
+		if err == nil && x.sshCA != "" { // a sandbox: SSH on its second serial port, for its reservation's holders
+			x.Agent = true
+			x.Env["BC_SSH_CA"] = x.sshCA
+			x.Env["BC_SSH_PRINCIPAL"] = api.ReservationPrincipal(x.reservation)
+		}
 		x.MemoryMiB = memGiB << 10
 		x.Kernel, x.Initrd, x.Disk = hostArtifact(k, ks), hostArtifact(ir, irs), hostArtifact(d, ds)
 		if restore != "" {

@@ -29,6 +29,7 @@ var (
 	SandboxesExtend  = api.NewMethod[ExtendSandbox, Sandbox]("sandboxes", "extend", true, ResourceSandbox, "v0.5", "Move a sandbox's expiry, at most its template's maximum time to live after its creation.")
 	SandboxesDelete  = api.NewMethod[SandboxRef, Sandbox]("sandboxes", "delete", true, ResourceSandbox, "v0.5", "Delete a sandbox now.")
 	SandboxesConsole = api.NewMethod[SandboxRef, api.TunnelTicket]("sandboxes", "console", true, ResourceSandbox, "v0.5", "A single-use ticket to the sandbox's serial console.")
+	SandboxesSSH     = api.NewMethod[SandboxRef, api.TunnelTicket]("sandboxes", "ssh", true, ResourceSandbox, "v0.5", "A single-use ticket to the sandbox's SSH, on its second serial port: log in with a certificate of access.sshCertificate for its reservation.")
 
 	SandboxSnapshotsCreate  = api.NewMethod[CreateSnapshot, Snapshot]("sandboxSnapshots", "create", true, ResourceSnapshot, "v0.5", "Save a sandbox's whole state, memory included, on its host; it runs on.")
 	SandboxSnapshotsList    = api.NewMethod[ListSnapshots, api.Page[Snapshot]]("sandboxSnapshots", "list", false, ResourceSnapshot, "v0.5", "List a sandbox's snapshots.")
@@ -40,7 +41,7 @@ var (
 func SandboxMethods() []api.MethodInfo {
 	return []api.MethodInfo{SandboxTemplatesCreate.Info(), SandboxTemplatesGet.Info(), SandboxTemplatesList.Info(), SandboxTemplatesDelete.Info(),
 		SandboxesCreate.Info(), SandboxesGet.Info(), SandboxesList.Info(), SandboxesPause.Info(), SandboxesResume.Info(),
-		SandboxesExtend.Info(), SandboxesDelete.Info(), SandboxesConsole.Info(),
+		SandboxesExtend.Info(), SandboxesDelete.Info(), SandboxesConsole.Info(), SandboxesSSH.Info(),
 		SandboxSnapshotsCreate.Info(), SandboxSnapshotsList.Info(), SandboxSnapshotsRestore.Info(), SandboxSnapshotsDelete.Info()}
 }
 

@@ -1,6 +1,8 @@
 package vps_test
 
 import (
+	"crypto/ed25519"
+	"crypto/rand"
 	"regexp"
 	"strconv"
 	"strings"
@@ -11,6 +13,7 @@ import (
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/vps"
 	"github.com/better-compute/compute/vps/runtime/libvirt"
+	"golang.org/x/crypto/ssh"
 )
 
 // answers waits until the guest of a sandbox answers a line on its serial console, attaching
@@ -113,6 +116,67 @@ func TestSandboxesOnARealBCDHost(t *testing.T) {
 	con.expect(t, `bc-guest: env LANG=C.UTF-8`, 30*time.Second)
 	con.tun.Close() // a serial console takes one client at a time
 
+	// Exec over SSH: a short-lived certificate for the sandbox's reservation, over its second
+	// serial port; a certificate for another reservation is refused.
+	run := func(reservation, command string) (string, error) {
+		t.Helper()
+		_, priv, _ := ed25519.GenerateKey(rand.Reader)
+		signer, _ := ssh.NewSignerFromKey(priv)
+		issued, err := c.API.Access.SSHCertificate(ctx, key, api.SignSSHKey{Reservation: reservation,
+			PublicKey: string(ssh.MarshalAuthorizedKey(signer.PublicKey())), TTL: "5m"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pub, _, _, _, err := ssh.ParseAuthorizedKey([]byte(issued.Certificate))
+		if err != nil {
+			t.Fatal(err)
+		}
+		certSigner, err := ssh.NewCertSigner(pub.(*ssh.Certificate), signer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ticket, err := compute.Invoke(ctx, c, key, vps.SandboxesSSH, vps.SandboxRef{Sandbox: "cold1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tun, err := v.cl.OpenTunnel(ctx, ticket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn := tun.NetConn(ctx)
+		defer conn.Close()
+		stop := time.AfterFunc(30*time.Second, func() { conn.Close() }) // a handshake that hangs
+		defer stop.Stop()
+		// The host key is the guest's, made at its boot: what vouches for the far end is the
+		// ticket's path (the API, the node's session, the host's socket).
+		sc, chans, reqs, err := ssh.NewClientConn(conn, "sandbox", &ssh.ClientConfig{User: api.ReservationPrincipal(reservation),
+			Auth: []ssh.AuthMethod{ssh.PublicKeys(certSigner)}, HostKeyCallback: ssh.InsecureIgnoreHostKey(), Timeout: time.Minute})
+		if err != nil {
+			return "", err
+		}
+		cli := ssh.NewClient(sc, chans, reqs)
+		defer cli.Close()
+		sess, err := cli.NewSession()
+		if err != nil {
+			return "", err
+		}
+		out, err := sess.Output(command)
+		return string(out), err
+	}
+	var out string
+	waitFor(t, 3*time.Minute, "SSH to the sandbox", func() bool {
+		began := time.Now()
+		out, err = run(cold.ReservationID, "echo hello over ssh")
+		t.Logf("exec over SSH took %s: %v", time.Since(began).Round(time.Millisecond), err)
+		return err == nil
+	})
+	if out != "hello over ssh\n" {
+		t.Fatalf("exec over SSH: %q", out)
+	}
+	if _, err := run(cold.ReservationID, "rm -rf /"); err == nil || !strings.Contains(err.Error(), "127") {
+		t.Fatalf("a command the guest does not have: %v", err)
+	}
+
 	// Warm: one waits paused; taken, it answers as soon as it is resumed.
 	waitFor(t, 3*time.Minute, "a warm instance waits", func() bool {
 		tm, err := compute.Invoke(ctx, c, key, vps.SandboxTemplatesGet, vps.SandboxTemplateRef{Template: "warm"})
@@ -125,6 +189,9 @@ func TestSandboxesOnARealBCDHost(t *testing.T) {
 	}
 	v.answers(t, "warm1", time.Minute)
 	warmLatency := time.Since(start)
+	if _, err := run(warm.ReservationID, "echo not yours"); err == nil {
+		t.Fatal("a certificate for another sandbox's reservation opened cold1's SSH")
+	}
 	t.Logf("sandbox create → its guest answers on its console: cold %s, from the warm pool %s (TCG, no KVM)", coldLatency.Round(time.Millisecond), warmLatency.Round(time.Millisecond))
 	if warmLatency*2 > coldLatency {
 		t.Errorf("a sandbox from the warm pool answered in %s, a cold one in %s: the pool should at least halve it", warmLatency, coldLatency)

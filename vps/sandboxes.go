@@ -126,7 +126,10 @@ func (m *Module) registerSandboxes(r *modules.Registry) {
 		return getSandbox(ctx, c.Tx, c.Target.ResourceID)
 	})
 	modules.Handle(r, SandboxesConsole, sandboxTarget, func(ctx context.Context, c *modules.Call, _ SandboxRef) (api.TunnelTicket, error) {
-		return consoleTicket(ctx, c)
+		return consoleTicket(ctx, c, hostapi.ConsoleName)
+	})
+	modules.Handle(r, SandboxesSSH, sandboxTarget, func(ctx context.Context, c *modules.Call, _ SandboxRef) (api.TunnelTicket, error) {
+		return consoleTicket(ctx, c, hostapi.AgentName)
 	})
 	m.registerSnapshots(r)
 }
@@ -345,8 +348,9 @@ func extendSandbox(ctx context.Context, c *modules.Call, in ExtendSandbox) (Sand
 	return getSandbox(ctx, c.Tx, c.Target.ResourceID)
 }
 
-// consoleTicket is a ticket to the serial console of c's instance or sandbox.
-func consoleTicket(ctx context.Context, c *modules.Call) (api.TunnelTicket, error) {
+// consoleTicket is a ticket to a serial port of c's instance or sandbox: its console
+// (hostapi.ConsoleName) or its second port (hostapi.AgentName).
+func consoleTicket(ctx context.Context, c *modules.Call, port func(string) string) (api.TunnelTicket, error) {
 	i, err := getInstance(ctx, c.Tx, c.Target.ResourceID)
 	if err != nil {
 		return api.TunnelTicket{}, err
@@ -354,7 +358,7 @@ func consoleTicket(ctx context.Context, c *modules.Call) (api.TunnelTicket, erro
 	if i.DeletedAt != nil {
 		return api.TunnelTicket{}, api.Errorf(api.CodeFailedPrecondition, "%s %s was deleted", i.kind, i.Name).With("reason", "deleted")
 	}
-	return c.Runtime.Access.ConsoleTicket(ctx, c, api.OpenTunnel{Reservation: i.ReservationID, Node: i.NodeID, Console: hostapi.ConsoleName(i.ID)})
+	return c.Runtime.Access.ConsoleTicket(ctx, c, api.OpenTunnel{Reservation: i.ReservationID, Node: i.NodeID, Console: port(i.ID)})
 }
 
 // sandboxRound is one round of the sandbox worker: it ends the sandboxes whose time ran out,

@@ -118,6 +118,12 @@ func (Service) ConsoleTicket(ctx context.Context, c *modules.Call, in api.OpenTu
 	return openTicket("console")(ctx, c, in)
 }
 
+// SSHCA implements modules.Access.
+func (Service) SSHCA(ctx context.Context, c *modules.Call) (string, error) {
+	_, ca, err := authority(ctx, c)
+	return ca.PublicKey, err
+}
+
 func orAny(s string) string {
 	if s == "" {
 		return "(any)"

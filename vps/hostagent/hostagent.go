@@ -130,6 +130,11 @@ func (a *Agent) consolePath(id string) string {
 	return filepath.Join(a.opts.Dir, "consoles", id+".sock")
 }
 
+// agentPath is where an instance's second serial port is served.
+func (a *Agent) agentPath(id string) string {
+	return filepath.Join(a.opts.Dir, "consoles", id+".agent")
+}
+
 // snapshotPath is where a snapshot of an instance is saved (its memory; its disk beside it, in
 // <path>.disk).
 func (a *Agent) snapshotPath(instance, snapshot string) string {
@@ -159,11 +164,16 @@ func (a *Agent) Extension() ext.Extension {
 }
 
 func (a *Agent) console(name string) (string, bool) {
+	path := a.consolePath
 	id, ok := hostapi.InstanceOfConsole(name)
+	if !ok {
+		id, ok = hostapi.InstanceOfAgent(name)
+		path = a.agentPath
+	}
 	if !ok || !validID(id) {
 		return "", false
 	}
-	p := a.consolePath(id)
+	p := path(id)
 	if _, err := os.Stat(p); err != nil {
 		return "", false
 	}
@@ -257,6 +267,7 @@ func (a *Agent) converge(ctx context.Context, version uint32, payload []byte) er
 			return fmt.Errorf("hostagent: delete instance %s: %w", st.ID, err)
 		}
 		_ = os.Remove(a.consolePath(st.ID))
+		_ = os.Remove(a.agentPath(st.ID))
 		_ = os.RemoveAll(filepath.Join(a.opts.Dir, "snapshots", st.ID))
 		_ = os.Remove(a.seedPath(st.ID))
 		_ = os.Remove(a.seedPath(st.ID) + ".sha256")
@@ -287,6 +298,9 @@ func (a *Agent) converge(ctx context.Context, version uint32, payload []byte) er
 func (a *Agent) ensure(ctx context.Context, in hostapi.Instance) error {
 	r := runtime.Instance{ID: in.ID, VCPUs: in.VCPUs, MemoryMiB: in.MemoryMiB, Cmdline: in.Cmdline, Power: in.Power,
 		Console: a.consolePath(in.ID), GPUs: in.GPUs}
+	if in.Agent {
+		r.Agent = a.agentPath(in.ID)
+	}
 	for _, f := range []struct {
 		art *hostapi.Artifact
 		dst *string

@@ -47,6 +47,9 @@ type Instance struct {
 	// Restore, when its Serial grows past the restores the host has done, puts the instance
 	// back to the state of one of its snapshots.
 	Restore *Restore `json:"restore,omitempty"`
+	// Agent asks for the instance's second serial port, served to access.console as
+	// AgentName(id): a sandbox's SSH.
+	Agent bool `json:"agent,omitempty"`
 	// ReadyLine, on a warm instance, is what its guest prints on its serial console once it is
 	// ready: the host watches the console from its boot and reports Ready when it sees it.
 	ReadyLine string `json:"readyLine,omitempty"`
@@ -121,3 +124,10 @@ func ConsoleName(instanceID string) string { return "instance:" + instanceID }
 
 // InstanceOfConsole reads an instance id back from a console name.
 func InstanceOfConsole(name string) (string, bool) { return strings.CutPrefix(name, "instance:") }
+
+// AgentName is the name of an instance's second serial port among its host's consoles: a
+// sandbox's guest serves SSH on it.
+func AgentName(instanceID string) string { return "agent:" + instanceID }
+
+// InstanceOfAgent reads an instance id back from an agent port's name.
+func InstanceOfAgent(name string) (string, bool) { return strings.CutPrefix(name, "agent:") }

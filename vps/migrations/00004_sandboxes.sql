@@ -33,6 +33,7 @@ ALTER TABLE compute.vps_instances
   ADD COLUMN restore_snapshot uuid,
   ADD COLUMN restores int NOT NULL DEFAULT 0, -- a restore asked is one more; the host restores when it grows
   ADD COLUMN ready boolean NOT NULL DEFAULT false, -- a warm one's guest printed its template's ready line
+  ADD COLUMN ssh_ca text NOT NULL DEFAULT '', -- a sandbox's (or warm one's): its tenant's SSH CA, which its guest trusts
   ADD CONSTRAINT vps_instances_sandbox CHECK ((kind = 'instance') = (template_id IS NULL)),
   ADD CONSTRAINT vps_instances_expires CHECK ((kind = 'sandbox') = (expires_at IS NOT NULL));
 CREATE INDEX vps_instances_warm ON compute.vps_instances (template_id, created_at) WHERE kind = 'warm' AND deleted_at IS NULL;
@@ -54,5 +55,5 @@ CREATE UNIQUE INDEX vps_snapshots_name ON compute.vps_snapshots (instance_id, na
 -- +goose Down
 DROP TABLE compute.vps_snapshots;
 ALTER TABLE compute.vps_instances DROP COLUMN kind, DROP COLUMN template_id, DROP COLUMN expires_at, DROP COLUMN from_warm_pool,
-  DROP COLUMN restore_snapshot, DROP COLUMN restores, DROP COLUMN ready;
+  DROP COLUMN restore_snapshot, DROP COLUMN restores, DROP COLUMN ready, DROP COLUMN ssh_ca;
 DROP TABLE compute.vps_sandbox_templates;

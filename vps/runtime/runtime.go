@@ -39,6 +39,9 @@ type Instance struct {
 	// Console is where the instance's serial console is served, a Unix socket path the runtime
 	// creates (the node's access.console attaches to it).
 	Console string
+	// Agent, if set, is where the instance's second serial port is served, a Unix socket path
+	// like Console's: a sandbox's guest runs SSH on it (docs/sandboxes.md, Exec over SSH).
+	Agent string
 	// GPUs are PCI addresses of devices passed through (0000:3b:00.0), or MIG device UUIDs.
 	GPUs []string
 	// Seed, if set, is a read-only image given to the guest as a second disk: its cloud-init

@@ -325,6 +325,15 @@ func (r *Runtime) domainXML(in runtime.Instance, uuid *golibvirt.UUID) (string, 
 		dom.Devices.Serials = []libvirtxml.DomainSerial{{Source: src, Target: &libvirtxml.DomainSerialTarget{Port: &port}}}
 		dom.Devices.Consoles = []libvirtxml.DomainConsole{{Source: src, Target: &libvirtxml.DomainConsoleTarget{Type: "serial", Port: &port}}}
 	}
+	if in.Agent != "" { // the second serial port (ttyS1)
+		if err := r.mkdir(filepath.Dir(in.Agent)); err != nil {
+			return "", err
+		}
+		port := uint(1)
+		dom.Devices.Serials = append(dom.Devices.Serials, libvirtxml.DomainSerial{
+			Source: &libvirtxml.DomainChardevSource{UNIX: &libvirtxml.DomainChardevSourceUNIX{Mode: "bind", Path: in.Agent}},
+			Target: &libvirtxml.DomainSerialTarget{Port: &port}})
+	}
 	for _, n := range in.NICs {
 		nic := libvirtxml.DomainInterface{
 			Source: &libvirtxml.DomainInterfaceSource{Bridge: &libvirtxml.DomainInterfaceSourceBridge{Bridge: n.Bridge}},

@@ -33,6 +33,17 @@ func main() {
 	for _, kv := range vars {
 		say("bc-guest: env %s", kv)
 	}
+	envOf := func(k string) string {
+		for _, kv := range vars {
+			if v, ok := strings.CutPrefix(kv, k+"="); ok {
+				return v
+			}
+		}
+		return ""
+	}
+	if ca := envOf("BC_SSH_CA"); ca != "" { // a sandbox: SSH on the second serial port
+		go serveSSH("/dev/ttyS1", ca, envOf("BC_SSH_PRINCIPAL"), say)
+	}
 	go func() {
 		sc := bufio.NewScanner(con)
 		for sc.Scan() {
