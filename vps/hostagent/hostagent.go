@@ -53,7 +53,7 @@ type Options struct {
 	Uplink string
 	// GPUs, if set, reads the host's GPUs: UUID → PCI address, which the runtime passes through.
 	// Without it an instance holding GPUs is refused (reported in error).
-	GPUs func(ctx context.Context) (map[string]string, error)
+	GPUs   func(ctx context.Context) (map[string]string, error)
 	Logger *slog.Logger
 }
 
