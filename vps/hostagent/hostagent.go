@@ -296,7 +296,7 @@ func (a *Agent) converge(ctx context.Context, version uint32, payload []byte) er
 // ensure makes one instance exist in its power state, and reboots it when it was asked to
 // reboot more times than the host has.
 func (a *Agent) ensure(ctx context.Context, in hostapi.Instance) error {
-	r := runtime.Instance{ID: in.ID, VCPUs: in.VCPUs, MemoryMiB: in.MemoryMiB, Cmdline: in.Cmdline, Power: in.Power,
+	r := runtime.Instance{ID: in.ID, VCPUs: in.VCPUs, MemoryMiB: in.MemoryMiB, DiskGiB: in.DiskGiB, Cmdline: in.Cmdline, Power: in.Power,
 		Console: a.consolePath(in.ID), GPUs: in.GPUs}
 	if in.Agent {
 		r.Agent = a.agentPath(in.ID)

@@ -34,6 +34,9 @@ type Instance struct {
 	// Boot: a kernel with its initramfs and command line (direct boot), and/or a disk image.
 	Kernel, Initrd, Cmdline string
 	Disk                    string // a qcow2 or raw image the instance boots from and writes to (its own copy)
+	// DiskGiB grows the instance's own disk to this size when it is made (its flavor's disk);
+	// 0, or less than the image, leaves it at the image's size.
+	DiskGiB int
 	Power                   string // PowerRunning, PowerPaused or PowerStopped
 	NICs                    []NIC
 	// Console is where the instance's serial console is served, a Unix socket path the runtime

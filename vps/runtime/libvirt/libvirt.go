@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -379,11 +380,15 @@ func (r *Runtime) ensureDisk(in runtime.Instance) (string, error) {
 	if err := r.mkdir(filepath.Dir(p)); err != nil {
 		return "", err
 	}
-	format, err := imageFormat(in.Disk)
+	format, size, err := imageInfo(in.Disk)
 	if err != nil {
 		return "", fmt.Errorf("libvirt: instance %s's image: %w", in.ID, err)
 	}
-	if err := qemuImg("create", "-q", "-f", "qcow2", "-F", format, "-b", in.Disk, p+".new"); err != nil {
+	args := []string{"create", "-q", "-f", "qcow2", "-F", format, "-b", in.Disk, p + ".new"}
+	if want := int64(in.DiskGiB) << 30; want > size { // the flavor's disk, larger than the image
+		args = append(args, strconv.FormatInt(want, 10))
+	}
+	if err := qemuImg(args...); err != nil {
 		return "", fmt.Errorf("libvirt: instance %s's disk: %w", in.ID, err)
 	}
 	if err := r.own(p + ".new"); err != nil {
@@ -512,17 +517,18 @@ func qemuImg(args ...string) error {
 	return nil
 }
 
-// imageFormat reads a disk image's format (qcow2, raw, …) from the image itself.
-func imageFormat(path string) (string, error) {
+// imageInfo reads a disk image's format (qcow2, raw, …) and its size, from the image itself.
+func imageInfo(path string) (format string, virtualSize int64, err error) {
 	out, err := exec.Command("qemu-img", "info", "--output=json", path).Output()
 	if err != nil {
-		return "", fmt.Errorf("qemu-img info %s: %w", path, err)
+		return "", 0, fmt.Errorf("qemu-img info %s: %w", path, err)
 	}
 	var info struct {
-		Format string `json:"format"`
+		Format      string `json:"format"`
+		VirtualSize int64  `json:"virtual-size"`
 	}
 	if err := json.Unmarshal(out, &info); err != nil || info.Format == "" {
-		return "", fmt.Errorf("qemu-img info %s: no format in %q", path, out)
+		return "", 0, fmt.Errorf("qemu-img info %s: no format in %q", path, out)
 	}
-	return info.Format, nil
+	return info.Format, info.VirtualSize, nil
 }

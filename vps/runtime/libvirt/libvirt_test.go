@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -216,13 +217,17 @@ func TestLibvirtDisksAndRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	in := runtime.Instance{ID: "0190a0b0-0000-7000-8000-00000000000b", VCPUs: 1, MemoryMiB: 160, Kernel: kernel, Initrd: initrd,
-		Cmdline: "console=ttyS0 quiet", Disk: image, Power: runtime.PowerPaused, Console: filepath.Join(state, "consoles", "b.sock")}
+		Cmdline: "console=ttyS0 quiet", Disk: image, DiskGiB: 2, Power: runtime.PowerPaused, Console: filepath.Join(state, "consoles", "b.sock")}
 	if st, err := r.Ensure(ctx, in); err != nil || st.State != runtime.StatePaused {
 		t.Fatalf("Ensure paused from nothing: %+v, %v", st, err)
 	}
 	overlay := filepath.Join(state, in.ID, "disk.qcow2")
 	if fi, err := os.Stat(overlay); err != nil || fi.Size() == 0 {
 		t.Fatalf("the instance's disk: %v", err)
+	}
+	// The flavor's 2 GiB, over an image of 1 MiB.
+	if out, err := exec.Command("qemu-img", "info", "-U", "--output=json", overlay).Output(); err != nil || !strings.Contains(string(out), `"virtual-size": 2147483648`) {
+		t.Fatalf("the instance's disk is not 2 GiB: %v\n%s", err, out)
 	}
 	saved := filepath.Join(state, "snapshots", "b1")
 	if err := r.Save(ctx, in.ID, saved); err != nil {
