@@ -89,7 +89,8 @@ type CreateSandboxTemplate struct {
 	Flavor   string            `json:"flavor"`
 	Image    string            `json:"image"`
 	Env      map[string]string `json:"env,omitempty"`
-	// Network is the sandboxes' network policy: none (no interface; the only one today).
+	// Network is the sandboxes' network policy: none (no interface, the default), or a network
+	// of the tenant (its name or id) that each sandbox gets a NIC and an address on.
 	Network string `json:"network,omitempty"`
 	TTL     string `json:"ttl,omitempty"`    // default 1h
 	MaxTTL  string `json:"maxTTL,omitempty"` // default 24h, and at least TTL
@@ -144,7 +145,9 @@ func (in CreateSandboxTemplate) Validate() error {
 		return err
 	}
 	if in.Network != "" && in.Network != NetNone {
-		return api.InvalidField("network", "%q: the network policy is none (networks for sandboxes are not built yet)", in.Network)
+		if err := api.ValidateRef("network", in.Network); err != nil {
+			return err
+		}
 	}
 	if err := api.ValidateText("readyLine", in.ReadyLine, 256); err != nil {
 		return err

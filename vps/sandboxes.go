@@ -62,6 +62,11 @@ func getSandbox(ctx context.Context, q postgres.Querier, id string) (Sandbox, er
 	if errors.Is(err, pgx.ErrNoRows) {
 		return s, api.NotFound("sandbox", id)
 	}
+	if err != nil {
+		return s, err
+	}
+	nics, err := instanceNICs(ctx, q, []string{s.ID})
+	s.NICs = nics[s.ID]
 	return s, err
 }
 
@@ -155,11 +160,19 @@ func createTemplate(ctx context.Context, c *modules.Call, in CreateSandboxTempla
 	if env == nil {
 		env = map[string]string{}
 	}
+	network := NetNone
+	if in.Network != "" && in.Network != NetNone {
+		n, err := networkOf(ctx, c.Tx, c.Target.TenantID, in.Network)
+		if err != nil {
+			return SandboxTemplate{}, err
+		}
+		network = n.ID
+	}
 	id := uuid.Must(uuid.NewV7()).String()
 	_, err = c.Tx.Exec(ctx, `INSERT INTO compute.vps_sandbox_templates (id, tenant_id, name, pool_id, flavor_id, image_id, env, network, ttl, max_ttl, warm, warmup,
 			ready_line, created_by)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)`,
-		id, c.Target.TenantID, in.Name, pool, f.ID, img.ID, env, NetNone, ttl, maxTTL, in.Warm, warmup, in.ReadyLine, c.Principal.ID)
+		id, c.Target.TenantID, in.Name, pool, f.ID, img.ID, env, network, ttl, maxTTL, in.Warm, warmup, in.ReadyLine, c.Principal.ID)
 	if postgres.ErrorCode(err) == postgres.UniqueViolation {
 		return SandboxTemplate{}, api.Errorf(api.CodeConflict, "the tenant has a template named %q", in.Name).With("reason", "name_taken")
 	}
@@ -218,12 +231,12 @@ func endInstance(ctx context.Context, c *modules.Call, id, reason string) error 
 // resumed), and otherwise books and boots one.
 func createSandbox(ctx context.Context, c *modules.Call, in CreateSandbox) (Sandbox, error) {
 	var t struct {
-		id, pool, flavor, image string
-		ttl, maxTTL             time.Duration
+		id, pool, flavor, image, network string
+		ttl, maxTTL                      time.Duration
 	}
-	err := c.Tx.QueryRow(ctx, `SELECT id::text, pool_id::text, flavor_id::text, image_id::text, ttl, max_ttl FROM compute.vps_sandbox_templates
+	err := c.Tx.QueryRow(ctx, `SELECT id::text, pool_id::text, flavor_id::text, image_id::text, network, ttl, max_ttl FROM compute.vps_sandbox_templates
 		WHERE tenant_id = $1 AND (id::text = $2 OR name = $2) AND deleted_at IS NULL ORDER BY (id::text = $2) DESC LIMIT 1 FOR SHARE`,
-		c.Target.TenantID, in.Template).Scan(&t.id, &t.pool, &t.flavor, &t.image, &t.ttl, &t.maxTTL)
+		c.Target.TenantID, in.Template).Scan(&t.id, &t.pool, &t.flavor, &t.image, &t.network, &t.ttl, &t.maxTTL)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Sandbox{}, api.NotFound("template", in.Template)
 	}
@@ -278,7 +291,8 @@ func createSandbox(ctx context.Context, c *modules.Call, in CreateSandbox) (Sand
 	if err != nil {
 		return Sandbox{}, err
 	}
-	i, err := launch(ctx, c, launchSpec{kind: kindSandbox, name: in.Name, pool: t.pool, flavor: f, image: img, labels: labels, template: t.id, ttl: ttl})
+	i, err := launch(ctx, c, launchSpec{kind: kindSandbox, name: in.Name, pool: t.pool, flavor: f, image: img, labels: labels, template: t.id, ttl: ttl,
+		networks: templateNICs(t.network)})
 	if err != nil {
 		return Sandbox{}, err
 	}
@@ -416,10 +430,10 @@ func sandboxRound(ctx context.Context, rt *modules.Runtime) error {
 // round.
 func refill(ctx context.Context, rt *modules.Runtime) error {
 	type want struct {
-		id, tenant, pool, flavor, image string
-		missing                         int
+		id, tenant, pool, flavor, image, network string
+		missing                                  int
 	}
-	rows, err := rt.DB.Pool.Query(ctx, `SELECT t.id::text, t.tenant_id, t.pool_id::text, t.flavor_id::text, t.image_id::text,
+	rows, err := rt.DB.Pool.Query(ctx, `SELECT t.id::text, t.tenant_id, t.pool_id::text, t.flavor_id::text, t.image_id::text, t.network,
 		t.warm - (SELECT count(*) FROM compute.vps_instances w WHERE w.template_id = t.id AND w.kind = 'warm' AND w.deleted_at IS NULL)
 		FROM compute.vps_sandbox_templates t WHERE t.deleted_at IS NULL AND t.warm > 0`)
 	if err != nil {
@@ -427,7 +441,7 @@ func refill(ctx context.Context, rt *modules.Runtime) error {
 	}
 	wants, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (want, error) {
 		var w want
-		return w, r.Scan(&w.id, &w.tenant, &w.pool, &w.flavor, &w.image, &w.missing)
+		return w, r.Scan(&w.id, &w.tenant, &w.pool, &w.flavor, &w.image, &w.network, &w.missing)
 	})
 	if err != nil {
 		return err
@@ -448,7 +462,8 @@ func refill(ctx context.Context, rt *modules.Runtime) error {
 				if err != nil {
 					return err
 				}
-				_, err = launch(ctx, c, launchSpec{kind: kindWarm, name: "warm-" + uuid.NewString()[:13], pool: w.pool, flavor: f, image: img, template: w.id})
+				_, err = launch(ctx, c, launchSpec{kind: kindWarm, name: "warm-" + uuid.NewString()[:13], pool: w.pool, flavor: f, image: img, template: w.id,
+					networks: templateNICs(w.network)})
 				return err
 			})
 			if errors.Is(err, pgx.ErrNoRows) {
@@ -476,4 +491,12 @@ func asModule(ctx context.Context, rt *modules.Runtime, tenant string, fn func(c
 	return rt.DB.Tx(ctx, func(tx pgx.Tx) error {
 		return fn(&modules.Call{Principal: warmPrincipal, Target: modules.Target{TenantID: tenant, ResourceID: "*", TenantPath: path}, Tx: tx, Runtime: rt})
 	})
+}
+
+// templateNICs are the NICs of a template's sandboxes: one on its network, or none.
+func templateNICs(network string) []InstanceNIC {
+	if network == "" || network == NetNone {
+		return nil
+	}
+	return []InstanceNIC{{Network: network}}
 }

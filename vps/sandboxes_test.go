@@ -238,7 +238,7 @@ func TestBadSandboxInputIsNamed(t *testing.T) {
 		{func(in *vps.CreateSandboxTemplate) { in.TTL = "soon" }, "ttl"},
 		{func(in *vps.CreateSandboxTemplate) { in.Warm = vps.MaxWarm + 1 }, "warm"},
 		{func(in *vps.CreateSandboxTemplate) { in.Warmup = "2h" }, "warmup"},
-		{func(in *vps.CreateSandboxTemplate) { in.Network = "internet" }, "network"},
+		{func(in *vps.CreateSandboxTemplate) { in.Network = strings.Repeat("n", 254) }, "network"},
 		{func(in *vps.CreateSandboxTemplate) { in.Env = map[string]string{"1BAD": "x"} }, "env"},
 		{func(in *vps.CreateSandboxTemplate) { in.Env = map[string]string{"OK": strings.Repeat("x", 5000)} }, "env.OK"},
 	} {
@@ -259,5 +259,40 @@ func TestBadSandboxInputIsNamed(t *testing.T) {
 	}
 	if n := len(f.reservations(t)); n != 0 {
 		t.Fatalf("%d reservations after refused calls", n)
+	}
+}
+
+// TestSandboxesOnANetwork: a template's network policy names a network of the tenant: each of its
+// sandboxes gets a NIC with an address there (its seed says so), freed with the sandbox; a
+// network that does not exist is not found.
+func TestSandboxesOnANetwork(t *testing.T) {
+	f := newFleet(t)
+	key := f.RootKey
+	if _, err := compute.Invoke(f.ctx, f.Compute, key, vps.SandboxTemplatesCreate, vps.CreateSandboxTemplate{Name: "t", Pool: "mixed", Flavor: "cpu16", Image: "guest",
+		Network: "nosuch"}); api.CodeOf(err) != api.CodeNotFound {
+		t.Fatalf("a template on a network that does not exist: %v", err)
+	}
+	if _, err := compute.Invoke(f.ctx, f.Compute, key, vps.NetworksCreate, vps.CreateNetwork{Name: "lan", CIDR: "10.7.0.0/24"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := compute.Invoke(f.ctx, f.Compute, key, vps.SandboxTemplatesCreate, vps.CreateSandboxTemplate{Name: "t", Pool: "mixed", Flavor: "cpu16", Image: "guest",
+		Network: "lan"}); err != nil {
+		t.Fatal(err)
+	}
+	sb, err := compute.Invoke(f.ctx, f.Compute, key, vps.SandboxesCreate, vps.CreateSandbox{Template: "t", Name: "s"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sb.NICs) != 1 || sb.NICs[0].Addresses[0] != "10.7.0.2/24" {
+		t.Fatalf("the sandbox's NICs: %+v", sb.NICs)
+	}
+	d := f.desired(t, func(d hostapi.Instances) bool { return len(d.Instances) == 1 })
+	if in := d.Instances[0]; len(in.NICs) != 1 || in.CloudInit == nil || !strings.Contains(in.CloudInit.NetworkConfig, "10.7.0.2/24") {
+		t.Fatalf("the host's sandbox: %+v %+v", in.NICs, in.CloudInit)
+	}
+	f.sandbox(t, vps.SandboxesDelete, "s")
+	leases, err := compute.Invoke(f.ctx, f.Compute, key, vps.NetworksAddresses, vps.ListAddresses{Network: "lan"})
+	if err != nil || len(leases.Items) != 0 {
+		t.Fatalf("leases after the sandbox went: %+v %v", leases.Items, err)
 	}
 }
