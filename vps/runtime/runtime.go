@@ -37,8 +37,8 @@ type Instance struct {
 	// DiskGiB grows the instance's own disk to this size when it is made (its flavor's disk);
 	// 0, or less than the image, leaves it at the image's size.
 	DiskGiB int
-	Power                   string // PowerRunning, PowerPaused or PowerStopped
-	NICs                    []NIC
+	Power   string // PowerRunning, PowerPaused or PowerStopped
+	NICs    []NIC
 	// Console is where the instance's serial console is served, a Unix socket path the runtime
 	// creates (the node's access.console attaches to it).
 	Console string
