@@ -174,6 +174,9 @@ func TestInstancesRunOnARealBCDHost(t *testing.T) {
 		if err != nil || !strings.Contains(string(out), filepath.Join(h.Dir, "vps", "seeds", inst.ID+".iso")) || !strings.Contains(string(out), "<readonly/>") {
 			t.Fatalf("the domain has no read-only seed disk: %v\n%s", err, out)
 		}
+		if !strings.Contains(string(out), "<rng model='virtio'>") {
+			t.Fatalf("the domain gives its guest no entropy (virtio-rng):\n%s", out)
+		}
 	} else {
 		t.Log("virsh (Debian libvirt-clients) is not installed: the seed disk is not read back from libvirt")
 	}

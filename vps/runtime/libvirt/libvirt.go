@@ -287,7 +287,10 @@ func (r *Runtime) domainXML(in runtime.Instance, uuid *golibvirt.UUID) (string, 
 		OnPoweroff: "destroy",
 		OnReboot:   "restart",
 		OnCrash:    "destroy",
-		Devices:    &libvirtxml.DomainDeviceList{Emulator: r.opts.Emulator},
+		Devices: &libvirtxml.DomainDeviceList{Emulator: r.opts.Emulator,
+			// The host's entropy for the guest (virtio-rng): a VM without it waits for its own
+			// random numbers after its boot, and with it its SSH host keys and TLS are ready.
+			RNGs: []libvirtxml.DomainRNG{{Model: "virtio", Backend: &libvirtxml.DomainRNGBackend{Random: &libvirtxml.DomainRNGBackendRandom{Device: "/dev/urandom"}}}}},
 	}
 	if uuid != nil {
 		u := *uuid
