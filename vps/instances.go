@@ -159,13 +159,12 @@ func launch(ctx context.Context, c *modules.Call, s launchSpec) (Instance, error
 		labels = map[string]string{}
 	}
 	var template *string
-	var expires *string
+	var expires *time.Duration // pgx writes a Duration as an interval
 	if s.template != "" {
 		template = &s.template
 	}
 	if s.kind == kindSandbox {
-		e := fmt.Sprintf("%d seconds", int64(s.ttl/time.Second))
-		expires = &e
+		expires = &s.ttl
 	}
 	if _, err := allocate(ctx, c.Tx, c.Target.TenantID, id, s.networks); err != nil {
 		return Instance{}, err

@@ -218,7 +218,7 @@ func (in CreateSandbox) Validate() error {
 		}
 	}
 	if in.TTL != "" {
-		if _, err := api.ParseDuration("ttl", in.TTL); err != nil {
+		if err := validateTTL(in.TTL); err != nil {
 			return err
 		}
 	}
@@ -245,7 +245,16 @@ func (in ExtendSandbox) Validate() error {
 	if err := in.SandboxRef.Validate(); err != nil {
 		return err
 	}
-	_, err := api.ParseDuration("ttl", in.TTL)
+	return validateTTL(in.TTL)
+}
+
+// validateTTL checks a sandbox's time to live: a duration of at least a second (a template's
+// ttl is held to the same).
+func validateTTL(s string) error {
+	d, err := api.ParseDuration("ttl", s)
+	if err == nil && d < time.Second {
+		err = api.InvalidField("ttl", "%s is less than a second", d)
+	}
 	return err
 }
 

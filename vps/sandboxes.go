@@ -269,7 +269,7 @@ func createSandbox(ctx context.Context, c *modules.Call, in CreateSandbox) (Sand
 		var node string
 		err = c.Tx.QueryRow(ctx, `UPDATE compute.vps_instances SET kind = 'sandbox', name = $2, power = 'running', labels = $3, created_by = $4,
 			created_at = compute.compute_now(), expires_at = compute.compute_now() + $5::interval, from_warm_pool = true
-			WHERE id = $1 RETURNING node_id::text`, warm, name, labels, c.Principal.ID, fmt.Sprintf("%d seconds", int64(ttl/time.Second))).Scan(&node)
+			WHERE id = $1 RETURNING node_id::text`, warm, name, labels, c.Principal.ID, ttl).Scan(&node)
 		if postgres.ErrorCode(err) == postgres.UniqueViolation {
 			return Sandbox{}, api.Errorf(api.CodeConflict, "the tenant has a live instance or sandbox named %q", name).With("reason", "name_taken")
 		}
@@ -352,7 +352,7 @@ func extendSandbox(ctx context.Context, c *modules.Call, in ExtendSandbox) (Sand
 	}
 	var ok bool
 	if err := c.Tx.QueryRow(ctx, `UPDATE compute.vps_instances SET expires_at = compute.compute_now() + $2::interval
-		WHERE id = $1 AND compute.compute_now() + $2::interval <= $3 RETURNING true`, c.Target.ResourceID, fmt.Sprintf("%d seconds", int64(ttl/time.Second)), latest).
+		WHERE id = $1 AND compute.compute_now() + $2::interval <= $3 RETURNING true`, c.Target.ResourceID, ttl, latest).
 		Scan(&ok); errors.Is(err, pgx.ErrNoRows) {
 		return Sandbox{}, api.Errorf(api.CodeFailedPrecondition, "a ttl of %s would take sandbox %s past its template's maxTTL, at %s", ttl, in.Sandbox,
 			latest.UTC().Format(time.RFC3339)).With("reason", "max_ttl")
