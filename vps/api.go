@@ -2,7 +2,6 @@ package vps
 
 import (
 	"net/url"
-	"regexp"
 	"time"
 
 	"github.com/better-compute/compute/api"
@@ -144,8 +143,6 @@ type Artifact struct {
 	SHA256 string `json:"sha256"` // hex; the host refuses a file that differs
 }
 
-var sha256RE = regexp.MustCompile(`^[0-9a-f]{64}$`)
-
 func (a *Artifact) validate(field string) error {
 	if a == nil {
 		return nil
@@ -154,7 +151,7 @@ func (a *Artifact) validate(field string) error {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || len(a.URL) > 2048 {
 		return api.InvalidField(field+".url", "must be an http or https URL of at most 2048 bytes")
 	}
-	if !sha256RE.MatchString(a.SHA256) {
+	if !hostapi.ValidSHA256(a.SHA256) {
 		return api.InvalidField(field+".sha256", "must be the file's SHA-256, 64 lower-case hex digits")
 	}
 	return nil

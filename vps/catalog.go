@@ -55,9 +55,6 @@ func lookupRef(kind, table string) func(ctx context.Context, l modules.Lookup, t
 	return lookupLive(kind, table, "")
 }
 
-// retired are the tables whose rows are retired (deleted_at) rather than deleted.
-var retired = map[string]bool{"vps_flavors": true, "vps_images": true, "vps_sandbox_templates": true}
-
 // lookupRetired is lookupRef for a table whose rows are retired (deleted_at) rather than deleted:
 // a retired one is not found.
 func lookupRetired(kind, table string) func(ctx context.Context, l modules.Lookup, tenantID, ref string) (modules.Target, error) {
@@ -102,8 +99,9 @@ func imageOf(ctx context.Context, q postgres.Querier, tenant, ref string) (VMIma
 	return i, err
 }
 
-// pageByName lists rows of the tenant in name order.
-func pageByName[T any](ctx context.Context, q postgres.Querier, kind, columns, table, tenant, cursor string, limit int, scan func(pgx.Row) (T, error), name func(T) string) (api.Page[T], error) {
+// pageByName lists rows of the tenant in name order; of a table that retires its rows
+// (deleted_at), the live ones.
+func pageByName[T any](ctx context.Context, q postgres.Querier, kind, columns, table string, retiring bool, tenant, cursor string, limit int, scan func(pgx.Row) (T, error), name func(T) string) (api.Page[T], error) {
 	after := ""
 	if cursor != "" {
 		key, err := api.DecodeCursor(kind, cursor)
@@ -113,7 +111,7 @@ func pageByName[T any](ctx context.Context, q postgres.Querier, kind, columns, t
 		after = key
 	}
 	live := ""
-	if retired[table] {
+	if retiring {
 		live = " AND deleted_at IS NULL"
 	}
 	rows, err := q.Query(ctx, `SELECT `+columns+` FROM compute.`+table+` WHERE tenant_id = $1 AND name > $2`+live+` ORDER BY name LIMIT $3`, tenant, after, limit+1)
@@ -158,7 +156,7 @@ func (m *Module) registerFlavors(r *modules.Registry) {
 		return f, err
 	})
 	modules.Handle(r, FlavorsList, nil, func(ctx context.Context, c *modules.Call, in ListFlavors) (api.Page[Flavor], error) {
-		return pageByName(ctx, c.Tx, "vf1", flavorColumns, "vps_flavors", c.Target.TenantID, in.Cursor, in.PageLimit(), scanFlavor, func(f Flavor) string { return f.Name })
+		return pageByName(ctx, c.Tx, "vf1", flavorColumns, "vps_flavors", true, c.Target.TenantID, in.Cursor, in.PageLimit(), scanFlavor, func(f Flavor) string { return f.Name })
 	})
 	modules.Handle(r, FlavorsDelete, func(ctx context.Context, l modules.Lookup, in FlavorRef) (modules.Target, error) {
 		return flavorTarget(ctx, l, in.TenantID, in.Flavor)
@@ -185,7 +183,7 @@ func (m *Module) registerImages(r *modules.Registry) {
 		return i, err
 	})
 	modules.Handle(r, VMImagesList, nil, func(ctx context.Context, c *modules.Call, in ListVMImages) (api.Page[VMImage], error) {
-		return pageByName(ctx, c.Tx, "vi1", imageColumns, "vps_images", c.Target.TenantID, in.Cursor, in.PageLimit(), scanImage, func(i VMImage) string { return i.Name })
+		return pageByName(ctx, c.Tx, "vi1", imageColumns, "vps_images", true, c.Target.TenantID, in.Cursor, in.PageLimit(), scanImage, func(i VMImage) string { return i.Name })
 	})
 	modules.Handle(r, VMImagesDelete, func(ctx context.Context, l modules.Lookup, in VMImageRef) (modules.Target, error) {
 		return imageTarget(ctx, l, in.TenantID, in.Image)

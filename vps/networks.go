@@ -330,7 +330,7 @@ func (m *Module) registerNetworks(r *modules.Registry) {
 		return networkOf(ctx, c.Tx, c.Target.TenantID, c.Target.ResourceID)
 	})
 	modules.Handle(r, NetworksList, nil, func(ctx context.Context, c *modules.Call, in ListNetworks) (api.Page[Network], error) {
-		return pageByName(ctx, c.Tx, "vw1", networkColumns, "vps_networks", c.Target.TenantID, in.Cursor, in.PageLimit(), scanNetwork, func(n Network) string { return n.Name })
+		return pageByName(ctx, c.Tx, "vw1", networkColumns, "vps_networks", false, c.Target.TenantID, in.Cursor, in.PageLimit(), scanNetwork, func(n Network) string { return n.Name })
 	})
 	modules.Handle(r, NetworksDelete, ref, deleteNetwork)
 	modules.Handle(r, NetworksAddresses, func(ctx context.Context, l modules.Lookup, in ListAddresses) (modules.Target, error) {

@@ -76,7 +76,7 @@ func (m *Module) registerProviders(r *modules.Registry) {
 		Description: "A provider account lists a server with this control plane's mark that matches no instance (data: account, server, name)."})
 	modules.Handle(r, ProviderAccountsCreate, nil, m.createAccount)
 	modules.Handle(r, ProviderAccountsList, nil, func(ctx context.Context, c *modules.Call, in ListProviderAccounts) (api.Page[ProviderAccount], error) {
-		return pageByName(ctx, c.Tx, "vpa1", accountColumns, "vps_provider_accounts", c.Target.TenantID, in.Cursor, in.PageLimit(), scanAccount,
+		return pageByName(ctx, c.Tx, "vpa1", accountColumns, "vps_provider_accounts", false, c.Target.TenantID, in.Cursor, in.PageLimit(), scanAccount,
 			func(a ProviderAccount) string { return a.Name })
 	})
 	modules.Handle(r, ProviderAccountsDelete, func(ctx context.Context, l modules.Lookup, in ProviderAccountRef) (modules.Target, error) {

@@ -10,7 +10,6 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sync"
 
 	"github.com/better-compute/compute/vps/hostapi"
@@ -25,12 +24,10 @@ type cache struct {
 	mu   sync.Mutex // one fetch at a time: two instances of one image fetch it once
 }
 
-var sha256RE = regexp.MustCompile(`^[0-9a-f]{64}$`)
-
 // get returns the local path of art, fetching it when the cache does not have it. A file whose
 // content does not match its checksum is never kept.
 func (c *cache) get(ctx context.Context, art hostapi.Artifact) (string, error) {
-	if !sha256RE.MatchString(art.SHA256) {
+	if !hostapi.ValidSHA256(art.SHA256) {
 		return "", fmt.Errorf("image %s: its sha256 %q is not 64 lower-case hex digits", art.URL, art.SHA256)
 	}
 	c.mu.Lock()

@@ -64,6 +64,19 @@ type Restore struct {
 	Serial   int    `json:"serial"`
 }
 
+// ValidSHA256 reports whether s is a SHA-256 as an Artifact gives it: 64 lower-case hex digits.
+func ValidSHA256(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	for _, c := range s {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
 // Artifact is a file to fetch, checked by its SHA-256.
 type Artifact struct {
 	URL    string `json:"url"`

@@ -143,7 +143,8 @@ func Initramfs(t testing.TB, h Host) string {
 		t.Fatal(err)
 	}
 	var a initramfs.Archive
-	for _, err := range []error{a.AddFile("init", 0o755, init), a.AddCharDev("dev/console", 0o600, 5, 1), a.AddCharDev("dev/ttyS0", 0o600, 4, 64)} {
+	for _, err := range []error{a.AddFile("init", 0o755, init), a.AddCharDev("dev/console", 0o600, 5, 1), a.AddCharDev("dev/ttyS0", 0o600, 4, 64),
+		a.AddCharDev("dev/ttyS1", 0o600, 4, 65)} {
 		if err != nil {
 			t.Fatal(err)
 		}

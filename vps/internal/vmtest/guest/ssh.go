@@ -34,9 +34,6 @@ func serveSSH(dev, caLine, principal string, say func(string, ...any)) {
 		}
 		return checker.Authenticate(c, key)
 	}}
-	if _, err := os.Stat(dev); err != nil { // the initramfs has the console's node only: ttyS1 is char 4:65
-		_ = syscall.Mknod(dev, syscall.S_IFCHR|0o600, 4<<8|65)
-	}
 	// Not blocking: a serial port's open waits for its carrier, which QEMU raises only while a
 	// client is attached, and the first bytes of the first client would be gone by then.
 	tty, err := os.OpenFile(dev, os.O_RDWR|syscall.O_NOCTTY|syscall.O_NONBLOCK, 0)
