@@ -389,7 +389,9 @@ func TestDeadDeliveriesAreRedeliveredOnDemand(t *testing.T) {
 	ctx := context.Background()
 	e := start(t, func(o *compute.Options) {
 		fastRetries(o)
-		o.Webhooks.DeadAfter = time.Second
+		// Long enough for a retry or two even when River's fetch poll (a second) and a loaded
+		// machine delay each one: the test wants a delivery that was tried again and then died.
+		o.Webhooks.DeadAfter = 3 * time.Second
 	})
 	r := newReceiver(t)
 	r.answer(http.StatusInternalServerError)
@@ -399,7 +401,7 @@ func TestDeadDeliveriesAreRedeliveredOnDemand(t *testing.T) {
 	}
 	e.emit(t, "test.doomed", "x")
 	var dead api.WebhookDelivery
-	deadline := time.Now().Add(15 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
 		page, err := e.cl.Webhooks.Deliveries(ctx, api.ListWebhookDeliveries{Webhook: w.ID, State: api.DeliveryDead})
 		if err != nil {
@@ -412,7 +414,7 @@ func TestDeadDeliveriesAreRedeliveredOnDemand(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	if dead.ID == 0 || dead.Attempts < 2 {
-		t.Fatalf("no dead delivery after 15s with several attempts: %+v", dead)
+		t.Fatalf("no dead delivery after 30s with several attempts: %+v", dead)
 	}
 	var evs api.Page[api.Event]
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline) && len(evs.Items) == 0; time.Sleep(50 * time.Millisecond) {
