@@ -51,7 +51,7 @@ func apiProcess(t *testing.T) (c *compute.Compute, elsewhere *iam.Local) {
 // eventually calls fn until it reports true, failing after 10 s, far inside the caches' hour.
 func eventually(t *testing.T, what string, fn func() (bool, error)) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		ok, err := fn()
 		if ok {

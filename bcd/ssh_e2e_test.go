@@ -144,6 +144,17 @@ Include %s
 		return err == nil
 	})
 
+	// The reservation below needs the node's GPUs in: bcd writes its sshd_config before its
+	// first inventory is applied.
+	eventually(t, "the node online with 8 GPUs", func() bool {
+		list, err := a.Nodes.List(ctx, key, api.ListNodes{Pool: "h100"})
+		if err != nil || len(list.Items) != 1 || list.Items[0].Status != api.NodeOnline {
+			return false
+		}
+		devs, err := a.Devices.List(ctx, key, api.ListDevices{Node: list.Items[0].ID})
+		return err == nil && len(devs) == 8
+	})
+
 	// A reservation holding the node, and a certificate for its holder.
 	res, err := a.Reservations.Create(ctx, key, api.CreateReservation{Pool: "h100", Shape: api.Shape{GPUs: 1}})
 	if err != nil {

@@ -85,17 +85,17 @@ func TestLeaseIsTakenRenewedAndHandedOver(t *testing.T) {
 	}
 	ghost := time.Now()
 	for bl.Held(f.pool.ID) { // b hears at its next renewal that it lost the lease
-		if time.Since(ghost) > 3*leaseTTL {
+		if time.Since(ghost) > 5*leaseTTL {
 			t.Fatal("b still trusts a lease it lost")
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 	awaitLease(t, b.Compute, f.pool.ID)
 	took := time.Since(ghost)
-	// The bound: the lease time, then one renewal round, then the load; three lease times is
-	// generous on a busy machine and still says "within seconds".
-	if took > 3*leaseTTL {
-		t.Errorf("the lease was taken over %s after its holder stopped renewing; want within %s", took, 3*leaseTTL)
+	// The bound: the lease time, then one renewal round, then the load; five lease times is
+	// generous on a busy CI machine and still says "within seconds".
+	if took > 5*leaseTTL {
+		t.Errorf("the lease was taken over %s after its holder stopped renewing; want within %s", took, 5*leaseTTL)
 	}
 	t.Logf("holder silent: taken over in %s (lease time %s)", took.Round(time.Millisecond), leaseTTL)
 	if h, e, _ := f.leaseRow(t); h != bl.Holder() || e != 4 {

@@ -84,7 +84,7 @@ func (p *plane) fleet(t *testing.T, n int, prefix, gw string) *sim.Fleet {
 // eventually polls cond until it holds or 15s pass.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)

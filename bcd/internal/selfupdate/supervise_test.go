@@ -37,7 +37,7 @@ func TestSupervisor(t *testing.T) {
 		reason     string
 	}{
 		{"exits", true, "exited during its trial (exit status 3)"},
-		{"hangs", true, "did not reach its gateway within 1s"},
+		{"hangs", true, "did not reach its gateway within 3s"},
 		{"commits", false, ""},
 	} {
 		t.Run(tc.binary, func(t *testing.T) {
@@ -74,7 +74,7 @@ func TestSupervisor(t *testing.T) {
 				t.Fatal(err)
 			}
 			if err := s.Begin(Trial{Slot: SlotB, Previous: SlotA, Version: "v2", PreviousVersion: "v1", Try: "v2/r#1",
-				Started: time.Now(), Deadline: time.Now().Add(time.Second)}); err != nil {
+				Started: time.Now(), Deadline: time.Now().Add(3 * time.Second)}); err != nil {
 				t.Fatal(err)
 			}
 			writeFile(t, goFile, "")
@@ -83,7 +83,7 @@ func TestSupervisor(t *testing.T) {
 				t.Fatalf("the new binary did not run in the old one's process: %v", l)
 			}
 			if !tc.rolledBack {
-				time.Sleep(2 * time.Second) // past the deadline and the grace
+				time.Sleep(4 * time.Second) // past the deadline and the grace
 				if cur, _, _ := s.Current(); cur != SlotB || len(lines()) != 4 {
 					t.Fatalf("a committed update: current %s, runs %v", cur, lines())
 				}
@@ -106,7 +106,7 @@ func TestSupervisor(t *testing.T) {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)

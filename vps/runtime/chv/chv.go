@@ -80,7 +80,14 @@ type Runtime struct {
 	pciRoot string // where PCI devices are in sysfs; tests point it elsewhere
 
 	mu    sync.Mutex
-	locks map[string]*sync.Mutex // by instance id
+	locks map[string]*instanceLock // by instance id, while a call holds or waits for it
+}
+
+// instanceLock is one instance's lock and how many calls hold or wait for it: the last one out
+// removes it, so the map holds only instances being worked on.
+type instanceLock struct {
+	sync.Mutex
+	users int
 }
 
 var _ runtime.Runtime = (*Runtime)(nil)
@@ -128,7 +135,7 @@ func New(opts Options) (*Runtime, error) {
 	if bin, err = filepath.Abs(bin); err != nil {
 		return nil, fmt.Errorf("chv: Options.Binary: %w", err)
 	}
-	return &Runtime{opts: o, binary: bin, pciRoot: "/sys/bus/pci/devices", locks: map[string]*sync.Mutex{}}, nil
+	return &Runtime{opts: o, binary: bin, pciRoot: "/sys/bus/pci/devices", locks: map[string]*instanceLock{}}, nil
 }
 
 // Name returns "cloud-hypervisor".
@@ -139,12 +146,20 @@ func (r *Runtime) lock(id string) func() {
 	r.mu.Lock()
 	l, ok := r.locks[id]
 	if !ok {
-		l = &sync.Mutex{}
+		l = &instanceLock{}
 		r.locks[id] = l
 	}
+	l.users++
 	r.mu.Unlock()
 	l.Lock()
-	return l.Unlock
+	return func() {
+		l.Unlock()
+		r.mu.Lock()
+		if l.users--; l.users == 0 {
+			delete(r.locks, id)
+		}
+		r.mu.Unlock()
+	}
 }
 
 // client is a client of the VM's VMM.

@@ -4,9 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -339,4 +342,38 @@ func TestGuestPowerOff(t *testing.T) {
 		t.Fatal("a new VMM was started though the old one stayed")
 	}
 	greets(t, in2.Console, "b")
+}
+
+// TestInstanceLocksSerializeAndAreForgotten: calls for one instance run one at a time, calls
+// for others do not wait for them, and once no call holds or waits for an instance's lock the
+// runtime keeps nothing of it (it once kept a mutex for every instance it ever saw).
+func TestInstanceLocksSerializeAndAreForgotten(t *testing.T) {
+	r := &Runtime{locks: map[string]*instanceLock{}}
+	var inside, most atomic.Int32
+	var wg sync.WaitGroup
+	for i := range 64 {
+		wg.Go(func() {
+			defer r.lock(fmt.Sprintf("i-%d", i%4))()
+			if i%4 != 0 {
+				return
+			}
+			n := inside.Add(1)
+			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+			}
+			time.Sleep(time.Millisecond)
+			inside.Add(-1)
+		})
+	}
+	unlock := r.lock("other") // held throughout: instance i-0's calls must not wait for it
+	wg.Wait()
+	if most.Load() != 1 {
+		t.Errorf("%d calls for one instance ran at once", most.Load())
+	}
+	if len(r.locks) != 1 {
+		t.Errorf("locks kept for %d instances, want only the held one's", len(r.locks))
+	}
+	unlock()
+	if len(r.locks) != 0 {
+		t.Errorf("locks kept after every call returned: %v", r.locks)
+	}
 }
