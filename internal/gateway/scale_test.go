@@ -127,10 +127,10 @@ func TestHeartbeatsCostStatementsPerFlushNotPerHeartbeat(t *testing.T) {
 	t.Logf("%d heartbeats: %d transactions (%d of them the background's %.1f a second), %d row updates of nodes and sessions", beats, x1-x0, bg, background, u1-u0)
 	x1 -= bg
 	// Per flush (about one a second, a few seconds): a handful of each. The background's rate
-	// (27 to 44 a second idle: the sequencer's ten, River's queues, the workers) varies by a few
-	// a second between the two windows, hence the bound of a third: one transaction a heartbeat
-	// would be 600.
-	if x1-x0 > beats/3 || u1-u0 > beats/4 {
+	// (27 to 44 a second idle: the sequencer's ten, River's queues, the workers) varies between
+	// the two windows, more on a loaded machine (226 once in a full run where 120 were
+	// subtracted), hence the bound of half: one transaction a heartbeat would be 600 more.
+	if x1-x0 > beats/2 || u1-u0 > beats/4 {
 		t.Fatalf("%d heartbeats cost %d transactions and %d row updates: that grows per heartbeat, not per flush", beats, x1-x0, u1-u0)
 	}
 }
