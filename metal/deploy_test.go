@@ -343,9 +343,10 @@ func TestADeployAndAReleaseGoThroughTheSiteAgent(t *testing.T) {
 
 	// The disk is written: the plan says disk, and the deployed system joins its pool once.
 	f.step(dr.Run, "join")
-	if pm, _, _ := f.plan.machine(f.machine.ID); pm.Task != nil || pm.Boot != siteapi.BootDisk || pm.Token != "" {
-		t.Fatalf("after the write the plan is %+v, want the disk and no task", pm)
-	}
+	f.eventually("the plan to boot the disk with no task after the write", func() bool { // the site agent hears of it by a push
+		pm, _, _ := f.plan.machine(f.machine.ID)
+		return pm.Task == nil && pm.Boot == siteapi.BootDisk && pm.Token == ""
+	})
 	node, err := sim.Start(ctx, sim.Options{URL: f.url, Token: token, Gateway: f.gw, Nodes: 1, GPUs: 8, Prefix: "rack1"})
 	if err != nil {
 		t.Fatal(err)
@@ -381,9 +382,10 @@ func TestADeployAndAReleaseGoThroughTheSiteAgent(t *testing.T) {
 	if m := f.get(); m.State != metal.StateAvailable || m.Image != "" || m.Power != "off" || f.events(metal.EventReleased) != 1 {
 		t.Fatalf("after the release the machine is %+v", m)
 	}
-	if pm, _, _ := f.plan.machine(f.machine.ID); pm.Task != nil || pm.Boot != siteapi.BootDisk {
-		t.Fatalf("after the release the plan is %+v", pm)
-	}
+	f.eventually("the plan to boot the disk with no task after the release", func() bool {
+		pm, _, _ := f.plan.machine(f.machine.ID)
+		return pm.Task == nil && pm.Boot == siteapi.BootDisk
+	})
 }
 
 // TestAFailedDeployMarksTheMachineFailed: the ramdisk's failure fails the run; the run's end

@@ -43,7 +43,7 @@ func TestClosedSessionTakesItsNodeOfflineAtOnce(t *testing.T) {
 	gone := f.Nodes[7]
 	start := time.Now()
 	gone.Disconnect()
-	within(t, 2*time.Second, "the stopped node offline", func() bool { return p.status(t, gone.NodeID()) == api.NodeOffline })
+	within(t, 5*time.Second, "the stopped node offline", func() bool { return p.status(t, gone.NodeID()) == api.NodeOffline })
 	t.Logf("offline %v after the agent stopped", time.Since(start).Round(time.Millisecond))
 	if n := p.count(t, `SELECT count(*) FROM compute.events WHERE type = 'node.offline' AND subject = $1`, gone.NodeID()); n != 1 {
 		t.Fatalf("%d node.offline events, want 1", n)
@@ -70,7 +70,7 @@ func TestClosedSessionLosesToANewerOne(t *testing.T) {
 		t.Fatalf("status %s after the old session ended, want online: the newer session holds the node", got)
 	}
 	newer.conn.Close()
-	within(t, 2*time.Second, "the node offline once its newest session ended", func() bool { return p.status(t, id) == api.NodeOffline })
+	within(t, 5*time.Second, "the node offline once its newest session ended", func() bool { return p.status(t, id) == api.NodeOffline })
 }
 
 // stat reads PostgreSQL's cumulative statistics after the backends have reported theirs.
