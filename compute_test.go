@@ -116,7 +116,7 @@ func TestWorkerPrunesIdempotencyKeys(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	stopCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	stopCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	if err := env.Compute.Stop(stopCtx); err != nil {
 		t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"strings"
@@ -98,10 +99,17 @@ func (p *plane) rawConnect(t *testing.T, id string, tc *tls.Config, gw string) *
 // next returns the next message for which keep holds, skipping the others.
 func (n *rawNode) next(t *testing.T, keep func(*agentv1.ServerMessage) bool) (*agentv1.ServerMessage, error) {
 	t.Helper()
+	var goodbye string
 	for {
 		m, err := n.st.Recv()
+		if err != nil && goodbye != "" {
+			return nil, fmt.Errorf("%w, after the gateway's goodbye: %s", err, goodbye)
+		}
 		if err != nil {
 			return nil, err
+		}
+		if g := m.GetGoodbye(); g != nil {
+			goodbye = g.GetReason()
 		}
 		if keep(m) {
 			return m, nil
