@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"sync"
@@ -273,11 +274,7 @@ func (s *nodeSession) run(ctx context.Context, addr string) error {
 		return err
 	}
 	s.applied, s.holds = applied, ds
-	if err := s.send(&agentv1.NodeMessage{Body: &agentv1.NodeMessage_Hello{Hello: &agentv1.Hello{
-		AgentVersion: a.cfg.Version, AppliedGeneration: applied, Facts: a.cfg.Facts}}}); err != nil {
-		return s.classify(err)
-	}
-	first, err := s.st.Recv()
+	first, err := s.hello(&agentv1.Hello{AgentVersion: a.cfg.Version, AppliedGeneration: applied, Facts: a.cfg.Facts})
 	if err != nil {
 		return s.classify(err)
 	}
@@ -337,6 +334,17 @@ func (s *nodeSession) run(ctx context.Context, addr string) error {
 // misconfigured gateway, a proxy, a clock off by a minute all look the same as a refused
 // certificate from here, and giving up on them would lose the node for good.
 func (s *nodeSession) classify(err error) error { return classify(err) }
+
+// hello opens the session: the hello, and the gateway's first answer. A gateway that refuses a
+// session before reading its hello (a revoked certificate, a gateway not yet running) may have
+// ended the stream before the hello is sent: the send then fails with io.EOF, and the refusal
+// itself, which decides whether the node may try again, is what the receive answers.
+func (s *nodeSession) hello(h *agentv1.Hello) (*agentv1.ServerMessage, error) {
+	if err := s.send(&agentv1.NodeMessage{Body: &agentv1.NodeMessage_Hello{Hello: h}}); err != nil && !errors.Is(err, io.EOF) {
+		return nil, err
+	}
+	return s.st.Recv()
+}
 
 func classify(err error) error {
 	if err == nil {
