@@ -32,13 +32,14 @@ func New[S, R proto.Message](ctx context.Context, conn *websocket.Conn, newR fun
 	return &Stream[S, R]{conn: conn, ctx: ctx, new: newR}
 }
 
-// Send writes m as one binary message.
+// Send writes m as one binary message. A write the peer's close ended fails with what Recv would
+// answer: a status error of the close's code, or io.EOF for a normal close.
 func (s *Stream[S, R]) Send(m S) error {
 	b, err := proto.Marshal(m)
 	if err != nil {
 		return err
 	}
-	return s.conn.Write(s.ctx, websocket.MessageBinary, b)
+	return StatusOf(s.conn.Write(s.ctx, websocket.MessageBinary, b))
 }
 
 // Recv reads the next message. A session closed normally reads as io.EOF; one closed with a
