@@ -96,7 +96,7 @@ func TestBCDEndToEnd(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "joined as gpu-e2e") {
 		t.Fatalf("join: %v\n%s", err, out)
 	}
-	nodeArgs := []string{"--state-dir", state, "--cdi-dir", cdiDir, "--gateway", gw, "--fake-gpus", "8", "--fake-command-delay", "2s", "--log-level", "warn"}
+	nodeArgs := []string{"--state-dir", state, "--cdi-dir", cdiDir, "--gateway", gw, "--fake-gpus", "8", "--fake-command-delay", "5s", "--log-level", "warn"}
 	n := startNode(t, bin, nodeArgs...)
 
 	// The node appears with its GPUs.
@@ -185,7 +185,8 @@ func TestBCDEndToEnd(t *testing.T) {
 		return err == nil && c.State == api.CommandSucceeded
 	})
 
-	// kill -9 while a command runs (it takes 2s), then restart: the result arrives once.
+	// kill -9 while a command runs (it takes 5s: room for a loaded machine to see it dispatched
+	// and kill it), then restart: the result arrives once.
 	slow, err := a.Commands.Create(ctx, env.RootKey, api.CreateCommand{NodeRef: api.NodeRef{Node: nodeID}, Kind: api.CommandDiagRun})
 	if err != nil {
 		t.Fatal(err)

@@ -215,7 +215,7 @@ func TestSandboxesOnARealBCDHost(t *testing.T) {
 		t.Fatal(err)
 	}
 	status("warm1", "paused")
-	time.Sleep(300 * time.Millisecond) // a tick on its way when it paused
+	time.Sleep(time.Second) // a tick on its way when it paused (through QEMU, bcd, the gateway and the tunnel)
 	for drained := false; !drained; {
 		select {
 		case <-wcon.lines:

@@ -56,10 +56,10 @@ func TestWorkerPublishesSignedCheckpoints(t *testing.T) {
 		t.Fatal(err)
 	}
 	var cp api.Checkpoint
-	deadline := time.Now().Add(3 * audit.CheckpointEvery)
+	deadline := time.Now().Add(6 * audit.CheckpointEvery)
 	for cp.Size < 5 {
 		if time.Now().After(deadline) {
-			t.Fatalf("no checkpoint of 5 events after %s: %+v", 3*audit.CheckpointEvery, cp)
+			t.Fatalf("no checkpoint of 5 events after %s: %+v", 6*audit.CheckpointEvery, cp)
 		}
 		time.Sleep(100 * time.Millisecond)
 		var err error

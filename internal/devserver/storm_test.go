@@ -168,7 +168,7 @@ func TestStorm(t *testing.T) {
 	// The worker applies what the clock passed (it skips nodes another transaction holds, its
 	// own tick among them, until its next tick); then every rollup is a recount.
 	var drift []capacity.NodeDrift
-	for end := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+	for end := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		if _, err := capacity.Tick(ctx, s.DB); err != nil {
 			t.Fatal(err)
 		}

@@ -37,7 +37,7 @@ func TestSilentNodeOfflineWithin30s(t *testing.T) {
 // TestAdmissionIsRateLimited: new sessions beyond the burst are refused as unavailable (which
 // agents retry) until tokens come back.
 func TestAdmissionIsRateLimited(t *testing.T) {
-	g := New(nil, Config{AdmitRate: 20, AdmitBurst: 3})
+	g := New(nil, Config{AdmitRate: 2, AdmitBurst: 3}) // a token every 500 ms: the burst is spent before one comes back, even on a loaded machine
 	for i := range 3 {
 		if err := g.admit(); err != nil {
 			t.Fatalf("session %d of a burst of 3 refused: %v", i, err)
@@ -47,7 +47,7 @@ func TestAdmissionIsRateLimited(t *testing.T) {
 	if connect.CodeOf(err) != connect.CodeUnavailable || !errors.Is(err, ErrBusy) {
 		t.Fatalf("a 4th session at once: %v, want unavailable (busy)", err)
 	}
-	time.Sleep(60 * time.Millisecond) // a token every 50 ms
+	time.Sleep(600 * time.Millisecond) // a token every 500 ms
 	if err := g.admit(); err != nil {
 		t.Fatalf("a session after a token came back refused: %v", err)
 	}
@@ -57,7 +57,7 @@ func TestAdmissionIsRateLimited(t *testing.T) {
 // admission burst fails at once, the server having sent no certificate, and one is accepted
 // again when a token has come back.
 func TestHandshakesBeyondTheRateAreRefusedBeforeTheirCryptography(t *testing.T) {
-	g := New(nil, Config{AdmitRate: 20, AdmitBurst: 3})
+	g := New(nil, Config{AdmitRate: 2, AdmitBurst: 3}) // a token every 500 ms: the burst is spent before one comes back, even on a loaded machine
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -103,7 +103,7 @@ func TestHandshakesBeyondTheRateAreRefusedBeforeTheirCryptography(t *testing.T) 
 	if !strings.Contains(err.Error(), "remote error: tls: internal error") {
 		t.Fatalf("the 4th handshake failed with %v, want the server's alert", err)
 	}
-	time.Sleep(60 * time.Millisecond) // a token every 50 ms
+	time.Sleep(600 * time.Millisecond) // a token every 500 ms
 	if c, err := dial(); err != nil {
 		t.Fatalf("a handshake after a token came back refused: %v", err)
 	} else {

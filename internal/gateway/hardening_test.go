@@ -341,6 +341,9 @@ func TestSessionEndsWithItsCertificate(t *testing.T) {
 		fast(o)
 		o.NodeCertLifetime = 3 * time.Second
 	})
+	// A first session waits for the gateway to run: the one under test must not spend its
+	// certificate's seconds on being told the gateway is not running yet.
+	p.rawSession(t, "raw-warmup")
 	n := p.rawSession(t, "raw-expiry")
 	m, err := n.next(t, func(m *agentv1.ServerMessage) bool { return m.GetGoodbye() != nil })
 	if err != nil {

@@ -90,7 +90,7 @@ func TestACriticalXIDIsRemediated(t *testing.T) {
 		t.Fatalf("commands = %+v, %v: want one gpu.reset, succeeded", cmds.Items, err)
 	}
 	var types []string
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline) && !slices.Contains(types, "node.active"); time.Sleep(50 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline) && !slices.Contains(types, "node.active"); time.Sleep(50 * time.Millisecond) {
 		page, err := p.Compute.API.Events.List(p.ctx, p.RootKey, api.ListEvents{Subject: node, PageRequest: api.PageRequest{Limit: 100}})
 		if err != nil {
 			t.Fatal(err)

@@ -43,7 +43,7 @@ func TestClosedSessionTakesItsNodeOfflineAtOnce(t *testing.T) {
 	gone := f.Nodes[7]
 	start := time.Now()
 	gone.Disconnect()
-	within(t, 5*time.Second, "the stopped node offline", func() bool { return p.status(t, gone.NodeID()) == api.NodeOffline })
+	within(t, 10*time.Second, "the stopped node offline", func() bool { return p.status(t, gone.NodeID()) == api.NodeOffline })
 	t.Logf("offline %v after the agent stopped", time.Since(start).Round(time.Millisecond))
 	if n := p.count(t, `SELECT count(*) FROM compute.events WHERE type = 'node.offline' AND subject = $1`, gone.NodeID()); n != 1 {
 		t.Fatalf("%d node.offline events, want 1", n)
@@ -70,7 +70,7 @@ func TestClosedSessionLosesToANewerOne(t *testing.T) {
 		t.Fatalf("status %s after the old session ended, want online: the newer session holds the node", got)
 	}
 	newer.conn.Close()
-	within(t, 5*time.Second, "the node offline once its newest session ended", func() bool { return p.status(t, id) == api.NodeOffline })
+	within(t, 10*time.Second, "the node offline once its newest session ended", func() bool { return p.status(t, id) == api.NodeOffline })
 }
 
 // stat reads PostgreSQL's cumulative statistics after the backends have reported theirs.
@@ -118,7 +118,7 @@ func TestHeartbeatsCostStatementsPerFlushNotPerHeartbeat(t *testing.T) {
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
-	within(t, 5*time.Second, "the node degraded by its last heartbeat's pressure", func() bool {
+	within(t, 10*time.Second, "the node degraded by its last heartbeat's pressure", func() bool {
 		node, err := p.Compute.API.Nodes.Get(p.ctx, p.RootKey, api.GetNode{Node: n.id})
 		return err == nil && node.Health == api.HealthDegraded
 	})
@@ -145,11 +145,11 @@ func TestPollDispatchesWhatWasNotAnnounced(t *testing.T) {
 		SELECT gen_random_uuid(), tenant_id, id, 'health.check', now() + interval '1 minute', 'test' FROM compute.nodes WHERE id = $1`, node); err != nil {
 		t.Fatal(err)
 	}
-	within(t, 5*time.Second, "the unannounced command done", func() bool {
+	within(t, 20*time.Second, "the unannounced command done", func() bool {
 		return p.count(t, `SELECT count(*) FROM compute.commands WHERE node_id = $1 AND state = 'succeeded'`, node) == 1
 	})
 	gen := p.count(t, `UPDATE compute.node_desired SET generation = generation + 1, updated_at = now() WHERE node_id = $1 RETURNING generation`, node)
-	within(t, 5*time.Second, "the unannounced desired state applied", func() bool {
+	within(t, 20*time.Second, "the unannounced desired state applied", func() bool {
 		return p.count(t, `SELECT applied_generation FROM compute.node_desired WHERE node_id = $1`, node) == gen
 	})
 }

@@ -265,7 +265,7 @@ func TestRolloutInWaves(t *testing.T) {
 	}
 	// The log is sequenced shortly after the commits.
 	want := []string{"rollout.created", "rollout.wave_started", "rollout.wave_succeeded", "rollout.wave_started", "rollout.wave_succeeded", "rollout.succeeded"}
-	eventually(t, "the rollout's events", 10*time.Second, func() bool { return slices.Equal(h.events(t, r.ID), want) })
+	eventually(t, "the rollout's events", 30*time.Second, func() bool { return slices.Equal(h.events(t, r.ID), want) })
 	// A succeeded rollout can be rolled back: every node returns to v1.
 	if _, err := a.Rollouts.Rollback(h.ctx, h.env.RootKey, api.RolloutRef{Rollout: r.ID}); err != nil {
 		t.Fatal(err)
@@ -300,7 +300,7 @@ func TestFailingWavePauses(t *testing.T) {
 		r.Nodes[1].State != api.RolloutNodePending {
 		t.Fatalf("nodes after the failed wave: %+v", r.Nodes)
 	}
-	eventually(t, "the failed wave's events", 10*time.Second, func() bool {
+	eventually(t, "the failed wave's events", 30*time.Second, func() bool {
 		ev := h.events(t, r.ID)
 		return slices.Contains(ev, "rollout.wave_failed") && slices.Contains(ev, "rollout.paused")
 	})

@@ -256,10 +256,28 @@ func TestEveryEventArrivesSignedAndInOrderAcrossAnOutage(t *testing.T) {
 		e.emit(t, "test.tick", subjects...)
 	}
 	e.emit(t, "other.tick", "a") // filtered out
-	time.Sleep(1500 * time.Millisecond)
-	r.up()
+	// Each phase lasts until an attempt was made in it: on a loaded machine a fixed pause (retries
+	// wait for River's fetch poll, a second) may pass with none.
+	until := func(what string, ok func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); !ok(); time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("no %s within 30s", what)
+			}
+		}
+	}
+	until("attempt refused", func() bool {
+		var n int
+		err := e.DB.Pool.QueryRow(ctx, `SELECT count(*) FROM compute.webhook_attempts WHERE error LIKE '%connection refused%'`).Scan(&n)
+		return err == nil && n > 0
+	})
 	r.answer(http.StatusServiceUnavailable)
-	time.Sleep(1 * time.Second)
+	r.up()
+	until("attempt answered 503", func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.requests > 0
+	})
 	r.answer(http.StatusOK)
 	for range 4 {
 		e.emit(t, "test.tick", subjects...)
@@ -391,7 +409,7 @@ func TestDeadDeliveriesAreRedeliveredOnDemand(t *testing.T) {
 		fastRetries(o)
 		// Long enough for a retry or two even when River's fetch poll (a second) and a loaded
 		// machine delay each one: the test wants a delivery that was tried again and then died.
-		o.Webhooks.DeadAfter = 3 * time.Second
+		o.Webhooks.DeadAfter = 8 * time.Second
 	})
 	r := newReceiver(t)
 	r.answer(http.StatusInternalServerError)
@@ -417,7 +435,7 @@ func TestDeadDeliveriesAreRedeliveredOnDemand(t *testing.T) {
 		t.Fatalf("no dead delivery after 30s with several attempts: %+v", dead)
 	}
 	var evs api.Page[api.Event]
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline) && len(evs.Items) == 0; time.Sleep(50 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline) && len(evs.Items) == 0; time.Sleep(50 * time.Millisecond) {
 		if evs, err = e.cl.Events.List(ctx, api.ListEvents{Type: "webhook.dead"}); err != nil {
 			t.Fatal(err)
 		}

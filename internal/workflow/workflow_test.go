@@ -208,7 +208,7 @@ func (e env) wait(t *testing.T, run string, within time.Duration) api.WorkflowRu
 func (e env) events(t *testing.T, run string) []string {
 	t.Helper()
 	var types []string
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
 		page, err := e.cl.Events.List(context.Background(), api.ListEvents{Subject: run, PageRequest: api.PageRequest{Limit: 100}})
 		if err != nil {
 			t.Fatal(err)

@@ -27,7 +27,7 @@ func (n *netns) discover(t *testing.T, mac string, mods ...dhcpv4.Modifier) *dhc
 	t.Helper()
 	var c *nclient4.Client
 	must(t, n.inMachine(func() (err error) {
-		c, err = nclient4.New("mach0", nclient4.WithHWAddr(hw(mac)), nclient4.WithTimeout(300*time.Millisecond), nclient4.WithRetry(2))
+		c, err = nclient4.New("mach0", nclient4.WithHWAddr(hw(mac)), nclient4.WithTimeout(time.Second), nclient4.WithRetry(2)) // an answer late under load is still an answer
 		return err
 	}))
 	defer c.Close()
@@ -111,7 +111,7 @@ func TestProxyDHCPInNamespaces(t *testing.T) {
 			c, err = nclient4.New("mach0", nclient4.WithHWAddr(hw(macRamdisk)),
 				nclient4.WithUnicast(&net.UDPAddr{IP: nsMachine.AsSlice(), Port: dhcpv4.ClientPort}),
 				nclient4.WithServerAddr(&net.UDPAddr{IP: nsSite.AsSlice(), Port: pxePort}),
-				nclient4.WithTimeout(500*time.Millisecond), nclient4.WithRetry(2))
+				nclient4.WithTimeout(2*time.Second), nclient4.WithRetry(2))
 			return err
 		}))
 		defer c.Close()
@@ -242,7 +242,7 @@ exit 0
 	t.Run("nclient4", func(t *testing.T) {
 		var c *nclient4.Client
 		must(t, n.inMachine(func() (err error) {
-			c, err = nclient4.New("mach0", nclient4.WithHWAddr(hw(macIdle)), nclient4.WithTimeout(500*time.Millisecond), nclient4.WithRetry(2))
+			c, err = nclient4.New("mach0", nclient4.WithHWAddr(hw(macIdle)), nclient4.WithTimeout(2*time.Second), nclient4.WithRetry(2))
 			return err
 		}))
 		defer c.Close()

@@ -53,7 +53,7 @@ func (h *harness) newRuntime(edit ...func(*Options)) *Runtime {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	o := Options{Binary: exe, StateDir: h.stateDir, Taps: h.taps, StartTimeout: 5 * time.Second, StopTimeout: 3 * time.Second, CallTimeout: 2 * time.Second}
+	o := Options{Binary: exe, StateDir: h.stateDir, Taps: h.taps, StartTimeout: 10 * time.Second, StopTimeout: 3 * time.Second, CallTimeout: 10 * time.Second}
 	for _, e := range edit {
 		e(&o)
 	}

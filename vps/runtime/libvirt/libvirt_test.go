@@ -142,6 +142,7 @@ func TestLibvirtRunsPausesSavesAndRestoresAVM(t *testing.T) {
 	if st, err := r.Ensure(ctx, in); err != nil || st.State != runtime.StatePaused {
 		t.Fatalf("Ensure paused: %+v, %v", st, err)
 	}
+	time.Sleep(500 * time.Millisecond) // a line the guest wrote before the pause may still be on its way
 	for len(con.lines) > 0 {
 		<-con.lines
 	}
