@@ -241,12 +241,30 @@ func TestSelfUpdateAndRollouts(t *testing.T) {
 	// before it starts. It rolls itself back at its deadline; the node returns on v2.
 	n0 := nodes[0]
 	v3sum := sha256.Sum256(builds[tufrepo.Build{Version: "v3.0.0", OS: runtime.GOOS, Arch: runtime.GOARCH}])
+	// The cut must come between the install and the new binary's first connection: the install
+	// is a rename, so the slot's file changes at once, and a stat every millisecond or two sees it
+	// (hashing the binary each time, as this did, could see it after v3 had connected).
+	inode := func() uint64 {
+		fi, err := os.Stat(n0.slots().Path(selfupdate.SlotA))
+		if err != nil {
+			return 0
+		}
+		return fi.Sys().(*syscall.Stat_t).Ino
+	}
+	before := inode()
 	r, err = a.Rollouts.Create(ctx, env.RootKey, api.CreateRollout{Pool: "gpu", Release: "v3.0.0", WaveDeadline: "45s"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventuallyWithin(t, "v3 in n0's slot a", time.Minute, func() bool { return sum(t, n0.slots().Path(selfupdate.SlotA)) == v3sum })
+	for deadline := time.Now().Add(time.Minute); inode() == before; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("timed out waiting for v3 in n0's slot a")
+		}
+	}
 	proxy.setCut(true)
+	if sum(t, n0.slots().Path(selfupdate.SlotA)) != v3sum {
+		t.Fatal("n0's slot a changed, but not to v3")
+	}
 	eventuallyWithin(t, "n0 rolling v3 back", 45*time.Second, func() bool {
 		rb, _ := n0.slots().LastRollback()
 		return rb != nil && rb.Version == "v3.0.0"
