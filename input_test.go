@@ -28,6 +28,10 @@ func TestBadInputNamesTheFieldAndChangesNothing(t *testing.T) {
 	}{
 		{"NUL in a name", "sites/create", `{"name":"s\u0000"}`, "name", nil},
 		{"NUL in a display name", "sites/create", `{"name":"s3","displayName":"a\u0000b"}`, "displayName", nil},
+		{"DEL in a display name", "sites/create", `{"name":"s3","displayName":"a\u007fb"}`, "displayName", nil},
+		{"NEL in a description", "pools/create", `{"name":"p3","description":"a\u0085b"}`, "description", nil},
+		{"an escape sequence in a label value", "pools/create", `{"name":"p3","labels":{"foo":"\u001b[2J"}}`, "labels.foo", nil},
+		{"a non-character in a webhook's description", "webhooks/create", `{"url":"https://hooks.example.com/x","description":"\ufffe"}`, "description", nil},
 		{"NUL in a label value", "pools/create", `{"name":"p3","labels":{"foo":"\u0000"}}`, "labels.foo", nil},
 		{"NUL in a label key", "reservations/create", `{"pool":"p1","gpus":1,"requireLabels":{"a\u0000":"b"}}`, "requireLabels", nil},
 		{"NUL in the tenant", "pools/create", `{"name":"p3","tenantId":"t1\u0000"}`, "tenantId", nil},

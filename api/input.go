@@ -33,7 +33,8 @@ var (
 
 // CheckInput applies the rules every API input obeys, whatever its method, before anything
 // reaches IAM or the database: every string (map keys included, and the strings inside raw
-// JSON) is valid UTF-8 without NUL bytes, every time lies within [MinTime, MaxTime), every
+// JSON) is text (valid UTF-8 without control characters other than tab and line breaks, and
+// without non-characters: TextRune), every time lies within [MinTime, MaxTime), every
 // integer fits its column, every float is finite. The error names the field by its JSON path
 // (labels.gpu, members[2].model). The envelope runs it on every call, HTTP or in-process.
 func CheckInput(in any) error {
@@ -183,20 +184,40 @@ func checkInt(path string, n int64, tag string) error {
 	return nil
 }
 
-// CheckString refuses text the database cannot store: invalid UTF-8 and NUL bytes.
+// CheckString refuses what is not text: invalid UTF-8, and runes TextRune refuses.
 func CheckString(field, s string) error {
 	if !utf8.ValidString(s) {
 		return InvalidField(fieldName(field), "is not valid UTF-8")
 	}
-	if strings.IndexByte(s, 0) >= 0 {
-		return InvalidField(fieldName(field), "contains a NUL byte")
+	if i := strings.IndexFunc(s, func(r rune) bool { return !TextRune(r) }); i >= 0 {
+		r, _ := utf8.DecodeRuneInString(s[i:])
+		if r == 0 {
+			return InvalidField(fieldName(field), "contains a NUL byte")
+		}
+		return InvalidField(fieldName(field), "contains %U at byte %d: control characters (other than tab and line breaks) and non-characters are not text", r, i)
 	}
 	return nil
 }
 
+// TextRune reports whether r may appear in the API's text. Controls other than tab, line feed
+// and carriage return, and Unicode's non-characters, are not text: the database could store
+// them, but YAML cannot carry them (an export holding one could not be written) and a terminal
+// obeys them (a tenant's name could drive an operator's terminal).
+func TextRune(r rune) bool {
+	switch {
+	case r == '\t' || r == '\n' || r == '\r':
+		return true
+	case r < 0x20 || (r >= 0x7f && r <= 0x9f):
+		return false
+	case r >= 0xfdd0 && r <= 0xfdef, r&0xfffe == 0xfffe:
+		return false
+	}
+	return true
+}
+
 func checkKey(path, k string) error {
-	if !utf8.ValidString(k) || strings.IndexByte(k, 0) >= 0 {
-		return InvalidField(fieldName(path), "has a key %q that is not valid UTF-8 text without NUL bytes", k)
+	if CheckString(path, k) != nil {
+		return InvalidField(fieldName(path), "has a key %q that is not text (valid UTF-8 without control characters or non-characters)", k)
 	}
 	return nil
 }

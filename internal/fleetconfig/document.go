@@ -204,12 +204,60 @@ func Render(cfg api.FleetConfig) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	// Decoded into a MapSlice, the JSON keeps its order; yaml.v2 (what sigs.k8s.io/yaml is
-	// built on) then writes it in block style.
-	var ordered yamlv2.MapSlice
-	if err := yamlv2.Unmarshal(j, &ordered); err != nil {
+	// Decoded into MapSlices, the JSON keeps its order; yaml.v2 (what sigs.k8s.io/yaml is
+	// built on) then writes it in block style, escaping what YAML cannot carry raw. (The JSON
+	// is not read by YAML's parser, which refuses text JSON leaves raw, such as U+007F.)
+	dec := json.NewDecoder(bytes.NewReader(j))
+	dec.UseNumber()
+	ordered, err := orderedValue(dec)
+	if err != nil {
 		return "", err
 	}
 	out, err := yamlv2.Marshal(ordered)
 	return string(out), err
+}
+
+// orderedValue reads the next JSON value from dec, objects as yaml.v2 MapSlices in their order.
+func orderedValue(dec *json.Decoder) (any, error) {
+	tok, err := dec.Token()
+	if err != nil {
+		return nil, err
+	}
+	switch tok {
+	case json.Delim('{'):
+		var m yamlv2.MapSlice
+		for dec.More() {
+			k, err := dec.Token()
+			if err != nil {
+				return nil, err
+			}
+			v, err := orderedValue(dec)
+			if err != nil {
+				return nil, err
+			}
+			m = append(m, yamlv2.MapItem{Key: k, Value: v})
+		}
+		_, err := dec.Token() // }
+		return m, err
+	case json.Delim('['):
+		l := []any{}
+		for dec.More() {
+			v, err := orderedValue(dec)
+			if err != nil {
+				return nil, err
+			}
+			l = append(l, v)
+		}
+		_, err := dec.Token() // ]
+		return l, err
+	case nil:
+		return nil, nil
+	}
+	if n, ok := tok.(json.Number); ok {
+		if i, err := n.Int64(); err == nil {
+			return i, nil
+		}
+		return n.Float64()
+	}
+	return tok, nil // a string or a bool
 }

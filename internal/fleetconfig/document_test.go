@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"pgregory.net/rapid"
+	"sigs.k8s.io/yaml"
 
 	"github.com/better-compute/compute/api"
 )
@@ -124,4 +126,41 @@ func TestRenderRoundTrip(t *testing.T) {
 			t.Errorf("rendered document lacks %q:\n%s", want, text)
 		}
 	}
+}
+
+// TestRenderCarriesAnyStoredText: Render writes whatever text the database holds, including
+// text the API refuses today but stored before (a control character, a non-character), and the
+// YAML reads back to the same strings; where the text is the API's, the document parses back to
+// itself.
+func TestRenderCarriesAnyStoredText(t *testing.T) {
+	texts := rapid.Custom(func(t *rapid.T) string {
+		r := rapid.OneOf(rapid.SampledFrom([]rune{0x7f, 0x85, 0x9f, 0xfffe, 0xffff, 0x1b, 0x2028, 0xfeff, '"', ':', '#', '\n', ' '}), rapid.Rune())
+		return string(rapid.SliceOfN(r, 1, 10).Draw(t, "runes"))
+	})
+	rapid.Check(t, func(t *rapid.T) {
+		cfg, err := Parse(goodDoc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Spec.Sites[0].DisplayName = texts.Draw(t, "displayName")
+		cfg.Spec.Sites[0].Labels["region"] = texts.Draw(t, "label")
+		cfg.Spec.Pools[0].Description = texts.Draw(t, "description")
+		cfg.Spec.Webhooks[0].Description = texts.Draw(t, "webhook")
+		text, err := Render(cfg)
+		if err != nil {
+			t.Fatalf("Render: %v", err)
+		}
+		var back api.FleetConfig
+		if err := yaml.UnmarshalStrict([]byte(text), &back); err != nil {
+			t.Fatalf("the rendered YAML does not read back: %v\n%s", err, text)
+		}
+		if diff := cmp.Diff(cfg, back); diff != "" {
+			t.Fatalf("the YAML changed the document (-rendered +read):\n%s", diff)
+		}
+		if api.CheckInput(cfg) == nil {
+			if _, err := Parse(text); err != nil {
+				t.Fatalf("a document of the API's text does not parse back: %v\n%s", err, text)
+			}
+		}
+	})
 }

@@ -577,3 +577,30 @@ func TestMigrationsUpDownUp(t *testing.T) {
 		t.Fatalf("apply again: %v", err)
 	}
 }
+
+// TestExportCarriesTextStoredBefore: text the API refuses now but once accepted (U+007F, NEL,
+// U+FFFE in a display name, a description, a label) still exports: fleet.export answered 500 for
+// such a tenant forever. The API now refuses the same text on the way in, naming the field.
+func TestExportCarriesTextStoredBefore(t *testing.T) {
+	env := built(t)
+	ctx := context.Background()
+	for _, q := range []string{
+		`UPDATE compute.sites SET display_name = 'a' || chr(127) || 'b' WHERE name = 'fra1'`,
+		`UPDATE compute.pools SET description = 'c' || chr(133) || chr(65534) WHERE name = 'h100'`,
+		`UPDATE compute.sites SET labels = jsonb_build_object('region', 'e' || chr(159)) WHERE name = 'fra1'`,
+	} {
+		if _, err := env.DB.Pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	x := export(t, env)
+	for _, want := range []string{`displayName: "a\x7Fb"`, `description: "c\Nx`, `region: "e\x9F"`} {
+		if !strings.Contains(x.Document, strings.TrimSuffix(want, "x")) {
+			t.Errorf("the export lacks %s:\n%s", want, x.Document)
+		}
+	}
+	_, err := env.Compute.API.Sites.Create(ctx, env.RootKey, api.CreateSite{Name: "s9", DisplayName: "a\x7fb"})
+	if code, details := codeOf(err); code != api.CodeInvalidArgument || details["field"] != "displayName" {
+		t.Fatalf("a display name with U+007F: %v, want invalid_argument naming displayName", err)
+	}
+}
