@@ -22,8 +22,9 @@ import (
 // fuzzFleet is what the method fuzz target's examples refer to: a site, a pool with one node of
 // eight GPUs, and a second tenant.
 type fuzzFleet struct {
-	env    *computetest.Env
-	nodeID string
+	env       *computetest.Env
+	nodeID    string
+	webhookID string // a webhook that exists, so that list filters reach the database
 }
 
 func newFuzzFleet(f testing.TB) *fuzzFleet { return newFuzzFleetWith(f, computetest.Options{}) }
@@ -55,7 +56,11 @@ func newFuzzFleetWith(f testing.TB, opts computetest.Options) *fuzzFleet {
 	if err := capacity.SetInventory(ctx, env.DB.Pool, n.ID, inv); err != nil {
 		f.Fatal(err)
 	}
-	return &fuzzFleet{env: env, nodeID: n.ID}
+	wh, err := a.Webhooks.Create(ctx, env.RootKey, api.CreateWebhook{URL: "https://hooks.example.com/fuzz"})
+	if err != nil {
+		f.Fatal(err)
+	}
+	return &fuzzFleet{env: env, nodeID: n.ID, webhookID: wh.ID}
 }
 
 const fuzzID = "0190a0b0-0000-7000-8000-000000000001" // an id that names nothing
@@ -119,8 +124,8 @@ func (ff *fuzzFleet) examples() map[string]string {
 		"webhooks.list":             `{"limit":3}`,
 		"webhooks.delete":           `{"webhook":"` + fuzzID + `"}`,
 		"webhooks.test":             `{"webhook":"` + fuzzID + `"}`,
-		"webhooks.rotateSecret":     `{"webhook":"` + fuzzID + `","keepPrevious":"1h"}`,
-		"webhooks.deliveries":       `{"webhook":"` + fuzzID + `","state":"dead","eventType":"node.offline","eventId":4,"limit":5}`,
+		"webhooks.rotateSecret":     `{"webhook":"` + ff.webhookID + `","keepPrevious":"1500ms"}`,
+		"webhooks.deliveries":       `{"webhook":"` + ff.webhookID + `","state":"dead","eventType":"node.offline","eventId":4,"limit":5}`,
 		"webhooks.redeliver":        `{"delivery":7}`,
 		"access.sshCA":              `{}`,
 		"access.sshCertificate":     `{"reservation":"` + fuzzID + `","publicKey":"` + fuzzSSHKey + `","ttl":"5m","breakGlass":true,"reason":"pager"}`,
@@ -191,7 +196,7 @@ func variants(example string) []string {
 				}
 			}
 		case float64:
-			for _, n := range []json.Number{"2147483648", "-2147483649", "9223372036854775807", "1e30"} {
+			for _, n := range []json.Number{"2147483647", "2147483648", "-2147483649", "9223372036854775807", "-9223372036854775808", "1e30"} {
 				add(with(k, n))
 			}
 		case map[string]any:
@@ -203,6 +208,13 @@ func variants(example string) []string {
 	add(with("tenantId", strings.Repeat("t", 300)))
 	for _, c := range []string{"q1:\x00", "q1:\xff", "r1:" + fuzzID + "\x00", "v1:x", "%%%"} {
 		add(with("cursor", base64.RawURLEncoding.EncodeToString([]byte(c))))
+	}
+	// Cursors of every kind whose numbers are past what a column holds: a cursor is the
+	// client's to forge.
+	for _, kind := range []string{"e1", "rl1", "whd1", "wh1", "ro1", "wf1", "ap1", "jt1", "q1", "mm1"} {
+		for _, key := range []string{"2147483648/v1", "9223372036854775808", "-1/x", "-9223372036854775808"} {
+			add(with("cursor", api.EncodeCursor(kind, key)))
+		}
 	}
 	// Raw bytes that are not UTF-8 inside a string (Go's JSON replaces them, but a client may send them).
 	out = append(out, strings.Replace(example, `":"`, "\":\"\xff\xfe", 1))

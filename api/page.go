@@ -5,6 +5,8 @@ import (
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/google/uuid"
 )
 
 // Page sizes for list methods.
@@ -79,4 +81,17 @@ func PageOf[T any](items []T, limit int, kind string, key func(T) string) Page[T
 		p.NextCursor = EncodeCursor(kind, key(items[limit-1]))
 	}
 	return p
+}
+
+// DecodeIDCursor is DecodeCursor for a cursor whose key is a row's id (a UUID): a key that is
+// not one is the same invalid_argument, never a query that fails on its cast.
+func DecodeIDCursor(kind, cursor string) (string, error) {
+	key, err := DecodeCursor(kind, cursor)
+	if err != nil {
+		return "", err
+	}
+	if uuid.Validate(key) != nil {
+		return "", InvalidField("cursor", "is not a cursor returned by this API")
+	}
+	return key, nil
 }

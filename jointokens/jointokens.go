@@ -127,12 +127,9 @@ func list(ctx context.Context, c *modules.Call, in api.ListJoinTokens) (api.Page
 	}
 	var after *string
 	if in.Cursor != "" {
-		key, err := api.DecodeCursor(cursorKind, in.Cursor)
+		key, err := api.DecodeIDCursor(cursorKind, in.Cursor)
 		if err != nil {
 			return api.Page[api.JoinToken]{}, err
-		}
-		if uuid.Validate(key) != nil {
-			return api.Page[api.JoinToken]{}, api.InvalidField("cursor", "is not a cursor returned by this API")
 		}
 		after = &key
 	}

@@ -228,12 +228,9 @@ func idCursor(kind, cursor string) (*string, error) {
 	if cursor == "" {
 		return nil, nil
 	}
-	key, err := api.DecodeCursor(kind, cursor)
+	key, err := api.DecodeIDCursor(kind, cursor)
 	if err != nil {
 		return nil, err
-	}
-	if uuid.Validate(key) != nil {
-		return nil, api.InvalidField("cursor", "is not a cursor returned by this API")
 	}
 	return &key, nil
 }

@@ -167,7 +167,7 @@ const cursorKind = "ap1"
 func list(ctx context.Context, c *modules.Call, in api.ListApprovals) (api.Page[api.Approval], error) {
 	var after *string
 	if in.Cursor != "" {
-		key, err := api.DecodeCursor(cursorKind, in.Cursor)
+		key, err := api.DecodeIDCursor(cursorKind, in.Cursor)
 		if err != nil {
 			return api.Page[api.Approval]{}, err
 		}

@@ -265,7 +265,7 @@ func list(ctx context.Context, c *modules.Call, in api.ListReleases) (api.Page[a
 	}
 	limit := in.PageLimit()
 	rows, err := c.Tx.Query(ctx, `SELECT `+releaseColumns+` FROM compute.releases r
-		WHERE $1 < 0 OR (r.targets_version, r.version) < ($1, $2) ORDER BY r.targets_version DESC, r.version DESC LIMIT $3`, afterTV, afterV, limit+1)
+		WHERE $1::bigint < 0 OR (r.targets_version, r.version) < ($1, $2) ORDER BY r.targets_version DESC, r.version DESC LIMIT $3`, afterTV, afterV, limit+1)
 	if err != nil {
 		return api.Page[api.Release]{}, err
 	}

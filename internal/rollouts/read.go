@@ -5,7 +5,6 @@ import (
 	"errors"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/better-compute/compute/api"
@@ -70,12 +69,9 @@ const cursorKind = "ro1"
 func list(ctx context.Context, c *modules.Call, in api.ListRollouts) (api.Page[api.Rollout], error) {
 	var after, pool *string
 	if in.Cursor != "" {
-		key, err := api.DecodeCursor(cursorKind, in.Cursor)
+		key, err := api.DecodeIDCursor(cursorKind, in.Cursor)
 		if err != nil {
 			return api.Page[api.Rollout]{}, err
-		}
-		if uuid.Validate(key) != nil {
-			return api.Page[api.Rollout]{}, api.InvalidField("cursor", "is not a cursor returned by this API")
 		}
 		after = &key
 	}

@@ -112,7 +112,7 @@ func deliveries(ctx context.Context, c *modules.Call, in api.ListWebhookDeliveri
 	limit := in.PageLimit()
 	rows, err := c.Tx.Query(ctx, `SELECT `+deliveryColumns+` FROM compute.webhook_deliveries d JOIN compute.events e ON e.seq = d.event_seq
 		WHERE d.endpoint_id = $1 AND ($2::bigint IS NULL OR d.id < $2) AND ($3 = '' OR d.state = $3)
-		  AND ($4 = 0 OR d.event_seq = $4) AND ($5 = '' OR e.type = $5)
+		  AND ($4::bigint = 0 OR d.event_seq = $4) AND ($5 = '' OR e.type = $5)
 		ORDER BY d.id DESC LIMIT $6`, in.Webhook, before, in.State, in.EventID, in.EventType, limit+1)
 	if err != nil {
 		return api.Page[api.WebhookDelivery]{}, err

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/better-compute/compute/api"
@@ -48,12 +47,9 @@ const cursorKind = "wf1"
 func list(ctx context.Context, c *modules.Call, in api.ListWorkflows) (api.Page[api.WorkflowRun], error) {
 	var before *string
 	if in.Cursor != "" {
-		key, err := api.DecodeCursor(cursorKind, in.Cursor)
+		key, err := api.DecodeIDCursor(cursorKind, in.Cursor)
 		if err != nil {
 			return api.Page[api.WorkflowRun]{}, err
-		}
-		if uuid.Validate(key) != nil {
-			return api.Page[api.WorkflowRun]{}, api.InvalidField("cursor", "is not a cursor returned by this API")
 		}
 		before = &key
 	}
