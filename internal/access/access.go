@@ -169,7 +169,7 @@ func sign(ctx context.Context, c *modules.Call, in api.SignSSHKey) (api.SSHCerti
 		Certificate: strings.TrimSpace(string(ssh.MarshalAuthorizedKey(cert))) + commentOf(comment),
 		Serial:      serial, KeyID: keyID, Principals: principals, ValidAfter: after.UTC(), ValidBefore: before.UTC(),
 	}
-	data := map[string]any{"serial": serial, "keyId": keyID, "principals": principals, "validBefore": out.ValidBefore.Format(time.RFC3339), "fingerprint": fingerprint}
+	data := map[string]any{"reservation": in.Reservation, "principal": c.Principal.ID, "serial": serial, "keyId": keyID, "principals": principals, "validBefore": out.ValidBefore.Format(time.RFC3339), "fingerprint": fingerprint}
 	typ := EventCertificate
 	if in.BreakGlass {
 		typ, data["reason"] = EventBreakGlass, in.Reason

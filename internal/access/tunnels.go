@@ -90,13 +90,19 @@ func openTicket(kind string) func(ctx context.Context, c *modules.Call, in api.O
 			in.Console, api.TicketTTL.Seconds()).Scan(&expires); err != nil {
 			return api.TunnelTicket{}, err
 		}
-		typ, data := EventExec, map[string]any{"reservation": in.Reservation, "principal": c.Principal.ID}
+		typ, data := EventExec, map[string]any{"reservation": in.Reservation, "node": node, "principal": c.Principal.ID}
 		if kind == "exec" {
 			data["command"], data["tty"] = in.Command, in.TTY
 		} else {
 			typ, data["console"] = EventConsole, in.Console
 		}
-		if err := c.Runtime.Events.Emit(ctx, c.Tx, modules.Event{Type: typ, TenantID: c.Target.TenantID, Subject: node, Data: data}); err != nil {
+		// A holder's ticket is about its reservation, as its certificates are: the reservation's
+		// events list every way in. An operator's ticket to a node is about the node.
+		subject := node
+		if in.Reservation != "" {
+			subject = in.Reservation
+		}
+		if err := c.Runtime.Events.Emit(ctx, c.Tx, modules.Event{Type: typ, TenantID: c.Target.TenantID, Subject: subject, Data: data}); err != nil {
 			return api.TunnelTicket{}, err
 		}
 		return api.TunnelTicket{Ticket: token, URL: api.BasePath + api.TunnelPath + "?ticket=" + url.QueryEscape(token), Node: node,
