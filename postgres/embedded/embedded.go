@@ -1,9 +1,11 @@
 // Package embedded starts a private PostgreSQL cluster from the machine's PostgreSQL binaries, in
 // a data directory of its own, on a free loopback port. It is the database of the devserver and of
-// the tests.
+// the tests. A new cluster is a copy of a template that initdb made once per machine and kept in
+// the user's cache directory (template.go), which makes a cold start several times faster.
 package embedded
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -21,6 +23,7 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unicode"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -42,6 +45,27 @@ type Options struct {
 	StartTimeout time.Duration
 	// Settings are extra server settings (name → value), passed as -c name=value.
 	Settings map[string]string
+	// Port is the loopback port to listen on; 0: a free one.
+	Port int
+	// Password is the superuser's; empty: the one kept in DataDir, or a new random one. A
+	// DataDir that keeps another is given this one.
+	Password string
+	// TemplateDir keeps the cluster template (what initdb makes, once per machine, copied into
+	// each new cluster: docs/benchmarks.md); empty: $XDG_CACHE_HOME/better-compute/postgres.
+	TemplateDir string
+	// NoTemplate runs initdb for every new cluster and keeps no template.
+	NoTemplate bool
+}
+
+// validate refuses what the server would take differently from what was asked.
+func (o Options) validate() error {
+	if o.Port < 0 || o.Port > 65535 {
+		return fmt.Errorf("embedded: Port %d: want 1-65535, or 0 for a free one", o.Port)
+	}
+	if o.Password != strings.TrimSpace(o.Password) || strings.ContainsFunc(o.Password, unicode.IsControl) {
+		return errors.New("embedded: Password: no control characters, nor spaces at either end (it is kept in a file of one line)")
+	}
+	return nil
 }
 
 // Cluster is a running PostgreSQL server.
@@ -61,6 +85,9 @@ const Superuser = "postgres"
 
 // Start initialises the cluster when its data directory is empty and starts the server.
 func Start(ctx context.Context, opts Options) (*Cluster, error) {
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
 	bin, err := findBinDir(opts.BinDir)
 	if err != nil {
 		return nil, err
@@ -94,10 +121,15 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		return nil, err
 	}
 	legacy := false
+	want := opts.Password // the superuser's password once started, when it is not what the files hold
 	if _, err := os.Stat(filepath.Join(c.dataDir, "PG_VERSION")); errors.Is(err, os.ErrNotExist) {
-		if err := c.initdb(ctx, bin, runAs); err != nil {
+		copied, err := c.create(ctx, bin, runAs, opts)
+		if err != nil {
 			c.cleanup()
 			return nil, err
+		}
+		if copied && want == "" {
+			want = newPassword() // every copy its own, never the template's
 		}
 	} else if c.password, err = readPassword(c.dataDir); errors.Is(err, os.ErrNotExist) {
 		legacy = true // made before clusters had a password: it trusts loopback until secured below
@@ -108,12 +140,21 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	// A free port can be taken between our check and the server's bind; try a few.
 	for attempt := 0; ; attempt++ {
 		err = c.start(ctx, bin, runAs, opts)
-		if err == nil || attempt == 3 || !strings.Contains(err.Error(), "could not bind") && !strings.Contains(err.Error(), "Address already in use") {
+		if err == nil || opts.Port != 0 || attempt == 3 || !bindFailed(err) {
 			break
 		}
 	}
-	if err == nil && legacy {
-		err = c.secure(ctx)
+	if err != nil && opts.Port != 0 && bindFailed(err) {
+		err = fmt.Errorf("embedded: port %d is taken: choose another, or 0 for a free one: %w", opts.Port, err)
+	}
+	switch {
+	case err == nil && legacy:
+		if want == "" {
+			want = newPassword()
+		}
+		err = c.secure(ctx, want)
+	case err == nil && want != "" && want != c.password:
+		err = c.setPassword(ctx, want)
 	}
 	if err != nil {
 		if c.cmd != nil {
@@ -123,6 +164,33 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+func bindFailed(err error) bool {
+	return strings.Contains(err.Error(), "could not bind") || strings.Contains(err.Error(), "Address already in use")
+}
+
+// create makes the cluster's files: a copy of the template when one is kept (copied), or else
+// initdb's, then kept as the template for the next cluster.
+func (c *Cluster) create(ctx context.Context, bin string, a *account, opts Options) (copied bool, err error) {
+	tpl := ""
+	if dir := cmp.Or(opts.TemplateDir, defaultTemplateDir()); dir != "" && !opts.NoTemplate {
+		key, err := templateKey(bin, a)
+		if err != nil {
+			return false, fmt.Errorf("embedded: %w", err)
+		}
+		tpl = filepath.Join(dir, key)
+		if copied, err := c.fromTemplate(tpl, a); copied || err != nil {
+			return copied, err
+		}
+	}
+	if err := c.initdb(ctx, bin, a); err != nil {
+		return false, err
+	}
+	if tpl != "" {
+		_ = c.keepTemplate(tpl) // a cache: without it, the next cluster runs initdb too
+	}
+	return tpl != "", nil
 }
 
 // Port is the loopback TCP port the server listens on.
@@ -241,8 +309,7 @@ func (c *Cluster) initdb(ctx context.Context, bin string, a *account) error {
 	if err != nil {
 		return fmt.Errorf("embedded: password file: %w", err)
 	}
-	cmd := c.command(ctx, a, filepath.Join(bin, "initdb"),
-		"-D", c.dataDir, "-U", Superuser, "-A", "scram-sha-256", "--pwfile", pw.Name(), "-E", "UTF8", "--locale=C", "--no-sync")
+	cmd := c.command(ctx, a, filepath.Join(bin, "initdb"), append([]string{"-D", c.dataDir, "--pwfile", pw.Name()}, initdbArgs...)...)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("embedded: initdb failed: %w\n%s", err, out)
 	}
@@ -281,38 +348,57 @@ host  all all 127.0.0.1/32 scram-sha-256
 host  all all ::1/128 scram-sha-256
 `
 
-// secure gives a cluster made before passwords (loopback trusted) a generated password and
+// secure gives a cluster made before passwords (loopback trusted) the password pw and
 // scram-sha-256 authentication, and reloads it.
-func (c *Cluster) secure(ctx context.Context) error {
-	pw := newPassword()
+func (c *Cluster) secure(ctx context.Context, pw string) error {
+	if err := c.setPassword(ctx, pw); err != nil {
+		return err
+	}
 	conn, err := pgx.Connect(ctx, c.URL("postgres"))
 	if err != nil {
 		return fmt.Errorf("embedded: secure the cluster: %w", err)
 	}
 	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, `SET password_encryption = 'scram-sha-256'`); err != nil {
-		return err
-	}
-	if _, err := conn.Exec(ctx, `ALTER ROLE `+Superuser+` PASSWORD '`+pw+`'`); err != nil {
-		return fmt.Errorf("embedded: set the password: %w", err)
-	}
-	if err := writePassword(c.dataDir, pw); err != nil {
-		return err
-	}
 	if err := os.WriteFile(filepath.Join(c.dataDir, "pg_hba.conf"), []byte(hbaConf), 0o600); err != nil {
 		return fmt.Errorf("embedded: write pg_hba.conf: %w", err)
 	}
 	if _, err := conn.Exec(ctx, `SELECT pg_reload_conf()`); err != nil {
 		return fmt.Errorf("embedded: reload: %w", err)
 	}
+	return nil
+}
+
+// setPassword gives the superuser the password pw, and keeps it beside the cluster.
+func (c *Cluster) setPassword(ctx context.Context, pw string) error {
+	conn, err := pgx.Connect(ctx, c.URL("postgres"))
+	if err != nil {
+		return fmt.Errorf("embedded: set the password: %w", err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `SET password_encryption = 'scram-sha-256'`); err != nil {
+		return fmt.Errorf("embedded: set the password: %w", err)
+	}
+	var stmt string // ALTER ROLE takes no parameters: the password is quoted by the server
+	if err := conn.QueryRow(ctx, `SELECT format('ALTER ROLE %I PASSWORD %L', $1::text, $2::text)`, Superuser, pw).Scan(&stmt); err != nil {
+		return fmt.Errorf("embedded: set the password: %w", err)
+	}
+	if _, err := conn.Exec(ctx, stmt); err != nil {
+		return fmt.Errorf("embedded: set the password: %w", err)
+	}
+	if err := writePassword(c.dataDir, pw); err != nil {
+		return err
+	}
 	c.password = pw
 	return nil
 }
 
 func (c *Cluster) start(ctx context.Context, bin string, a *account, opts Options) error {
-	port, err := freePort()
-	if err != nil {
-		return err
+	port := opts.Port
+	if port == 0 {
+		var err error
+		if port, err = freePort(); err != nil {
+			return err
+		}
 	}
 	c.port = port
 	settings := map[string]string{
@@ -383,8 +469,16 @@ func (c *Cluster) waitReady(ctx context.Context, timeout time.Duration, logPath 
 	for {
 		conn, err := pgx.Connect(ctx, c.URL("postgres"))
 		if err == nil {
+			// A chosen port may be another server's, ours having failed to bind it.
+			var dir string
+			err = conn.QueryRow(ctx, "SHOW data_directory").Scan(&dir)
 			conn.Close(ctx)
-			return nil
+			if err == nil && dir == c.dataDir {
+				return nil
+			}
+			if err == nil {
+				err = fmt.Errorf("port %d is answered by the server of %s", c.port, dir)
+			}
 		}
 		select {
 		case <-c.exited:

@@ -3,9 +3,11 @@ package embedded_test
 import (
 	"context"
 	"errors"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -174,4 +176,221 @@ func TestOldTrustClusterIsSecured(t *testing.T) {
 		t.Fatal(err)
 	}
 	conn.Close(ctx)
+}
+
+// startIn starts a cluster with opts and stops it when the test ends.
+func startIn(t *testing.T, opts embedded.Options) *embedded.Cluster {
+	t.Helper()
+	c, err := embedded.Start(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		if err := c.Stop(ctx); err != nil {
+			t.Error(err)
+		}
+	})
+	return c
+}
+
+func password(t *testing.T, c *embedded.Cluster) string {
+	t.Helper()
+	u, err := url.Parse(c.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pw, _ := u.User.Password()
+	return pw
+}
+
+// templates lists what a template cache holds.
+func templates(t *testing.T, dir string) []string {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	return names
+}
+
+// TestClustersAreCopiedFromOneTemplate: the first cluster leaves a template in the cache, and
+// the next is a copy of it (initdb is what made a cold start slow); each copy has a password of
+// its own, so the template's opens none of them.
+func TestClustersAreCopiedFromOneTemplate(t *testing.T) {
+	t.Parallel()
+	cache := t.TempDir()
+	a := startIn(t, embedded.Options{TemplateDir: cache})
+	names := templates(t, cache)
+	if len(names) != 1 {
+		t.Fatalf("the template cache holds %v after a first start, want one template", names)
+	}
+	tpl := filepath.Join(cache, names[0])
+	tplPassword, err := os.ReadFile(filepath.Join(tpl, "better-compute.password"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A file only the template has shows that the next cluster was copied from it.
+	if err := os.WriteFile(filepath.Join(tpl, "copied-from-template"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b := startIn(t, embedded.Options{TemplateDir: cache})
+	if _, err := os.Stat(filepath.Join(b.DataDir(), "copied-from-template")); err != nil {
+		t.Fatalf("the second cluster was not copied from the template: %v", err)
+	}
+	pa, pb, pt := password(t, a), password(t, b), strings.TrimSpace(string(tplPassword))
+	if pa == pb || pa == pt || pb == pt {
+		t.Fatalf("passwords: first %q, second %q, template %q; want three different ones", pa, pb, pt)
+	}
+	ctx := context.Background()
+	for _, c := range []*embedded.Cluster{a, b} {
+		u, _ := url.Parse(c.URL("postgres"))
+		u.User = url.UserPassword(embedded.Superuser, pt)
+		if conn, err := pgx.Connect(ctx, u.String()); err == nil {
+			conn.Close(ctx)
+			t.Fatalf("the template's password opens the cluster in %s", c.DataDir())
+		}
+		conn, err := pgx.Connect(ctx, c.URL("postgres"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn.Close(ctx)
+	}
+}
+
+// TestClustersStartTogetherOnAnEmptyCache: processes that find no template at once each make
+// one; one of them is kept, whole, and nothing half-made is left behind.
+func TestClustersStartTogetherOnAnEmptyCache(t *testing.T) {
+	t.Parallel()
+	cache := t.TempDir()
+	const n = 4
+	errs := make(chan error, n)
+	for range n {
+		go func() {
+			c, err := embedded.Start(context.Background(), embedded.Options{TemplateDir: cache})
+			if err == nil {
+				err = c.Stop(context.Background())
+			}
+			errs <- err
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	names := templates(t, cache)
+	if len(names) != 1 {
+		t.Fatalf("the template cache holds %v, want one template", names)
+	}
+	if _, err := os.Stat(filepath.Join(cache, names[0], "PG_VERSION")); err != nil {
+		t.Fatalf("the template is not a whole cluster: %v", err)
+	}
+	startIn(t, embedded.Options{TemplateDir: cache})
+}
+
+// TestChosenPortAndPassword: a caller may choose the port and the superuser's password (the
+// devserver prints them); a restart with another password changes it; a taken port is an error
+// naming it.
+func TestChosenPortAndPassword(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	parent, err := os.MkdirTemp("", "embedded-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(parent) })
+	if err := os.Chmod(parent, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	port := freePort(t)
+	const first, second = `it's "mine"`, "another one"
+	c, err := embedded.Start(ctx, embedded.Options{DataDir: parent + "/pg", Port: port, Password: first})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Port() != port || password(t, c) != first {
+		t.Fatalf("port %d, password %q; want %d, %q", c.Port(), password(t, c), port, first)
+	}
+	conn, err := pgx.Connect(ctx, c.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn.Close(ctx)
+	if _, err := embedded.Start(ctx, embedded.Options{Port: port}); err == nil || !strings.Contains(err.Error(), strconv.Itoa(port)) {
+		t.Errorf("a second cluster on port %d: %v, want an error naming the port", port, err)
+	}
+	oldURL := c.URL("postgres")
+	if err := c.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c = startIn(t, embedded.Options{DataDir: parent + "/pg", Password: second})
+	if password(t, c) != second {
+		t.Fatalf("password after a restart with another = %q", password(t, c))
+	}
+	old, _ := url.Parse(oldURL)
+	now, _ := url.Parse(c.URL("postgres"))
+	old.Host = now.Host
+	if conn, err := pgx.Connect(ctx, old.String()); err == nil {
+		conn.Close(ctx)
+		t.Fatal("the first password still opens the cluster")
+	}
+	if conn, err = pgx.Connect(ctx, now.String()); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close(ctx)
+	for _, bad := range []string{" padded", "two\nlines"} {
+		if _, err := embedded.Start(ctx, embedded.Options{Password: bad}); err == nil || !strings.Contains(err.Error(), "Password") {
+			t.Errorf("Password %q: %v, want an error naming Password", bad, err)
+		}
+	}
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// BenchmarkStart is a new ephemeral cluster's start, until it accepts connections, copied from
+// the template and made by initdb (docs/benchmarks.md, "Cold start"). Stopping is not timed.
+func BenchmarkStart(b *testing.B) {
+	for _, bc := range []struct {
+		name string
+		opts embedded.Options
+	}{
+		{"template", embedded.Options{TemplateDir: b.TempDir()}},
+		{"initdb", embedded.Options{NoTemplate: true}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			ctx := context.Background()
+			c, err := embedded.Start(ctx, bc.opts) // the template, made outside the timing
+			if err != nil {
+				b.Fatal(err)
+			}
+			_ = c.Stop(ctx)
+			b.ResetTimer()
+			for b.Loop() {
+				c, err := embedded.Start(ctx, bc.opts)
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				if err := c.Stop(ctx); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+			}
+			b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "ms/start")
+		})
+	}
 }
