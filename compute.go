@@ -85,7 +85,8 @@ type Compute struct {
 	gateway *gateway.Gateway
 	metrics *metrics.Metrics
 
-	ready atomic.Bool
+	ready   atomic.Bool
+	streams streamSlots
 
 	mu      sync.Mutex
 	started bool

@@ -31,11 +31,12 @@ type Module = modules.Module
 
 // Defaults for zero Options fields.
 const (
-	DefaultMode             = ModeAll
-	DefaultMaxBodyBytes     = envelope.DefaultMaxBodyBytes
-	DefaultDecisionCacheTTL = 2 * time.Second
-	DefaultDecisionCacheMax = 100_000
-	DefaultPoolLeaseTTL     = capacity.LeaseTTLDefault
+	DefaultMode                  = ModeAll
+	DefaultMaxBodyBytes          = envelope.DefaultMaxBodyBytes
+	DefaultDecisionCacheTTL      = 2 * time.Second
+	DefaultDecisionCacheMax      = 100_000
+	DefaultPoolLeaseTTL          = capacity.LeaseTTLDefault
+	DefaultMaxEventStreamsPerKey = 8
 	// MinSecretLength is the shortest Secret accepted.
 	MinSecretLength = 32
 )
@@ -86,6 +87,10 @@ type Options struct {
 	// API, and whether a person signed in to the host may use it without an API key (Session).
 	// The zero value signs in with API keys only.
 	Console ConsoleOptions
+	// MaxEventStreamsPerKey is how many event streams (GET /api/compute/events/stream) one
+	// credential may hold open at once in this process; one more is refused as quota_exceeded.
+	// Default DefaultMaxEventStreamsPerKey; negative: no limit.
+	MaxEventStreamsPerKey int
 	// JobRescueAfter is how long a durable job (a webhook attempt, a workflow step) may have been
 	// running before it is taken for lost with its process and worked again elsewhere. It must
 	// exceed every workflow step's Timeout (plus 5 s of bookkeeping). Default 1h.
@@ -176,6 +181,9 @@ func (o Options) withDefaults() (Options, error) {
 		o.MaxBodyBytes = DefaultMaxBodyBytes
 	case o.MaxBodyBytes < 0:
 		return bad("MaxBodyBytes", "must not be negative, got %d", o.MaxBodyBytes)
+	}
+	if o.MaxEventStreamsPerKey == 0 {
+		o.MaxEventStreamsPerKey = DefaultMaxEventStreamsPerKey
 	}
 	if o.DecisionCacheTTL == 0 {
 		o.DecisionCacheTTL = DefaultDecisionCacheTTL

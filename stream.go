@@ -1,12 +1,14 @@
 package compute
 
 import (
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/better-compute/compute/api"
@@ -68,6 +70,12 @@ func (c *Compute) serveEventStream(w http.ResponseWriter, r *http.Request) {
 		envelope.WriteError(w, 0, err)
 		return
 	}
+	release, err := c.streams.take(cred, c.opts.MaxEventStreamsPerKey)
+	if err != nil {
+		envelope.WriteError(w, 0, err)
+		return
+	}
+	defer release()
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-store")
@@ -115,6 +123,39 @@ func (c *Compute) serveEventStream(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+}
+
+// streamSlots counts the event streams each credential holds open in this process, by the
+// credential's hash (a stream outlives no process, so a count in memory is the truth).
+type streamSlots struct {
+	mu   sync.Mutex
+	open map[[sha256.Size]byte]int
+}
+
+// take holds one of the credential's max slots until release; negative max is no limit.
+func (s *streamSlots) take(cred string, max int) (release func(), err error) {
+	if max < 0 {
+		return func() {}, nil
+	}
+	k := sha256.Sum256([]byte(cred))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.open[k] >= max {
+		return nil, &api.Error{Code: api.CodeQuotaExceeded,
+			Message: fmt.Sprintf("this credential holds %d event streams already, the most it may hold at once: end one, or read events.list", max),
+			Details: map[string]any{"reason": "event_streams", "limit": max}}
+	}
+	if s.open == nil {
+		s.open = make(map[[sha256.Size]byte]int)
+	}
+	s.open[k]++
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.open[k]--; s.open[k] == 0 {
+			delete(s.open, k)
+		}
+	}, nil
 }
 
 // writeEvent writes one event in the SSE framing: its log id, its type as the event name, and

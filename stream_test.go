@@ -3,6 +3,7 @@ package compute_test
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/better-compute/compute"
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/client"
 	"github.com/better-compute/compute/computetest"
@@ -179,4 +181,48 @@ func TestEventStreamAnswersLikeTheAPI(t *testing.T) {
 			t.Errorf("%s with key %t, Last-Event-ID %q: %s %s, want %d naming %q", c.method, c.key != "", c.lastID, resp.Status, body, c.status, c.says)
 		}
 	}
+}
+
+// TestEventStreamsPerKeyAreCapped: a key holds at most MaxEventStreamsPerKey streams at once in
+// a process; one more is refused as quota_exceeded (429) naming the limit, another key is not
+// affected, and a stream that ends gives its place back.
+func TestEventStreamsPerKeyAreCapped(t *testing.T) {
+	env := computetest.New(t, computetest.Options{Configure: func(o *compute.Options) { o.MaxEventStreamsPerKey = 2 }})
+	url := env.Server(t)
+	_, otherKey := env.Tenant(t, "other")
+	open := func(key string) (*http.Response, context.CancelFunc) {
+		t.Helper()
+		ctx, cancel := context.WithCancel(context.Background())
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url+api.BasePath+api.EventStreamPath, nil)
+		req.Header.Set("Authorization", "Bearer "+key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			cancel()
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cancel(); resp.Body.Close() })
+		return resp, cancel
+	}
+	first, cancelFirst := open(env.RootKey)
+	second, _ := open(env.RootKey)
+	for _, r := range []*http.Response{first, second} {
+		if r.StatusCode != http.StatusOK {
+			t.Fatalf("a stream within the limit: %d", r.StatusCode)
+		}
+	}
+	third, _ := open(env.RootKey)
+	var body api.ErrorBody
+	if err := json.NewDecoder(third.Body).Decode(&body); err != nil || third.StatusCode != http.StatusTooManyRequests ||
+		body.Error == nil || body.Error.Code != api.CodeQuotaExceeded || body.Error.Details["reason"] != "event_streams" || body.Error.Details["limit"] != float64(2) {
+		t.Fatalf("a third stream of one key: %d %+v (%v), want 429 quota_exceeded with reason event_streams and limit 2", third.StatusCode, body.Error, err)
+	}
+	if r, _ := open(otherKey); r.StatusCode != http.StatusOK {
+		t.Fatalf("another key's stream: %d", r.StatusCode)
+	}
+	cancelFirst()
+	eventually(t, "the ended stream's place is given back", func() (bool, error) {
+		r, cancel := open(env.RootKey)
+		defer cancel()
+		return r.StatusCode == http.StatusOK, nil
+	})
 }
