@@ -327,7 +327,7 @@ func endWithReservations(ctx context.Context, rt *modules.Runtime) error {
 // desiredInstances is a node's vps.instances part: its live instances whose reservation holds
 // it now.
 func (m *Module) desiredInstances(ctx context.Context, q postgres.Querier, nodeID string) (any, error) {
-	rows, err := q.Query(ctx, `SELECT i.id::text, i.reservation_id::text, f.vcpus, f.memory_gib, f.disk_gib, m.kernel_url, m.kernel_sha256,
+	rows, err := q.Query(ctx, `SELECT i.id::text, m.tenant_id, i.reservation_id::text, f.vcpus, f.memory_gib, f.disk_gib, m.kernel_url, m.kernel_sha256,
 		m.initrd_url, m.initrd_sha256, m.cmdline, m.disk_url, m.disk_sha256, i.power, i.reboots, coalesce(t.env, '{}'),
 		ARRAY(SELECT s.id::text FROM compute.vps_snapshots s WHERE s.instance_id = i.id AND s.deleted_at IS NULL AND s.status <> 'failed' ORDER BY s.id),
 		coalesce(i.restore_snapshot::text, ''), i.restores, CASE WHEN i.kind = 'warm' THEN t.ready_line ELSE '' END, i.name, i.user_data, i.ssh_ca
@@ -345,7 +345,7 @@ func (m *Module) desiredInstances(ctx context.Context, q postgres.Querier, nodeI
 		var x row
 		var memGiB, restores int
 		var k, ks, ir, irs, d, ds, restore string
-		err := r.Scan(&x.ID, &x.reservation, &x.VCPUs, &memGiB, &x.DiskGiB, &k, &ks, &ir, &irs, &x.Cmdline, &d, &ds, &x.Power, &x.Reboots,
+		err := r.Scan(&x.ID, &x.Tenant, &x.reservation, &x.VCPUs, &memGiB, &x.DiskGiB, &k, &ks, &ir, &irs, &x.Cmdline, &d, &ds, &x.Power, &x.Reboots,
 			&x.Env, &x.Snapshots, &restore, &restores, &x.ReadyLine, &x.name, &x.userData, &x.sshCA)
 		if err == nil && x.sshCA != "" { // a sandbox: SSH on its second serial port, for its reservation's holders
 			x.Agent = true

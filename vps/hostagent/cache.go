@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -13,29 +14,89 @@ import (
 	"sync"
 
 	"github.com/better-compute/compute/vps/hostapi"
+	"github.com/better-compute/compute/vps/runtime"
 )
 
-// cache keeps the images instances boot, by their SHA-256: fetched once, checked before they are
-// kept, shared by every instance that boots them (each gets its own copy-on-write disk from the
-// runtime).
+// cache keeps the images instances boot, by their SHA-256, in cache/<sha256>: one copy of each,
+// shared by every instance that boots it (each gets its own copy-on-write disk from the
+// runtime). A checksum names bytes; it does not prove that whoever names it may have them. So a
+// tenant (an instance's scope) is given a cached image only once it has fetched those bytes
+// from its own URL and they matched: cache/tenants/<scope>/<sha256>, an empty file, records
+// that it did. Every image is checked before it is kept or given: its checksum, and what it
+// would make a hypervisor open (runtime.CheckImage).
 type cache struct {
-	dir  string
-	http *http.Client
-	mu   sync.Mutex // one fetch at a time: two instances of one image fetch it once
+	dir     string
+	http    *http.Client
+	qemuImg string
+	mu      sync.Mutex // one fetch at a time: two instances of one image fetch it once
 }
 
-// get returns the local path of art, fetching it when the cache does not have it. A file whose
-// content does not match its checksum is never kept.
-func (c *cache) get(ctx context.Context, art hostapi.Artifact) (string, error) {
+// scope is whose images an instance boots: its tenant's, or, from a control plane that names
+// no tenant, its own. Hashed, so that any tenant id is a safe file name.
+func scope(in hostapi.Instance) string {
+	s := "tenant:" + in.Tenant
+	if in.Tenant == "" {
+		s = "instance:" + in.ID
+	}
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])
+}
+
+// get returns the local path of art for scope, and the format it is booted as, fetching it when
+// scope has not fetched it. A file whose content does not match its checksum, or that names
+// another file, is never kept.
+func (c *cache) get(ctx context.Context, scope string, art hostapi.Artifact) (path, format string, err error) {
 	if !hostapi.ValidSHA256(art.SHA256) {
-		return "", fmt.Errorf("image %s: its sha256 %q is not 64 lower-case hex digits", art.URL, art.SHA256)
+		return "", "", fmt.Errorf("image %s: its sha256 %q is not 64 lower-case hex digits", art.URL, art.SHA256)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	p := filepath.Join(c.dir, art.SHA256)
-	if _, err := os.Stat(p); err == nil {
-		return p, nil
+	fetched := filepath.Join(c.dir, "tenants", scope, art.SHA256)
+	if _, err := os.Stat(fetched); err == nil {
+		if _, err := os.Stat(p); err == nil {
+			format, err := runtime.ImageFormat(p)
+			return p, format, err
+		}
 	}
+	tmp, err := c.fetch(ctx, art)
+	if err != nil {
+		return "", "", err
+	}
+	defer os.Remove(tmp) // a no-op once renamed
+	// Checked whether or not the cache has these bytes already: a copy kept before images were
+	// checked is checked now, as it is given to a tenant.
+	format, err = runtime.ImageFormat(tmp)
+	if err != nil {
+		return "", "", err
+	}
+	if format != runtime.FormatRaw { // a raw image names nothing, and needs no qemu-img
+		if _, err := runtime.CheckImage(ctx, c.qemuImg, tmp, format); err != nil {
+			return "", "", fmt.Errorf("image %s: %w: not used", art.URL, err)
+		}
+	}
+	if _, err := os.Stat(p); errors.Is(err, os.ErrNotExist) {
+		if err := os.Chmod(tmp, 0o644); err != nil { // the hypervisor's user reads it
+			return "", "", err
+		}
+		if err := os.Rename(tmp, p); err != nil {
+			return "", "", err
+		}
+	} else if err != nil {
+		return "", "", err
+	}
+	if err := os.MkdirAll(filepath.Dir(fetched), 0o700); err != nil {
+		return "", "", err
+	}
+	if err := os.WriteFile(fetched, nil, 0o600); err != nil {
+		return "", "", err
+	}
+	return p, format, nil
+}
+
+// fetch writes art's bytes to a temporary file in the cache, and returns its path once they
+// match art's checksum.
+func (c *cache) fetch(ctx context.Context, art hostapi.Artifact) (string, error) {
 	src, err := c.open(ctx, art.URL)
 	if err != nil {
 		return "", fmt.Errorf("image %s: %w", art.URL, err)
@@ -45,25 +106,21 @@ func (c *cache) get(ctx context.Context, art hostapi.Artifact) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	defer os.Remove(tmp.Name()) // a no-op once renamed
 	h := sha256.New()
 	_, err = io.Copy(io.MultiWriter(tmp, h), src)
 	if cerr := tmp.Close(); err == nil {
 		err = cerr
 	}
+	if err == nil {
+		if got := hex.EncodeToString(h.Sum(nil)); got != art.SHA256 {
+			err = fmt.Errorf("its sha256 is %s, not %s as its image says: not used", got, art.SHA256)
+		}
+	}
 	if err != nil {
+		os.Remove(tmp.Name())
 		return "", fmt.Errorf("image %s: %w", art.URL, err)
 	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != art.SHA256 {
-		return "", fmt.Errorf("image %s: its sha256 is %s, not %s as its image says: not used", art.URL, got, art.SHA256)
-	}
-	if err := os.Chmod(tmp.Name(), 0o644); err != nil { // the hypervisor's user reads it
-		return "", err
-	}
-	if err := os.Rename(tmp.Name(), p); err != nil {
-		return "", err
-	}
-	return p, nil
+	return tmp.Name(), nil
 }
 
 // open reads an image from an http(s) URL. Never a file on the host: a tenant who knows a host

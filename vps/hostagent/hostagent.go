@@ -43,6 +43,9 @@ type Options struct {
 	Reporter ext.Reporter
 	// HTTP fetches images; default a client with a 10-minute timeout.
 	HTTP *http.Client
+	// QemuImg checks qcow2 images before they are kept (runtime.CheckImage): a path or a name
+	// on PATH; default "qemu-img".
+	QemuImg string
 	// StatusEvery is how often the instances' status is reported when nothing changed; default
 	// 30 s.
 	StatusEvery time.Duration
@@ -90,6 +93,7 @@ func New(opts Options) (*Agent, error) {
 		return nil, errors.New("hostagent: a reporter is required")
 	}
 	opts.HTTP = cmp.Or(opts.HTTP, &http.Client{Timeout: 10 * time.Minute})
+	opts.QemuImg = cmp.Or(opts.QemuImg, "qemu-img")
 	opts.StatusEvery = cmp.Or(opts.StatusEvery, 30*time.Second)
 	opts.Logger = cmp.Or(opts.Logger, slog.New(slog.DiscardHandler))
 	for _, d := range []string{opts.Dir, filepath.Join(opts.Dir, "cache"), filepath.Join(opts.Dir, "consoles"), filepath.Join(opts.Dir, "snapshots")} {
@@ -100,7 +104,7 @@ func New(opts Options) (*Agent, error) {
 			return nil, fmt.Errorf("hostagent: %w", err)
 		}
 	}
-	a := &Agent{opts: opts, cache: &cache{dir: filepath.Join(opts.Dir, "cache"), http: opts.HTTP},
+	a := &Agent{opts: opts, cache: &cache{dir: filepath.Join(opts.Dir, "cache"), http: opts.HTTP, qemuImg: opts.QemuImg},
 		dirty: make(chan struct{}, 1), state: persisted{Reboots: map[string]int{}, Restores: map[string]int{}},
 		errored: map[string]string{}, snapErrors: map[string]map[string]string{}, watches: map[string]*readyWatch{}, ready: map[string]bool{}}
 	b, err := os.ReadFile(a.statePath())
@@ -302,17 +306,21 @@ func (a *Agent) ensure(ctx context.Context, in hostapi.Instance) error {
 		r.Agent = a.agentPath(in.ID)
 	}
 	for _, f := range []struct {
-		art *hostapi.Artifact
-		dst *string
-	}{{in.Kernel, &r.Kernel}, {in.Initrd, &r.Initrd}, {in.Disk, &r.Disk}} {
+		art    *hostapi.Artifact
+		dst    *string
+		format *string
+	}{{in.Kernel, &r.Kernel, nil}, {in.Initrd, &r.Initrd, nil}, {in.Disk, &r.Disk, &r.DiskFormat}} {
 		if f.art == nil {
 			continue
 		}
-		p, err := a.cache.get(ctx, *f.art)
+		p, format, err := a.cache.get(ctx, scope(in), *f.art)
 		if err != nil {
 			return err
 		}
 		*f.dst = p
+		if f.format != nil {
+			*f.format = format
+		}
 	}
 	if len(in.GPUs) > 0 {
 		gpus, err := a.passThrough(ctx, in.GPUs)

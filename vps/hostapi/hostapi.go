@@ -27,7 +27,13 @@ type Instances struct {
 
 // Instance is one instance a host runs.
 type Instance struct {
-	ID        string    `json:"id"`
+	ID string `json:"id"`
+	// Tenant is the tenant whose image the instance boots. The host keeps what each tenant
+	// fetched apart: a tenant boots bytes from its cache only once it has fetched them from its
+	// own URL and they matched (a checksum alone names bytes, it does not prove the tenant may
+	// have them). An instance without one (from a control plane that does not send it) fetches
+	// its images for itself.
+	Tenant    string    `json:"tenant,omitempty"`
 	VCPUs     int       `json:"vcpus"`
 	MemoryMiB int       `json:"memoryMiB"`
 	DiskGiB   int       `json:"diskGiB,omitempty"`

@@ -34,6 +34,11 @@ type Instance struct {
 	// Boot: a kernel with its initramfs and command line (direct boot), and/or a disk image.
 	Kernel, Initrd, Cmdline string
 	Disk                    string // a qcow2 or raw image the instance boots from and writes to (its own copy)
+	// DiskFormat is Disk's format, FormatRaw or FormatQcow2, as the host decided it
+	// (ImageFormat) and checked it (CheckImage) when the image entered its cache. Required with
+	// a Disk: a runtime never lets QEMU, libvirt or cloud-hypervisor probe an image's format,
+	// and checks the image again before it builds the instance's disk on it.
+	DiskFormat string
 	// DiskGiB grows the instance's own disk to this size when it is made (its flavor's disk);
 	// 0, or less than the image, leaves it at the image's size.
 	DiskGiB int

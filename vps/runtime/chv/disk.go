@@ -14,9 +14,14 @@ import (
 
 // An instance's disk is its own: Instance.Disk is an image the host's cache shares between
 // instances and keeps by its checksum, so the VM boots from a qcow2 overlay on it in the VM's
-// directory (cloud-hypervisor follows the backing file when the disk says backing_files), made
-// once and kept until Delete. qemu-img makes the overlay, and copies it into saved states and
-// back.
+// directory, made once and kept until Delete. qemu-img makes the overlay, and copies it into
+// saved states and back.
+//
+// The overlay is the only disk with a backing file that a VM is given: cloud-hypervisor follows
+// it when the disk says backing_files, and reads it in the format the overlay's header names
+// (qemu-img create -F Instance.DiskFormat), without probing. The image under it is checked
+// again before the overlay is made (runtime.CheckImage): a qcow2 image that names a backing
+// file or a data file of its own would let the guest read that file on the host.
 
 // savedDiskFile is the disk's copy in a saved state's directory.
 const savedDiskFile = "disk.qcow2"
@@ -36,12 +41,11 @@ func (r *Runtime) ensureDisk(ctx context.Context, in runtime.Instance, v vmFiles
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("chv: instance %s's disk: %w", in.ID, err)
 	}
-	kind, err := imageType(in.Disk)
-	if err != nil {
+	if _, err := runtime.CheckImage(ctx, r.opts.QemuImg, in.Disk, in.DiskFormat); err != nil {
 		return fmt.Errorf("chv: instance %s: Disk: %w", in.ID, err)
 	}
 	tmp := v.disk + ".new"
-	if err := r.qemuImg(ctx, "create", "-q", "-f", "qcow2", "-F", strings.ToLower(kind), "-b", in.Disk, tmp); err != nil {
+	if err := r.qemuImg(ctx, "create", "-q", "-f", "qcow2", "-F", in.DiskFormat, "-b", in.Disk, tmp); err != nil {
 		_ = os.Remove(tmp)
 		return fmt.Errorf("chv: instance %s's disk: %w", in.ID, err)
 	}

@@ -2,8 +2,10 @@ package chv
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -127,5 +129,50 @@ func TestEachInstanceWritesItsOwnDisk(t *testing.T) {
 	h.ensure(in, runtime.StateRunning)
 	if err := qemuIO(t, disks[0], "read -P 0x11 0 64k"); err != nil {
 		t.Fatalf("a's disk after Ensure again: %v", err)
+	}
+}
+
+// TestAnImageThatNamesAHostFileGetsNoDisk: the runtime checks an image again before it builds
+// an instance's disk on it. A qcow2 image with a backing file or an external data file is
+// refused (runtime.ErrImageNamesAFile) and leaves nothing of the instance; an image is read in
+// the format the instance says, never probed: a qcow2 given as raw is raw bytes to the guest,
+// not the file its header names.
+func TestAnImageThatNamesAHostFileGetsNoDisk(t *testing.T) {
+	needQemuUtils(t)
+	h := newHarness(t)
+	host := filepath.Join(h.base, "shadow")
+	if err := os.WriteFile(host, bytes.Repeat([]byte{0x5e}, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	qemuImg := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("qemu-img", args...).CombinedOutput(); err != nil {
+			t.Fatalf("qemu-img %v: %v\n%s", args, err, out)
+		}
+	}
+	backed := filepath.Join(h.base, "backed.qcow2")
+	qemuImg("create", "-q", "-f", "qcow2", "-b", host, "-F", "raw", backed, "1M")
+	withData := filepath.Join(h.base, "data.qcow2")
+	qemuImg("create", "-q", "-f", "qcow2", "-o", "data_file="+filepath.Join(h.base, "data-file")+",data_file_raw=on", withData, "1M")
+	for name, image := range map[string]string{"a backing file": backed, "a data file": withData} {
+		in := h.instance("a")
+		in.Disk, in.DiskFormat = image, runtime.FormatQcow2
+		if _, err := h.r.Ensure(context.Background(), in); !errors.Is(err, runtime.ErrImageNamesAFile) {
+			t.Fatalf("a qcow2 with %s: %v; want it refused", name, err)
+		}
+		if _, err := os.Stat(h.r.files("a").dir); !os.IsNotExist(err) {
+			t.Fatalf("a refused instance left %s: %v", h.r.files("a").dir, err)
+		}
+	}
+
+	in := h.instance("b")
+	in.Disk, in.DiskFormat = backed, runtime.FormatRaw
+	h.ensure(in, runtime.StateRunning)
+	disk := h.r.files("b").disk
+	if info := qemuImgInfo(t, disk); info.BackingFile != backed || info.BackingFormat != "raw" {
+		t.Fatalf("b's disk: %+v; want an overlay on %s read as raw", info, backed)
+	}
+	if err := qemuIO(t, disk, "read -P 0x5e 0 64k"); err == nil {
+		t.Fatal("b's guest reads the file its image's header names")
 	}
 }

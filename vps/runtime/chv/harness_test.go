@@ -66,7 +66,7 @@ func (h *harness) newRuntime(edit ...func(*Options)) *Runtime {
 
 // instance is a running instance with one NIC, booted from a kernel, its console under base.
 func (h *harness) instance(id string) runtime.Instance {
-	return runtime.Instance{ID: id, VCPUs: 2, MemoryMiB: 256, Kernel: h.kernel, Cmdline: "console=ttyS0",
+	return runtime.Instance{ID: id, VCPUs: 2, MemoryMiB: 256, Kernel: h.kernel, Cmdline: "console=ttyS0", DiskFormat: runtime.FormatRaw,
 		Power: runtime.PowerRunning, Console: filepath.Join(h.base, "consoles", id+".sock"),
 		NICs: []runtime.NIC{{MAC: "52:54:00:AB:CD:01", Bridge: "br0", VLAN: 7}}}
 }

@@ -1,10 +1,8 @@
 package chv
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -37,6 +35,9 @@ func (r *Runtime) checkInstance(in runtime.Instance) error {
 		return bad("boots from its Disk, which needs a firmware: set Options.Firmware (e.g. CLOUDHV.fd)")
 	case in.Kernel == "" && (in.Initrd != "" || in.Cmdline != ""):
 		return bad("Initrd and Cmdline need a Kernel")
+	case in.Disk != "" && in.DiskFormat != runtime.FormatRaw && in.DiskFormat != runtime.FormatQcow2:
+		// Never probed: the host says what the image is (runtime.ImageFormat).
+		return bad("DiskFormat %q: want %q or %q", in.DiskFormat, runtime.FormatRaw, runtime.FormatQcow2)
 	case len(in.NICs) > maxNICs:
 		return bad("%d NICs, at most %d", len(in.NICs), maxNICs)
 	}
@@ -69,8 +70,8 @@ func (r *Runtime) checkInstance(in runtime.Instance) error {
 	return nil
 }
 
-// vmConfig is the VmConfig that makes in, and the taps its NICs need. It reads the disk's header
-// (to tell qcow2 from raw) and checks that GPUs are bound to vfio-pci.
+// vmConfig is the VmConfig that makes in, and the taps its NICs need. It checks that the disk's
+// image exists and that GPUs are bound to vfio-pci.
 func (r *Runtime) vmConfig(in runtime.Instance, v vmFiles) (vmConfig, []Tap, error) {
 	cfg := vmConfig{
 		CPUs:    cpusConfig{BootVCPUs: in.VCPUs, MaxVCPUs: in.VCPUs},
@@ -87,11 +88,10 @@ func (r *Runtime) vmConfig(in runtime.Instance, v vmFiles) (vmConfig, []Tap, err
 		cfg.Payload = payloadConfig{Firmware: r.opts.Firmware}
 	}
 	if in.Disk != "" {
-		if _, err := imageType(in.Disk); err != nil {
+		if _, err := os.Stat(in.Disk); err != nil {
 			return vmConfig{}, nil, fmt.Errorf("chv: instance %s: Disk: %w", in.ID, err)
 		}
-		// The instance's own overlay on the image (disk.go). An explicit type: cloud-hypervisor
-		// follows a qcow2 image's backing file only when told.
+		// The instance's own overlay on the image (disk.go).
 		cfg.Disks = []diskConfig{diskOf(v)}
 	}
 	if in.Seed != "" { // the cloud-init seed, read-only, after the boot disk
@@ -111,23 +111,6 @@ func (r *Runtime) vmConfig(in runtime.Instance, v vmFiles) (vmConfig, []Tap, err
 		cfg.Devices = append(cfg.Devices, deviceConfig{Path: path, ID: "gpu" + strconv.Itoa(i)})
 	}
 	return cfg, taps, nil
-}
-
-// imageType tells a qcow2 image from a raw one by its magic.
-func imageType(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	magic := make([]byte, 4)
-	if _, err := io.ReadFull(f, magic); err != nil && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF) {
-		return "", fmt.Errorf("reading %s: %w", path, err)
-	}
-	if bytes.Equal(magic, []byte("QFI\xfb")) {
-		return "Qcow2", nil
-	}
-	return "Raw", nil
 }
 
 var pciAddress = regexp.MustCompile(`^(?:[0-9a-f]{4}:)?[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]$`)

@@ -64,7 +64,9 @@ func TestEnsureRefusesBadInstances(t *testing.T) {
 		{func(in *runtime.Instance) { in.NICs[0].VLAN = 4095 }, "NICs[0].VLAN 4095 is out of 0..4094"},
 		{func(in *runtime.Instance) { in.NICs[0].MAC = "52:54:00" }, `NICs[0].MAC "52:54:00" is not an Ethernet address`},
 		{func(in *runtime.Instance) { in.NICs = make([]runtime.NIC, maxNICs+1) }, "17 NICs, at most 16"},
-		{func(in *runtime.Instance) { in.Disk = filepath.Join(h.base, "missing.img") }, "Disk: open"},
+		{func(in *runtime.Instance) { in.Disk = filepath.Join(h.base, "missing.img") }, "Disk: stat"},
+		{func(in *runtime.Instance) { in.Disk, in.DiskFormat = h.kernel, "" }, `DiskFormat "": want "raw" or "qcow2"`},
+		{func(in *runtime.Instance) { in.Disk, in.DiskFormat = h.kernel, "vmdk" }, `DiskFormat "vmdk": want "raw" or "qcow2"`},
 		{func(in *runtime.Instance) { in.GPUs = []string{"MIG-0d3c2f1a-0000-0000-0000-000000000000"} }, "GPUs[0]: \"MIG-0d3c2f1a-0000-0000-0000-000000000000\" is not a PCI address"},
 	}
 	for _, c := range cases {

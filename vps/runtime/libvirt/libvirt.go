@@ -11,7 +11,6 @@ import (
 	"bytes"
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -206,7 +205,7 @@ func (r *Runtime) Ensure(ctx context.Context, in runtime.Instance) (runtime.Stat
 	lv, d, err := r.lookup(in.ID)
 	switch {
 	case errors.Is(err, runtime.ErrNotFound):
-		if d, err = r.define(lv, in, nil); err != nil {
+		if d, err = r.define(ctx, lv, in, nil); err != nil {
 			return st, err
 		}
 	case err != nil:
@@ -218,7 +217,7 @@ func (r *Runtime) Ensure(ctx context.Context, in runtime.Instance) (runtime.Stat
 	}
 	if state == runtime.StateStopped {
 		// Stopped: its definition may be brought up to date before it starts again.
-		if d, err = r.define(lv, in, &d.UUID); err != nil {
+		if d, err = r.define(ctx, lv, in, &d.UUID); err != nil {
 			return st, err
 		}
 	}
@@ -249,6 +248,9 @@ func checkInstance(in runtime.Instance) error {
 		return fmt.Errorf("libvirt: instance %s: %d vCPUs and %d MiB is not a machine", in.ID, in.VCPUs, in.MemoryMiB)
 	case in.Kernel == "" && in.Disk == "":
 		return fmt.Errorf("libvirt: instance %s has neither a kernel nor a disk to boot", in.ID)
+	case in.Disk != "" && in.DiskFormat != runtime.FormatRaw && in.DiskFormat != runtime.FormatQcow2:
+		// Never probed: the host says what the image is (runtime.ImageFormat).
+		return fmt.Errorf("libvirt: instance %s: DiskFormat %q: want %q or %q", in.ID, in.DiskFormat, runtime.FormatRaw, runtime.FormatQcow2)
 	case in.Power != runtime.PowerRunning && in.Power != runtime.PowerPaused && in.Power != runtime.PowerStopped:
 		return fmt.Errorf("libvirt: instance %s: power %q", in.ID, in.Power)
 	}
@@ -256,8 +258,8 @@ func checkInstance(in runtime.Instance) error {
 }
 
 // define defines an instance's domain, or (with its UUID) redefines it.
-func (r *Runtime) define(lv *golibvirt.Libvirt, in runtime.Instance, uuid *golibvirt.UUID) (golibvirt.Domain, error) {
-	x, err := r.domainXML(in, uuid)
+func (r *Runtime) define(ctx context.Context, lv *golibvirt.Libvirt, in runtime.Instance, uuid *golibvirt.UUID) (golibvirt.Domain, error) {
+	x, err := r.domainXML(ctx, in, uuid)
 	if err != nil {
 		return golibvirt.Domain{}, err
 	}
@@ -271,7 +273,7 @@ func (r *Runtime) define(lv *golibvirt.Libvirt, in runtime.Instance, uuid *golib
 // diskPath is the instance's own copy of its disk.
 func (r *Runtime) diskPath(id string) string { return filepath.Join(r.opts.StateDir, id, "disk.qcow2") }
 
-func (r *Runtime) domainXML(in runtime.Instance, uuid *golibvirt.UUID) (string, error) {
+func (r *Runtime) domainXML(ctx context.Context, in runtime.Instance, uuid *golibvirt.UUID) (string, error) {
 	dom := &libvirtxml.Domain{
 		Type:        r.opts.DomainType,
 		Name:        runtime.Name(in.ID),
@@ -300,13 +302,15 @@ func (r *Runtime) domainXML(in runtime.Instance, uuid *golibvirt.UUID) (string, 
 		dom.OS.BootDevices = []libvirtxml.DomainBootDevice{{Dev: "hd"}}
 	}
 	if in.Disk != "" {
-		disk, err := r.ensureDisk(in)
+		disk, err := r.ensureDisk(ctx, in)
 		if err != nil {
 			return "", err
 		}
+		// The overlay, its format given; the image under it is named in the overlay with its
+		// format (ensureDisk), which libvirt and QEMU read from there and never probe.
 		dom.Devices.Disks = []libvirtxml.DomainDisk{{
 			Device: "disk",
-			Driver: &libvirtxml.DomainDiskDriver{Name: "qemu", Type: "qcow2"},
+			Driver: &libvirtxml.DomainDiskDriver{Name: "qemu", Type: runtime.FormatQcow2},
 			Source: &libvirtxml.DomainDiskSource{File: &libvirtxml.DomainDiskSourceFile{File: disk}},
 			Target: &libvirtxml.DomainDiskTarget{Dev: "vda", Bus: "virtio"},
 		}}
@@ -374,20 +378,22 @@ func pciAddress(s string) (*libvirtxml.DomainAddressPCI, error) {
 }
 
 // ensureDisk makes the instance's own disk once: a qcow2 overlay on its image, which stays as
-// the image was.
-func (r *Runtime) ensureDisk(in runtime.Instance) (string, error) {
+// the image was. The image is checked first (runtime.CheckImage): one that names another file
+// (a backing file, a data file) would let the guest read that file on the host. Its format is
+// the instance's, written into the overlay (-F), never probed.
+func (r *Runtime) ensureDisk(ctx context.Context, in runtime.Instance) (string, error) {
 	p := r.diskPath(in.ID)
 	if _, err := os.Stat(p); err == nil {
 		return p, nil
 	}
-	if err := r.mkdir(filepath.Dir(p)); err != nil {
-		return "", err
-	}
-	format, size, err := imageInfo(in.Disk)
+	size, err := runtime.CheckImage(ctx, "qemu-img", in.Disk, in.DiskFormat)
 	if err != nil {
 		return "", fmt.Errorf("libvirt: instance %s's image: %w", in.ID, err)
 	}
-	args := []string{"create", "-q", "-f", "qcow2", "-F", format, "-b", in.Disk, p + ".new"}
+	if err := r.mkdir(filepath.Dir(p)); err != nil {
+		return "", err
+	}
+	args := []string{"create", "-q", "-f", "qcow2", "-F", in.DiskFormat, "-b", in.Disk, p + ".new"}
 	if want := int64(in.DiskGiB) << 30; want > size { // the flavor's disk, larger than the image
 		args = append(args, strconv.FormatInt(want, 10))
 	}
@@ -463,7 +469,7 @@ func (r *Runtime) Save(ctx context.Context, id, path string) error {
 	}
 	disk := r.diskPath(id)
 	if _, err := os.Stat(disk); err == nil {
-		if err := qemuImg("convert", "-q", "-O", "qcow2", disk, path+".disk"); err != nil {
+		if err := qemuImg("convert", "-q", "-f", "qcow2", "-O", "qcow2", disk, path+".disk"); err != nil {
 			return errors.Join(fmt.Errorf("libvirt: copy %s's disk: %w", id, err), lv.DomainRestoreFlags(path, nil, uint32(flag)))
 		}
 		if err := r.own(path + ".disk"); err != nil {
@@ -494,7 +500,7 @@ func (r *Runtime) Restore(ctx context.Context, path string, in runtime.Instance)
 		if err := r.mkdir(filepath.Dir(r.diskPath(in.ID))); err != nil {
 			return st, err
 		}
-		if err := qemuImg("convert", "-q", "-O", "qcow2", path+".disk", r.diskPath(in.ID)); err != nil {
+		if err := qemuImg("convert", "-q", "-f", "qcow2", "-O", "qcow2", path+".disk", r.diskPath(in.ID)); err != nil {
 			return st, fmt.Errorf("libvirt: restore %s's disk: %w", in.ID, err)
 		}
 		if err := r.own(r.diskPath(in.ID)); err != nil {
@@ -518,20 +524,4 @@ func qemuImg(args ...string) error {
 		return fmt.Errorf("qemu-img %s: %w: %s", args[0], err, bytes.TrimSpace(out))
 	}
 	return nil
-}
-
-// imageInfo reads a disk image's format (qcow2, raw, …) and its size, from the image itself.
-func imageInfo(path string) (format string, virtualSize int64, err error) {
-	out, err := exec.Command("qemu-img", "info", "--output=json", path).Output()
-	if err != nil {
-		return "", 0, fmt.Errorf("qemu-img info %s: %w", path, err)
-	}
-	var info struct {
-		Format      string `json:"format"`
-		VirtualSize int64  `json:"virtual-size"`
-	}
-	if err := json.Unmarshal(out, &info); err != nil || info.Format == "" {
-		return "", 0, fmt.Errorf("qemu-img info %s: no format in %q", path, out)
-	}
-	return info.Format, info.VirtualSize, nil
 }
