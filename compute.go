@@ -110,7 +110,7 @@ func New(opts Options) (*Compute, error) {
 		cache = iam.NewDecisionCache(o.DecisionCacheTTL, DefaultDecisionCacheMax)
 	}
 	ev := &events.Module{}
-	wh, err := webhooks.New(webhooks.Config{Wake: ev.Sequenced, AllowPrivateTargets: o.Webhooks.AllowPrivateTargets, Timeout: o.Webhooks.Timeout,
+	wh, err := webhooks.New(webhooks.Config{Wake: ev.Sequenced, Outbound: o.outbound, Timeout: o.Webhooks.Timeout,
 		MaxResponseBytes: o.Webhooks.MaxResponseBytes, RetryBase: o.Webhooks.RetryBase, RetryMax: o.Webhooks.RetryMax,
 		DeadAfter: o.Webhooks.DeadAfter, Metrics: m})
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"net/url"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/better-compute/compute/internal/capacity"
 	"github.com/better-compute/compute/internal/envelope"
 	"github.com/better-compute/compute/modules"
+	"github.com/better-compute/compute/netpolicy"
 	"github.com/better-compute/compute/postgres"
 )
 
@@ -77,6 +79,10 @@ type Options struct {
 
 	// Webhooks tunes the delivery of events to webhook endpoints.
 	Webhooks WebhookOptions
+	// Outbound is the policy of every connection the control plane makes where a tenant chose
+	// (webhooks, provider accounts' endpoints, BMCs of machines with no site, image URLs):
+	// public addresses only, unless Allow lists more (docs/security.md, "Outbound requests").
+	Outbound OutboundOptions
 	// PoolLeaseTTL is the lease time of the pool-lease placer: an api-mode process that places
 	// for a pool takes its lease when no one holds it and places the pool's common requests
 	// (whole GPUs now, batched) from memory, the database still the referee
@@ -95,6 +101,8 @@ type Options struct {
 	// running before it is taken for lost with its process and worked again elsewhere. It must
 	// exceed every workflow step's Timeout (plus 5 s of bookkeeping). Default 1h.
 	JobRescueAfter time.Duration
+
+	outbound *netpolicy.Policy // Outbound's policy, made by withDefaults
 }
 
 // DefaultJobRescueAfter is Options.JobRescueAfter's default.
@@ -102,8 +110,11 @@ const DefaultJobRescueAfter = time.Hour
 
 // WebhookOptions tune webhook delivery (docs/events.md). Zero values mean the defaults.
 type WebhookOptions struct {
-	// AllowPrivateTargets lets endpoints be loopback, private or link-local addresses: tests,
-	// or a host whose receivers are on its own network. Refused by default.
+	// AllowPrivateTargets lets tenants' URLs and addresses be loopback, private, link-local or
+	// any other address the outbound policy refuses: tests, a development server, or a host
+	// whose receivers are all on its own network. It is an alias of Outbound.Allow listing
+	// every range (netpolicy.AllRanges), so it applies to every outbound request, webhooks'
+	// and the rest. Refused by default.
 	AllowPrivateTargets bool
 	// Timeout bounds one attempt. Default 10s.
 	Timeout time.Duration
@@ -114,6 +125,25 @@ type WebhookOptions struct {
 	RetryBase, RetryMax time.Duration
 	// DeadAfter is how long a delivery is retried before it is dead. Default 72h.
 	DeadAfter time.Duration
+}
+
+// OutboundOptions configure the outbound policy (package netpolicy).
+type OutboundOptions struct {
+	// Allow are address ranges tenants may reach although the policy refuses them otherwise:
+	// the network of the BMCs of machines with no site, a Proxmox cluster's, an image mirror's
+	// (e.g. 10.20.0.0/16). Each is allowed as written, whatever class it falls in. None by
+	// default.
+	Allow []netip.Prefix
+}
+
+// policy is the outbound policy o configures: Allow, and every range when
+// Webhooks.AllowPrivateTargets is set.
+func (o Options) policy() (*netpolicy.Policy, error) {
+	allow := o.Outbound.Allow
+	if o.Webhooks.AllowPrivateTargets {
+		allow = append(append([]netip.Prefix(nil), allow...), netpolicy.AllRanges...)
+	}
+	return netpolicy.New(allow)
 }
 
 // ConsoleOptions configure the web console. Session, when set, answers a credential the API
@@ -202,6 +232,18 @@ func (o Options) withDefaults() (Options, error) {
 	if o.NodeCertLifetime < 0 || o.HeartbeatInterval < 0 {
 		return bad("NodeCertLifetime", "and HeartbeatInterval must not be negative")
 	}
+	for i, a := range o.Outbound.Allow {
+		switch {
+		case !a.IsValid():
+			return bad("Outbound.Allow", "[%d] is not a range: write one such as 10.20.0.0/16", i)
+		case a != a.Masked():
+			return bad("Outbound.Allow", "[%d] %s has host bits set: write %s", i, a, a.Masked())
+		}
+	}
+	if o.outbound, err = o.policy(); err != nil {
+		return bad("Outbound.Allow", "%v", err)
+	}
+	o.Outbound.Allow = append([]netip.Prefix(nil), o.Outbound.Allow...)
 	o.Modules = append([]Module(nil), o.Modules...)
 	return o, nil
 }

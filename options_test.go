@@ -3,6 +3,7 @@ package compute_test
 import (
 	"context"
 	"errors"
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -42,6 +43,8 @@ func TestNewOptionErrors(t *testing.T) {
 		{"bad mode", func(o *compute.Options) { o.Mode = "everything" }, "Mode"},
 		{"negative body limit", func(o *compute.Options) { o.MaxBodyBytes = -1 }, "MaxBodyBytes"},
 		{"console API path", func(o *compute.Options) { o.Console.APIPath = "api" }, "Console.APIPath"},
+		{"outbound range with host bits", func(o *compute.Options) { o.Outbound.Allow = []netip.Prefix{netip.MustParsePrefix("10.1.2.3/8")} }, "Outbound.Allow"},
+		{"outbound range unset", func(o *compute.Options) { o.Outbound.Allow = []netip.Prefix{{}} }, "Outbound.Allow"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

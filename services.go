@@ -36,6 +36,7 @@ func newRuntime(o Options, reg *modules.Registry, nm *nodes.Module, leases *capa
 		Secrets:  secretBox{o.Secret},
 		Access:   access.Service{},
 		Quorum:   quorum.Service{},
+		Outbound: o.outbound,
 		Registry: reg,
 	}
 	rt.Workflows = workflow.Service{RT: rt}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/iam"
+	"github.com/better-compute/compute/netpolicy"
 	"github.com/better-compute/compute/postgres"
 )
 
@@ -49,6 +50,10 @@ type Runtime struct {
 	Workflows Workflows
 	Access    Access
 	Quorum    Quorum
+	// Outbound is the policy of every connection made where a tenant chose (a provider's
+	// endpoint, a BMC, an image's URL): check such an address when it is set, and connect
+	// through Outbound's dialer or client (docs/security.md). nil is the default policy.
+	Outbound *netpolicy.Policy
 	// Registry is what every module registered, checked; read it, never add to it.
 	Registry *Registry
 }

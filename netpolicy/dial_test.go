@@ -88,7 +88,7 @@ func TestDescribeTellsNoAddress(t *testing.T) {
 		t.Errorf("Describe = %q", d)
 	}
 	_, err = (&net.Dialer{}).DialContext(context.Background(), "tcp", "127.0.0.1:1")
-	if d := netpolicy.Describe(err); d != "the connection was refused" {
+	if d := netpolicy.Describe(err); d != "connection refused" {
 		t.Errorf("Describe(%v) = %q", err, d)
 	}
 	o := netpolicy.Opaque("the API answered HTTP 500", errors.New("500: secret internal body"))

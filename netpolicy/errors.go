@@ -48,11 +48,11 @@ func Describe(err error) string {
 	case errors.Is(err, context.Canceled):
 		return "cancelled"
 	case errors.Is(err, syscall.ECONNREFUSED):
-		return "the connection was refused"
+		return "connection refused"
 	case errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE):
-		return "the connection was reset"
+		return "connection reset"
 	case errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH):
-		return "the host is unreachable"
+		return "host unreachable"
 	case errors.As(err, &unknown):
 		return "the server's TLS certificate is not signed by an authority trusted here"
 	case errors.As(err, &name):

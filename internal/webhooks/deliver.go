@@ -10,15 +10,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"net/netip"
-	"net/url"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
@@ -27,6 +22,7 @@ import (
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/internal/jobs"
 	"github.com/better-compute/compute/modules"
+	"github.com/better-compute/compute/netpolicy"
 )
 
 // deliverer works delivery jobs: one attempt each.
@@ -119,7 +115,7 @@ func (w *deliverer) Work(ctx context.Context, j *river.Job[deliverArgs]) error {
 		return err
 	}
 	at := time.Now()
-	status, why := w.m.attempt(ctx, d, keys)
+	status, why, detail := w.m.attempt(ctx, d, keys)
 	took := time.Since(at)
 	ok := why == ""
 	next := d.now.Add(w.m.backoff(j.ID, j.Attempt))
@@ -149,6 +145,9 @@ func (w *deliverer) Work(ctx context.Context, j *river.Job[deliverArgs]) error {
 		return nil
 	}
 	w.m.cfg.Metrics.WebhookAttempt("failed", took)
+	if detail != nil { // the operator's, in River's record of the job
+		return fmt.Errorf("webhooks: delivery %d to %s: %s: %w", j.Args.Delivery, d.url, why, detail)
+	}
 	return fmt.Errorf("webhooks: delivery %d to %s: %s", j.Args.Delivery, d.url, why)
 }
 
@@ -223,17 +222,18 @@ func (w *deliverer) keys(d delivery) ([][]byte, error) {
 }
 
 // attempt sends the event once, signed with keys. It returns the answer's status (0 without
-// one) and why the attempt failed ("" when the endpoint answered 2xx).
-func (m *Module) attempt(ctx context.Context, d delivery, keys [][]byte) (int, string) {
+// one), why the attempt failed as the tenant reads it ("" when the endpoint answered 2xx), and
+// the error behind a failure without an answer, for the operator's log.
+func (m *Module) attempt(ctx context.Context, d delivery, keys [][]byte) (int, string, error) {
 	body, err := json.Marshal(d.event)
 	if err != nil {
-		return 0, err.Error()
+		return 0, err.Error(), err
 	}
 	id := "evt_" + strconv.FormatInt(d.event.ID, 10)
 	ts := time.Now().Unix()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.url, bytes.NewReader(body))
 	if err != nil {
-		return 0, err.Error()
+		return 0, "the endpoint's URL cannot be requested", err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "better-compute-webhooks/1")
@@ -242,20 +242,18 @@ func (m *Module) attempt(ctx context.Context, d delivery, keys [][]byte) (int, s
 	req.Header.Set("webhook-signature", Sign(keys, id, ts, body))
 	resp, err := m.client.Do(req)
 	if err != nil {
-		return 0, brief(err.Error())
+		// What the tenant reads is what failed, never the error's text: it may name the
+		// resolver's address, or the address a name resolved to (netpolicy.Describe).
+		return 0, netpolicy.Describe(err), err
 	}
 	defer resp.Body.Close()
-	// The answer's body is read (so the connection may be reused) and dropped, up to a bound.
-	snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 256))
+	// The answer's body is read (so the connection may be reused) and dropped, up to a bound:
+	// a failed attempt records its status alone, never the body, which may be any service's.
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, m.cfg.MaxResponseBytes))
 	if resp.StatusCode/100 == 2 {
-		return resp.StatusCode, ""
+		return resp.StatusCode, "", nil
 	}
-	why := "HTTP " + strconv.Itoa(resp.StatusCode)
-	if s := strings.TrimSpace(strings.ToValidUTF8(string(snippet), "")); s != "" {
-		why += ": " + s
-	}
-	return resp.StatusCode, brief(why)
+	return resp.StatusCode, "HTTP " + strconv.Itoa(resp.StatusCode), nil
 }
 
 // Sign is the webhook-signature header of a message: "v1,<base64 HMAC-SHA256 of
@@ -281,103 +279,18 @@ func keyOf(secret string) ([]byte, error) {
 	return k, nil
 }
 
-// brief bounds an attempt's error as recorded.
-func brief(s string) string {
-	if len(s) <= 500 {
-		return s
-	}
-	s = s[:500]
-	for !utf8.ValidString(s) {
-		s = s[:len(s)-1]
-	}
-	return s + "…"
-}
 
-// newClient is the HTTP client of deliveries: no proxy (it would connect for us, unchecked),
-// no redirects (a 3xx is a failed attempt), every connection's address checked, bounded in time.
+// newClient is the HTTP client of deliveries, through the outbound policy's transport (no
+// proxy; every connection's address checked, after resolution), following no redirect (a 3xx is
+// a failed attempt), bounded in time.
 func newClient(cfg Config) *http.Client {
-	dialer := &net.Dialer{Timeout: cfg.Timeout}
-	if !cfg.AllowPrivateTargets {
-		// Control sees the address a name resolved to, after resolution: a name that resolves to
-		// a private address is refused here, whatever it resolved to at creation.
-		dialer.Control = func(_, address string, _ syscall.RawConn) error {
-			host, _, err := net.SplitHostPort(address)
-			if err != nil {
-				return err
-			}
-			ip, err := netip.ParseAddr(host)
-			if err != nil {
-				return err
-			}
-			if why := refusedAddr(ip); why != "" {
-				return fmt.Errorf("refused to connect to %s: %s", host, why)
-			}
-			return nil
-		}
-	}
+	t := cfg.Outbound.Transport()
+	t.DialContext = cfg.Outbound.Dialer(cfg.Timeout).DialContext
+	t.TLSHandshakeTimeout = cfg.Timeout
+	t.ResponseHeaderTimeout = cfg.Timeout
 	return &http.Client{
-		Timeout: cfg.Timeout,
-		Transport: &http.Transport{
-			Proxy:                 nil,
-			DialContext:           dialer.DialContext,
-			TLSHandshakeTimeout:   cfg.Timeout,
-			ResponseHeaderTimeout: cfg.Timeout,
-			MaxIdleConnsPerHost:   4,
-			IdleConnTimeout:       90 * time.Second,
-		},
+		Timeout:       cfg.Timeout,
+		Transport:     t,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
-}
-
-// nonPublic are ranges that netip's predicates do not cover and no public endpoint uses.
-var nonPublic = []netip.Prefix{
-	netip.MustParsePrefix("0.0.0.0/8"),     // "this network"
-	netip.MustParsePrefix("100.64.0.0/10"), // carrier-grade NAT
-	netip.MustParsePrefix("192.0.0.0/24"),  // IETF protocol assignments
-	netip.MustParsePrefix("198.18.0.0/15"), // benchmarking
-	netip.MustParsePrefix("240.0.0.0/4"),   // reserved, and the broadcast address
-	netip.MustParsePrefix("64:ff9b:1::/48"),
-	netip.MustParsePrefix("2001:db8::/32"), // documentation
-}
-
-// refusedAddr says why ip is not a public endpoint's address, or "".
-func refusedAddr(ip netip.Addr) string {
-	ip = ip.Unmap()
-	switch {
-	case ip.IsLoopback():
-		return "is a loopback address"
-	case ip.IsPrivate():
-		return "is a private address"
-	case ip.IsLinkLocalUnicast(), ip.IsLinkLocalMulticast():
-		return "is a link-local address (cloud metadata services live there)"
-	case ip.IsUnspecified():
-		return "is the unspecified address"
-	case ip.IsMulticast(), ip.IsInterfaceLocalMulticast():
-		return "is a multicast address"
-	}
-	for _, p := range nonPublic {
-		if p.Contains(ip) {
-			return "is not a public address (" + p.String() + ")"
-		}
-	}
-	return ""
-}
-
-// refusedHost says why the host of URL u is not a public endpoint, when it says so by itself
-// (an address, or localhost); names are checked again at every connection.
-func refusedHost(u string) string {
-	p, err := url.Parse(u)
-	if err != nil {
-		return "is not a URL"
-	}
-	host := strings.TrimSuffix(strings.ToLower(p.Hostname()), ".")
-	if host == "localhost" || strings.HasSuffix(host, ".localhost") {
-		return "names the local machine"
-	}
-	if ip, err := netip.ParseAddr(host); err == nil {
-		if why := refusedAddr(ip); why != "" {
-			return "is at " + host + ", which " + why
-		}
-	}
-	return ""
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/better-compute/compute/iam"
 	"github.com/better-compute/compute/internal/metrics"
 	"github.com/better-compute/compute/modules"
+	"github.com/better-compute/compute/netpolicy"
 	"github.com/better-compute/compute/postgres"
 )
 
@@ -52,10 +53,10 @@ const (
 
 // Config tunes delivery. Zero values mean the defaults.
 type Config struct {
-	// AllowPrivateTargets lets endpoints resolve to loopback, private, link-local and other
-	// non-public addresses (tests; a host whose receivers are on its own network). Refused
-	// otherwise, at creation for an address in the URL and at every connection for a name.
-	AllowPrivateTargets bool
+	// Outbound is the outbound policy (compute.Options.Outbound): an endpoint's host is checked
+	// at creation, and the address of every connection an attempt makes. nil: public
+	// addresses only.
+	Outbound *netpolicy.Policy
 	Timeout             time.Duration // one attempt, connection to the end of the answer's headers and body
 	MaxResponseBytes    int64         // of an answer's body, read and discarded
 	RetryBase           time.Duration // the first retry's delay; each next one doubles it, ±20%
@@ -176,10 +177,9 @@ func newSecret() string {
 func purpose(endpointID string) string { return "webhook:" + endpointID }
 
 func (m *Module) create(ctx context.Context, c *modules.Call, in api.CreateWebhook) (api.Webhook, error) {
-	if !m.cfg.AllowPrivateTargets {
-		if why := refusedHost(in.URL); why != "" {
-			return api.Webhook{}, api.InvalidField("url", "%q %s; webhooks go to public endpoints (a host may allow others: Options.Webhooks.AllowPrivateTargets)", in.URL, why)
-		}
+	if err := m.cfg.Outbound.CheckURL(in.URL); err != nil {
+		return api.Webhook{}, api.InvalidField("url", "%v: webhooks go to public endpoints (an operator may allow a range: Options.Outbound.Allow)", err).
+			With("reason", "refused_by_outbound_policy")
 	}
 	id := uuid.Must(uuid.NewV7()).String()
 	secret := newSecret()

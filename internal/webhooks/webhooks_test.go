@@ -496,7 +496,7 @@ func TestTestEventsGoToTheirEndpointAlone(t *testing.T) {
 // default options.
 func TestPrivateTargetsAreRefusedUnlessAllowed(t *testing.T) {
 	ctx := context.Background()
-	e := start(t, nil)
+	e := start(t, func(o *compute.Options) { o.Outbound = compute.OutboundOptions{} })
 	for _, u := range []string{"http://127.0.0.1:9/x", "https://localhost/x", "http://[::1]/x", "http://10.1.2.3/x", "http://169.254.169.254/latest/meta-data", "http://[::ffff:127.0.0.1]/x", "http://100.64.0.1/"} {
 		_, err := e.cl.Webhooks.Create(ctx, api.CreateWebhook{URL: u})
 		if api.CodeOf(err) != api.CodeInvalidArgument || !strings.Contains(err.Error(), "url") {
@@ -513,5 +513,28 @@ func TestPrivateTargetsAreRefusedUnlessAllowed(t *testing.T) {
 	}
 	if _, err := e.cl.Webhooks.Create(ctx, api.CreateWebhook{URL: "https://hooks.example.com/x"}); err != nil {
 		t.Errorf("a public endpoint: %v", err)
+	}
+}
+
+// refusedSpellings are hosts a resolver reads as addresses no endpoint may have, spelled as the
+// issue found them accepted (issue 29, items 4 and 6): each must be refused by webhooks.create.
+var refusedSpellings = []string{"127.1", "0x7f000001", "2130706433", "017700000001", "0", "127.000.000.001", "0177.0.0.1", "127.0.0.1.",
+	"192.0.2.1", "198.51.100.7", "203.0.113.9", "0xa9fea9fe", "[0000:0000::0002]", "[::127.0.0.1]", "[64:ff9b::7f00:1]", "[2002:7f00:1::]",
+	"[fec0::1]", "[::ffff:7f00:1]", "[2001:db8::1]", "LOCALHOST.", "a.localhost"}
+
+// TestNumericSpellingsOfRefusedAddressesAreRefused is the regression test of webhooks.create
+// accepting 127.1 and its kin: every spelling is refused naming url, on a control plane with the
+// default outbound policy.
+func TestNumericSpellingsOfRefusedAddressesAreRefused(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := start(t, func(o *compute.Options) { o.Outbound = compute.OutboundOptions{} })
+	for _, h := range refusedSpellings {
+		u := "http://" + h + ":8080/hook"
+		_, err := e.cl.Webhooks.Create(ctx, api.CreateWebhook{URL: u})
+		var ae *api.Error
+		if !errors.As(err, &ae) || ae.Code != api.CodeInvalidArgument || ae.Details["field"] != "url" {
+			t.Errorf("create %s: %v, want invalid_argument naming url", u, err)
+		}
 	}
 }
