@@ -279,7 +279,6 @@ func keyOf(secret string) ([]byte, error) {
 	return k, nil
 }
 
-
 // newClient is the HTTP client of deliveries, through the outbound policy's transport (no
 // proxy; every connection's address checked, after resolution), following no redirect (a 3xx is
 // a failed attempt), bounded in time.

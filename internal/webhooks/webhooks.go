@@ -56,13 +56,13 @@ type Config struct {
 	// Outbound is the outbound policy (compute.Options.Outbound): an endpoint's host is checked
 	// at creation, and the address of every connection an attempt makes. nil: public
 	// addresses only.
-	Outbound *netpolicy.Policy
-	Timeout             time.Duration // one attempt, connection to the end of the answer's headers and body
-	MaxResponseBytes    int64         // of an answer's body, read and discarded
-	RetryBase           time.Duration // the first retry's delay; each next one doubles it, ±20%
-	RetryMax            time.Duration // the longest delay between attempts
-	DeadAfter           time.Duration // a delivery still failing this long after it was due is dead
-	FanoutEvery         time.Duration // how often new events are given their deliveries, at the least
+	Outbound         *netpolicy.Policy
+	Timeout          time.Duration // one attempt, connection to the end of the answer's headers and body
+	MaxResponseBytes int64         // of an answer's body, read and discarded
+	RetryBase        time.Duration // the first retry's delay; each next one doubles it, ±20%
+	RetryMax         time.Duration // the longest delay between attempts
+	DeadAfter        time.Duration // a delivery still failing this long after it was due is dead
+	FanoutEvery      time.Duration // how often new events are given their deliveries, at the least
 	// Wake, when set, returns a channel closed when events were sequenced in this process: the
 	// fan-out then runs at once, and otherwise only every FanoutEvery.
 	Wake    func() <-chan struct{}
