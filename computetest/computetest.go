@@ -19,6 +19,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"strings"
 	"sync"
 	"testing"
@@ -34,6 +35,9 @@ import (
 // RootTenantID is the root tenant of every test control plane.
 const RootTenantID = "root"
 
+// Loopback are the ranges test control planes let tenants' URLs reach (Options.Outbound.Allow).
+var Loopback = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}
+
 // Secret is the test control planes' secret.
 const Secret = "computetest-secret-0123456789abcdef"
 
@@ -41,7 +45,9 @@ const Secret = "computetest-secret-0123456789abcdef"
 type Options struct {
 	Modules []compute.Module
 	Mode    compute.Mode
-	// Configure may change the compute options before New.
+	// Configure may change the compute options before New. They allow loopback outbound
+	// (Outbound.Allow is Loopback), where a test's receivers, fakes and BMC simulators listen;
+	// a test of the outbound policy sets Outbound itself.
 	Configure func(*compute.Options)
 	// MaxConns, when set, is the size of the connection pool that Compute and the embedded IAM
 	// share (16 otherwise): a small pool shows a path that holds a connection while it waits for
@@ -85,6 +91,7 @@ func New(t testing.TB, opts Options) *Env {
 	o := compute.Options{
 		Database: db, Secret: Secret, BaseURL: "http://compute.test", RootTenantID: RootTenantID,
 		IAM: counter, Modules: opts.Modules, Mode: opts.Mode, Logger: testLogger(t),
+		Outbound: compute.OutboundOptions{Allow: Loopback},
 	}
 	if opts.Configure != nil {
 		opts.Configure(&o)
@@ -214,6 +221,7 @@ func Attach(t testing.TB, env *Env, opts Options) *Env {
 	o := compute.Options{
 		Database: env.DB, Secret: Secret, BaseURL: "http://compute.test", RootTenantID: RootTenantID,
 		IAM: env.Counter, Modules: opts.Modules, Mode: opts.Mode, Logger: testLogger(t),
+		Outbound: compute.OutboundOptions{Allow: Loopback},
 	}
 	if opts.Configure != nil {
 		opts.Configure(&o)

@@ -366,11 +366,11 @@ func TestApplyIsAtomic(t *testing.T) {
 		t.Fatalf("a failed apply left changes:\n%s\nwas:\n%s", after.Document, before.Document)
 	}
 
-	private := strings.Replace(changed, "https://hooks.example.com/compute", "https://127.0.0.1/hook", 1)
+	private := strings.Replace(changed, "https://hooks.example.com/compute", "https://192.0.2.1/hook", 1)
 	p = plan(t, env, private, true)
 	_, err = env.Compute.API.Fleet.Apply(ctx, env.RootKey, api.ApplyFleet{Document: private, Fingerprint: p.Fingerprint, Prune: true})
 	if code, d := codeOf(err); code != api.CodeInvalidArgument || d["field"] != "spec.webhooks[0].url" {
-		t.Fatalf("apply with an endpoint on loopback = %v (%v), want invalid_argument naming spec.webhooks[0].url", err, d)
+		t.Fatalf("apply with an endpoint at a documentation address = %v (%v), want invalid_argument naming spec.webhooks[0].url", err, d)
 	}
 	if after := export(t, env); after.Document != before.Document {
 		t.Fatalf("a failed apply left changes:\n%s", after.Document)
