@@ -328,22 +328,30 @@ func (m *Module) planDeploy(ctx context.Context, s *modules.StepRun) (any, error
 	then := siteapi.Task{Then: siteapi.ThenReboot, Disk: in.Disk}
 	token := DeployPrefix + randomToken(32)
 	if img.KernelURL != "" {
-		args := []string{img.Cmdline, siteapi.CmdlineHostname + "=" + mach.Name}
+		// bcd's arguments go first, the image's after them: the image's command line is parsed
+		// and rebuilt rather than appended to, so that nothing in it (an unbalanced quote, a
+		// lone "--" handing the rest to init, bcd's names of its own) hides them from the kernel.
+		params := []siteapi.CmdlineParam{{Name: siteapi.CmdlineHostname, Value: mach.Name}}
 		if in.Pool != "" {
 			pin, err := rt.Fleet.CAHash()
 			if err != nil {
 				return nil, err
 			}
-			args = append(args, siteapi.CmdlineJoinURL+"="+m.joinURL, siteapi.CmdlineJoin+"="+token, siteapi.CmdlineCAHash+"="+pin)
+			params = append(params, siteapi.CmdlineParam{Name: siteapi.CmdlineJoinURL, Value: m.joinURL},
+				siteapi.CmdlineParam{Name: siteapi.CmdlineJoin, Value: token}, siteapi.CmdlineParam{Name: siteapi.CmdlineCAHash, Value: pin})
 		}
 		if len(in.SSHKeys) > 0 {
 			keys, _ := json.Marshal(in.SSHKeys)
-			args = append(args, siteapi.CmdlineSSHKeys+"="+base64.RawURLEncoding.EncodeToString(keys))
+			params = append(params, siteapi.CmdlineParam{Name: siteapi.CmdlineSSHKeys, Value: base64.RawURLEncoding.EncodeToString(keys)})
 		}
-		then.Then, then.Kernel, then.Initrd, then.Cmdline = siteapi.ThenKexec, img.KernelURL, img.InitrdURL, strings.TrimSpace(strings.Join(args, " "))
-		if len(then.Cmdline) > 2000 {
-			return nil, modules.Permanent(fmt.Errorf("the kernel command line would be %d bytes, over Linux's 2048: fewer or shorter SSH keys", len(then.Cmdline)))
+		cmdline, err := siteapi.SetCmdline(img.Cmdline, params...)
+		if err != nil {
+			return nil, modules.Permanent(fmt.Errorf("the deployed system's kernel command line: %w", err))
 		}
+		if len(cmdline) > siteapi.MaxCmdline {
+			return nil, modules.Permanent(fmt.Errorf("the kernel command line would be %d bytes, over Linux's %d: fewer or shorter SSH keys", len(cmdline), siteapi.MaxCmdline))
+		}
+		then.Then, then.Kernel, then.Initrd, then.Cmdline = siteapi.ThenKexec, img.KernelURL, img.InitrdURL, cmdline
 	}
 	task := comp.image.Task("deploy-"+s.RunID, img, then)
 	return setTask(ctx, rt, mach.ID, task, func(tx pgx.Tx) error {

@@ -501,3 +501,36 @@ func fmtJSON(v any) string {
 	b, _ := json.Marshal(v)
 	return string(b)
 }
+
+// TestTheDeployedKernelSeesBcdsArguments: an image's command line with an unbalanced quote and
+// a lone "--" (after which Linux gives the words to init) does not hide bcd's arguments from
+// the deployed kernel, split as Linux splits it; its own bcd.hostname does not count twice.
+// FuzzSetCmdline (metal/siteapi) checks the same of any command line.
+func TestTheDeployedKernelSeesBcdsArguments(t *testing.T) {
+	f := newSiteFleet(t)
+	const cmdline = `root=/dev/vda bcd.hostname=not-this -- single console="ttyS0`
+	if _, err := compute.Invoke(f.ctx, f.Compute, f.RootKey, metal.ImagesRegister, metal.RegisterImage{Name: "odd", URL: "http://images.test/odd",
+		Format: "raw", SizeBytes: 1 << 20, SHA256: tinySHA, KernelURL: "http://images.test/vmlinuz", Cmdline: cmdline}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := compute.Invoke(f.ctx, f.Compute, f.RootKey, metal.MachinesDeploy, metal.DeployMachine{Machine: f.machine.ID, Image: "odd", Pool: "gpu"}); err != nil {
+		t.Fatal(err)
+	}
+	task := f.task(siteapi.TaskDeploy)
+	args, init, _ := siteapi.SplitCmdline(task.Cmdline)
+	seen := map[string][]string{}
+	for _, a := range args {
+		seen[a.Name] = append(seen[a.Name], a.Value)
+	}
+	for name, want := range map[string]string{"root": "/dev/vda", siteapi.CmdlineHostname: "rack1-00000", siteapi.CmdlineJoinURL: "http://compute.test"} {
+		if got := seen[name]; len(got) != 1 || got[0] != want {
+			t.Errorf("the kernel sees %s as %q, want once, %q (command line %q)", name, got, want, task.Cmdline)
+		}
+	}
+	if got := seen[siteapi.CmdlineCAHash]; len(got) != 1 || !strings.HasPrefix(got[0], "sha256:") {
+		t.Errorf("the kernel sees %s as %q (command line %q)", siteapi.CmdlineCAHash, got, task.Cmdline)
+	}
+	if init != `single console="ttyS0` {
+		t.Errorf("init is given %q, want the image's own %q", init, `single console="ttyS0`)
+	}
+}
