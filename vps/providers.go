@@ -15,6 +15,7 @@ import (
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/iam"
 	"github.com/better-compute/compute/modules"
+	"github.com/better-compute/compute/netpolicy"
 	"github.com/better-compute/compute/postgres"
 	"github.com/better-compute/compute/vps/provider"
 	"github.com/better-compute/compute/vps/provider/hetzner"
@@ -124,9 +125,18 @@ func (m *Module) createAccount(ctx context.Context, c *modules.Call, in CreatePr
 	if options == nil {
 		options = map[string]string{}
 	}
+	// The endpoint is the tenant's choice: checked by the outbound policy here, and each
+	// connection to it by the policy's dialer.
+	if in.Endpoint != "" {
+		if err := c.Runtime.Outbound.CheckURL(in.Endpoint); err != nil {
+			return ProviderAccount{}, api.InvalidField("endpoint", "%v: a provider's API is reached at a public address (an operator may allow a range: Options.Outbound.Allow)", err).
+				With("reason", "refused_by_outbound_policy")
+		}
+	}
 	check, cancel := context.WithTimeout(ctx, ProviderCheckTimeout)
 	defer cancel()
-	if err := p.Check(check, provider.Account{Endpoint: in.Endpoint, Token: in.Token, Options: options}); err != nil {
+	if err := p.Check(check, provider.Account{Endpoint: in.Endpoint, Token: in.Token, Options: options, Outbound: c.Runtime.Outbound}); err != nil {
+		c.Runtime.Logger.InfoContext(ctx, "vps: a provider refused an account's check", "kind", in.Kind, "endpoint", in.Endpoint, "error", netpolicy.Detail(err))
 		return ProviderAccount{}, providerRefusal(in.Kind, err)
 	}
 	id := uuid.Must(uuid.NewV7()).String()
@@ -148,9 +158,15 @@ func (m *Module) createAccount(ctx context.Context, c *modules.Call, in CreatePr
 }
 
 // providerRefusal is the API's error for a provider's answer to an account's check: the token
-// refused, the account's settings refused, or the provider out of reach.
+// refused, the account's settings refused, the endpoint's address refused by the outbound
+// policy, or the provider out of reach. err's text is the provider's summary, never what the
+// endpoint answered (provider.Account).
 func providerRefusal(kind string, err error) error {
+	var refused *netpolicy.RefusedError
 	switch {
+	case errors.As(err, &refused):
+		return api.InvalidField("endpoint", "%s: a provider's API is reached at a public address (an operator may allow a range: Options.Outbound.Allow)",
+			netpolicy.Describe(err)).With("reason", "refused_by_outbound_policy")
 	case errors.Is(err, provider.ErrUnauthorized):
 		return api.InvalidField("token", "the %s API refused the token: %v", kind, err).With("reason", "token_refused")
 	case errors.Is(err, provider.ErrInvalid):

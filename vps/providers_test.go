@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -42,13 +44,16 @@ type providerEnv struct {
 	hz  *hetznerfake.API
 }
 
-func startProviders(t *testing.T) providerEnv {
+func startProviders(t *testing.T) providerEnv { return startProvidersWith(t, nil) }
+
+// startProvidersWith is startProviders with the compute options changed by configure.
+func startProvidersWith(t *testing.T, configure func(*compute.Options)) providerEnv {
 	t.Helper()
 	m, err := vps.New(vps.Options{ProviderReconcileEvery: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
-	env := computetest.New(t, computetest.Options{Modules: []compute.Module{m}})
+	env := computetest.New(t, computetest.Options{Modules: []compute.Module{m}, Configure: configure})
 	url := env.Server(t)
 	if err := env.Compute.Start(context.Background()); err != nil {
 		t.Fatal(err)
@@ -124,10 +129,11 @@ func TestProviderInstancesLiveAtTheProvider(t *testing.T) {
 	e := startProviders(t)
 	cl := e.cl
 
-	// A refused token: invalid_argument naming the token, with Hetzner's reason; nothing stored.
+	// A refused token: invalid_argument naming the token, with the provider's status (the
+	// endpoint is the tenant's choice: what it answered is never repeated); nothing stored.
 	_, err := client.Call(ctx, cl, vps.ProviderAccountsCreate, vps.CreateProviderAccount{Name: "hz", Kind: hetzner.Name, Endpoint: e.hz.Endpoint(), Token: "revoked-token"})
 	if ae := apiErr(err); ae.Code != api.CodeInvalidArgument || ae.Details["field"] != "token" || ae.Details["reason"] != "token_refused" ||
-		!strings.Contains(ae.Message, "unable to authenticate") {
+		!strings.Contains(ae.Message, "HTTP 401") || strings.Contains(ae.Message, "unable to authenticate") {
 		t.Fatalf("a refused token: %v", err)
 	}
 	for _, c := range []struct {
@@ -470,5 +476,34 @@ func TestProviderInputsNameTheirField(t *testing.T) {
 	}
 	if err := ok.Validate(); err != nil {
 		t.Errorf("a good input: %v", err)
+	}
+}
+
+// TestProviderEndpointsAreCheckedByTheOutboundPolicy: under the default outbound policy an
+// account's endpoint at a refused address, in any spelling, is refused naming endpoint, before
+// the provider is asked; the same endpoint is reached once the operator allows its range.
+func TestProviderEndpointsAreCheckedByTheOutboundPolicy(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := startProvidersWith(t, func(o *compute.Options) { o.Outbound = compute.OutboundOptions{} })
+	_, port, _ := net.SplitHostPort(strings.TrimPrefix(strings.TrimSuffix(e.hz.Endpoint(), "/v1"), "http://"))
+	for _, h := range []string{"127.0.0.1", "127.1", "0x7f000001", "2130706433", "017700000001", "127.000.000.001", "localhost", "[::1]",
+		"[0000:0000::0002]", "169.254.169.254", "[::ffff:a9fe:a9fe]", "192.0.2.10", "10.1"} {
+		endpoint := "http://" + h + ":" + port + "/v1"
+		_, err := client.Call(ctx, e.cl, vps.ProviderAccountsCreate, vps.CreateProviderAccount{Name: "hz", Kind: hetzner.Name, Endpoint: endpoint, Token: hzToken})
+		if ae := apiErr(err); ae.Code != api.CodeInvalidArgument || ae.Details["field"] != "endpoint" || ae.Details["reason"] != "refused_by_outbound_policy" {
+			t.Errorf("an endpoint at %s: %v, want invalid_argument naming endpoint", endpoint, err)
+		}
+	}
+	if n := len(e.hz.Requests()); n != 0 {
+		t.Errorf("the provider was asked %d times; the refused endpoints must not be reached", n)
+	}
+
+	allowed := startProvidersWith(t, func(o *compute.Options) {
+		o.Outbound.Allow = []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}
+	})
+	if _, err := client.Call(ctx, allowed.cl, vps.ProviderAccountsCreate, vps.CreateProviderAccount{Name: "hz", Kind: hetzner.Name,
+		Endpoint: allowed.hz.Endpoint(), Token: hzToken}); err != nil {
+		t.Errorf("an endpoint in an allowed range: %v", err)
 	}
 }

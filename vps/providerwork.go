@@ -15,6 +15,7 @@ import (
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/better-compute/compute/modules"
+	"github.com/better-compute/compute/netpolicy"
 	"github.com/better-compute/compute/vps/provider"
 )
 
@@ -201,7 +202,7 @@ func (w *work) load(ctx context.Context, id string) (*target, error) {
 		}
 		t.spec.UserData = string(ud)
 	}
-	t.account = provider.Account{Endpoint: endpoint, Token: string(plain), Options: options}
+	t.account = provider.Account{Endpoint: endpoint, Token: string(plain), Options: options, Outbound: w.rt.Outbound}
 	t.hasAccount = true
 	return &t, nil
 }
@@ -224,6 +225,8 @@ func (w *work) setStatus(ctx context.Context, tx pgx.Tx, t *target, status, deta
 // failed records a failed attempt: a refusal (or the last attempt) puts the instance in error
 // and ends the job, another failure is retried.
 func (w *work) failed(ctx context.Context, t *target, what string, err error) error {
+	// The detail the tenant reads is the provider's summary (provider.Account); the whole is the operator's.
+	w.rt.Logger.WarnContext(ctx, "vps: a provider job failed", "instance", t.ID, "what", what, "attempt", w.attempt, "error", netpolicy.Detail(err))
 	final := errors.Is(err, provider.ErrUnauthorized) || errors.Is(err, provider.ErrInvalid) || w.last
 	status, detail := t.Status, fmt.Sprintf("%s failed (attempt %d, retrying): %v", what, w.attempt, err)
 	if final {
@@ -378,8 +381,9 @@ func (w *work) reconcile(ctx context.Context, accountID string) error {
 	if err != nil {
 		return err
 	}
-	servers, err := p.List(ctx, provider.Account{Endpoint: endpoint, Token: string(plain), Options: options}, ServerPrefix)
+	servers, err := p.List(ctx, provider.Account{Endpoint: endpoint, Token: string(plain), Options: options, Outbound: w.rt.Outbound}, ServerPrefix)
 	if err != nil {
+		w.rt.Logger.WarnContext(ctx, "vps: a provider account's reconciliation failed", "account", accountID, "error", netpolicy.Detail(err))
 		// Recorded on the account; the next round tries again.
 		_, uerr := w.rt.DB.Pool.Exec(ctx, `UPDATE compute.vps_provider_accounts SET reconcile_error = $2 WHERE id = $1`, accountID, err.Error()[:min(len(err.Error()), 1024)])
 		return errors.Join(err, uerr)

@@ -10,15 +10,27 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/better-compute/compute/netpolicy"
 )
 
 // Account is what reaches a provider: its API's base URL (empty: the provider's public one) and a
 // token, opened from the module's sealed copy only for the call. Options are provider-specific
 // settings (Proxmox: node, storage, bridge; Hetzner: none).
+//
+// The tenant chose Endpoint, so a provider connects to it only through Outbound (its Client or
+// Transport: no proxy, no redirect to a refused address, every connection's address checked),
+// and the errors it returns never carry what the endpoint answered (a body, a message) in
+// their text: they wrap it in a netpolicy.OpaqueError, whose text is a summary (the status), so
+// that the module may show them to the tenant. netpolicy.Detail gives the whole, for the
+// operator's log.
 type Account struct {
 	Endpoint string
 	Token    string
 	Options  map[string]string
+	// Outbound is the control plane's outbound policy (modules.Runtime.Outbound); nil is the
+	// default policy, public addresses only.
+	Outbound *netpolicy.Policy
 }
 
 // Spec is a server to create.
@@ -71,7 +83,7 @@ type Provider interface {
 	List(ctx context.Context, a Account, prefix string) ([]Server, error)
 }
 
-// Errors a provider returns, wrapped with the provider's own message.
+// Errors a provider returns, wrapped with its summary of the provider's answer.
 var (
 	ErrExists       = errors.New("provider: a server of that name exists")
 	ErrUnauthorized = errors.New("provider: the token was refused")

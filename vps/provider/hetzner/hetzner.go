@@ -9,9 +9,11 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -19,6 +21,7 @@ import (
 	"github.com/hetznercloud/hcloud-go/v2/hcloud"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/better-compute/compute/netpolicy"
 	"github.com/better-compute/compute/vps/provider"
 )
 
@@ -36,8 +39,9 @@ const DefaultTimeout = 30 * time.Second
 
 // Provider drives Hetzner Cloud's API (https://docs.hetzner.cloud). The zero value works.
 type Provider struct {
-	// HTTPClient, if set, sends the requests (its Timeout applies); default a client with
-	// DefaultTimeout.
+	// HTTPClient, if set, sends the requests (its Timeout applies) in place of the account's
+	// outbound policy's client, so its owner answers for where they go; default the policy's
+	// client with DefaultTimeout.
 	HTTPClient *http.Client
 }
 
@@ -55,7 +59,7 @@ func (p *Provider) client(a provider.Account) (*hcloud.Client, error) {
 	}
 	hc := p.HTTPClient
 	if hc == nil {
-		hc = &http.Client{Timeout: DefaultTimeout}
+		hc = a.Outbound.Client(DefaultTimeout)
 	}
 	opts := []hcloud.ClientOption{hcloud.WithToken(a.Token), hcloud.WithHTTPClient(hc), hcloud.WithApplication("better-compute", ""),
 		// The module's jobs retry with their own backoff: retries in here would multiply them.
@@ -67,8 +71,14 @@ func (p *Provider) client(a provider.Account) (*hcloud.Client, error) {
 }
 
 // mapErr maps Hetzner's error codes (https://docs.hetzner.cloud/reference/cloud#errors) onto
-// the contract's errors, keeping Hetzner's message.
-func mapErr(what string, err error) error {
+// the contract's errors. Hetzner's message is kept when the account talks to Hetzner's own API;
+// an endpoint the tenant chose may be any service, so its answer is summarised (remote), as is
+// every error without an answer (it may name the resolver's address).
+func mapErr(a provider.Account, what string, err error) error {
+	var he hcloud.Error
+	if a.Endpoint != "" || !errors.As(err, &he) { // a network error may name the resolver's address
+		err = remote(err)
+	}
 	var sentinel error
 	switch {
 	case hcloud.IsError(err, hcloud.ErrorCodeUnauthorized, hcloud.ErrorCodeForbidden):
@@ -84,6 +94,25 @@ func mapErr(what string, err error) error {
 	return fmt.Errorf("hetzner: %s: %w: %w", what, sentinel, err)
 }
 
+// errorCode is what an error code of Hetzner's looks like; anything else is not repeated.
+var errorCode = regexp.MustCompile(`^[a-z_]{1,40}$`)
+
+// remote is err with its text a summary: the status and Hetzner's error code, never the message.
+func remote(err error) error {
+	var he hcloud.Error
+	if !errors.As(err, &he) {
+		return netpolicy.Opaque("", err)
+	}
+	summary := "the API answered"
+	if r := he.Response(); r != nil && r.Response != nil {
+		summary += " HTTP " + strconv.Itoa(r.StatusCode)
+	}
+	if errorCode.MatchString(string(he.Code)) {
+		summary += " (" + string(he.Code) + ")"
+	}
+	return netpolicy.Opaque(summary, err)
+}
+
 // Check implements provider.Provider: one page of one server is the cheapest read that needs a
 // valid token.
 func (p *Provider) Check(ctx context.Context, a provider.Account) error {
@@ -93,7 +122,7 @@ func (p *Provider) Check(ctx context.Context, a provider.Account) error {
 	}
 	_, _, err = c.Server.List(ctx, hcloud.ServerListOpts{ListOpts: hcloud.ListOpts{PerPage: 1, LabelSelector: ManagedLabel + "=" + ManagedValue}})
 	if err != nil {
-		return mapErr("check the token", err)
+		return mapErr(a, "check the token", err)
 	}
 	return nil
 }
@@ -107,7 +136,7 @@ func (p *Provider) Create(ctx context.Context, a provider.Account, s provider.Sp
 	if err != nil {
 		return provider.Server{}, err
 	}
-	keys, err := p.sshKeys(ctx, c, s.SSHKeys)
+	keys, err := p.sshKeys(ctx, a, c, s.SSHKeys)
 	if err != nil {
 		return provider.Server{}, err
 	}
@@ -123,7 +152,7 @@ func (p *Provider) Create(ctx context.Context, a provider.Account, s provider.Sp
 	}
 	res, _, err := c.Server.Create(ctx, opts)
 	if err != nil {
-		return provider.Server{}, mapErr("create server "+s.Name, err)
+		return provider.Server{}, mapErr(a, "create server "+s.Name, err)
 	}
 	return server(res.Server), nil
 }
@@ -137,7 +166,7 @@ func image(ref string) *hcloud.Image {
 }
 
 // sshKeys finds each public key in the project by its fingerprint, or adds it.
-func (p *Provider) sshKeys(ctx context.Context, c *hcloud.Client, keys []string) ([]*hcloud.SSHKey, error) {
+func (p *Provider) sshKeys(ctx context.Context, a provider.Account, c *hcloud.Client, keys []string) ([]*hcloud.SSHKey, error) {
 	var out []*hcloud.SSHKey
 	for _, k := range keys {
 		pub, _, _, _, err := ssh.ParseAuthorizedKey([]byte(k))
@@ -147,7 +176,7 @@ func (p *Provider) sshKeys(ctx context.Context, c *hcloud.Client, keys []string)
 		fp := ssh.FingerprintLegacyMD5(pub) // Hetzner's fingerprints are MD5
 		key, _, err := c.SSHKey.GetByFingerprint(ctx, fp)
 		if err != nil {
-			return nil, mapErr("find SSH key "+fp, err)
+			return nil, mapErr(a, "find SSH key "+fp, err)
 		}
 		if key == nil {
 			sum := sha256.Sum256(pub.Marshal())
@@ -157,7 +186,7 @@ func (p *Provider) sshKeys(ctx context.Context, c *hcloud.Client, keys []string)
 				key, _, err = c.SSHKey.GetByFingerprint(ctx, fp) // added meanwhile, by another server's creation
 			}
 			if err != nil {
-				return nil, mapErr("add SSH key "+fp, err)
+				return nil, mapErr(a, "add SSH key "+fp, err)
 			}
 			if key == nil {
 				return nil, fmt.Errorf("hetzner: SSH key %s was neither found nor added", fp)
@@ -187,7 +216,7 @@ func (p *Provider) Delete(ctx context.Context, a provider.Account, id string) er
 		return err
 	}
 	if _, _, err := c.Server.DeleteWithResult(ctx, &hcloud.Server{ID: n}); err != nil && !hcloud.IsError(err, hcloud.ErrorCodeNotFound) {
-		return mapErr("delete server "+id, err)
+		return mapErr(a, "delete server "+id, err)
 	}
 	return nil
 }
@@ -206,7 +235,7 @@ func (p *Provider) Reinstall(ctx context.Context, a provider.Account, id, img st
 		return err
 	}
 	if _, _, err := c.Server.RebuildWithResult(ctx, &hcloud.Server{ID: n}, hcloud.ServerRebuildOpts{Image: image(img)}); err != nil {
-		return mapErr("rebuild server "+id, err)
+		return mapErr(a, "rebuild server "+id, err)
 	}
 	return nil
 }
@@ -220,7 +249,7 @@ func (p *Provider) List(ctx context.Context, a provider.Account, prefix string) 
 	}
 	all, err := c.Server.AllWithOpts(ctx, hcloud.ServerListOpts{ListOpts: hcloud.ListOpts{LabelSelector: ManagedLabel + "=" + ManagedValue}})
 	if err != nil {
-		return nil, mapErr("list servers", err)
+		return nil, mapErr(a, "list servers", err)
 	}
 	var out []provider.Server
 	for _, s := range all {

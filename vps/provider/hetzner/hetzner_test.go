@@ -3,12 +3,16 @@ package hetzner_test
 import (
 	"context"
 	"errors"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/better-compute/compute/netpolicy"
 	"github.com/better-compute/compute/vps/provider"
 	"github.com/better-compute/compute/vps/provider/hetzner"
 	"github.com/better-compute/compute/vps/provider/internal/recorded"
@@ -25,26 +29,37 @@ const (
 	inst  = "0191e8a4-1111-7000-8000-000000000001"
 )
 
+// loopback is the outbound policy of the tests: the recorded server listens on loopback.
+var loopback, _ = netpolicy.New([]netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")})
+
 func account(s *recorded.Server, tok string) provider.Account {
-	return provider.Account{Endpoint: s.URL + "/v1", Token: tok}
+	return provider.Account{Endpoint: s.URL + "/v1", Token: tok, Outbound: loopback}
 }
 
 // TestCheckTellsATokenFromARefusedOne: a valid token reads a page of servers; a revoked
-// (401) or read-only (403) one is ErrUnauthorized, with Hetzner's message.
+// (401) or read-only (403) one is ErrUnauthorized. The endpoint is the tenant's, so the error's
+// text is its status and code, and Hetzner's message is the operator's alone (Detail).
 func TestCheckTellsATokenFromARefusedOne(t *testing.T) {
 	ctx := context.Background()
 	p := hetzner.New()
 	if err := p.Check(ctx, account(recorded.Serve(t, "testdata/check.json"), token)); err != nil {
 		t.Fatalf("a valid token: %v", err)
 	}
-	for _, c := range []struct{ file, tok, says string }{
-		{"testdata/check_unauthorized.json", "revoked", "unable to authenticate"},
-		{"testdata/check_forbidden.json", token, "insufficient permissions"},
+	for _, c := range []struct{ file, tok, status, says string }{
+		{"testdata/check_unauthorized.json", "revoked", "HTTP 401 (unauthorized)", "unable to authenticate"},
+		{"testdata/check_forbidden.json", token, "HTTP 403 (forbidden)", "insufficient permissions"},
 	} {
 		err := p.Check(ctx, account(recorded.Serve(t, c.file), c.tok))
-		if !errors.Is(err, provider.ErrUnauthorized) || !contains(err, c.says) {
-			t.Errorf("%s: %v, want ErrUnauthorized saying %q", c.file, err, c.says)
+		if !errors.Is(err, provider.ErrUnauthorized) || !contains(err, c.status) || contains(err, c.says) || !strings.Contains(netpolicy.Detail(err), c.says) {
+			t.Errorf("%s: %v (detail %s), want ErrUnauthorized saying %q, and %q in its detail alone", c.file, err, netpolicy.Detail(err), c.status, c.says)
 		}
+	}
+	// The outbound policy decides where the client connects: by default, not to loopback.
+	never := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { t.Error("a refused address was reached") }))
+	defer never.Close()
+	var refused *netpolicy.RefusedError
+	if err := p.Check(ctx, provider.Account{Endpoint: never.URL + "/v1", Token: token}); !errors.As(err, &refused) {
+		t.Errorf("the default policy and an endpoint on loopback: %v, want refused", err)
 	}
 	// A token that cannot be a header is refused before any request.
 	if err := p.Check(ctx, provider.Account{Endpoint: "http://127.0.0.1:1/v1", Token: "a\nb"}); !errors.Is(err, provider.ErrUnauthorized) {
@@ -80,13 +95,13 @@ func TestCreateMapsHetznersRefusals(t *testing.T) {
 	p := hetzner.New()
 	s := recorded.Serve(t, "testdata/create_known_key.json")
 	_, err := p.Create(ctx, account(s, token), provider.Spec{Name: "bc-taken", Type: "cx22", Image: "161547269", SSHKeys: []string{key}})
-	if !errors.Is(err, provider.ErrExists) || !contains(err, "already used") {
+	if !errors.Is(err, provider.ErrExists) || !strings.Contains(netpolicy.Detail(err), "already used") {
 		t.Errorf("a taken name: %v, want ErrExists", err)
 	}
 
 	s = recorded.Serve(t, "testdata/create_invalid.json")
 	_, err = p.Create(ctx, account(s, token), provider.Spec{Name: "bc-x", Type: "cx999", Image: "ubuntu-24.04"})
-	if !errors.Is(err, provider.ErrInvalid) || !contains(err, "server_type") {
+	if !errors.Is(err, provider.ErrInvalid) || !strings.Contains(netpolicy.Detail(err), "server_type") {
 		t.Errorf("an unknown type: %v, want ErrInvalid naming server_type", err)
 	}
 	_, err = p.Create(ctx, account(s, token), provider.Spec{Name: "bc-x", Type: "cx22", Image: "ubuntu-24.04"})

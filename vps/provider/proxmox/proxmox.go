@@ -16,6 +16,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"net/http"
 	"regexp"
@@ -26,6 +27,7 @@ import (
 
 	px "github.com/luthermonson/go-proxmox"
 
+	"github.com/better-compute/compute/netpolicy"
 	"github.com/better-compute/compute/vps/provider"
 )
 
@@ -46,8 +48,9 @@ const (
 // Provider drives Proxmox VE's API (https://pve.proxmox.com/pve-docs/api-viewer/). The zero
 // value works.
 type Provider struct {
-	// HTTPClient, if set, sends the requests of accounts without caPEM; default a client with
-	// DefaultTimeout.
+	// HTTPClient, if set, sends the requests of accounts without caPEM in place of the
+	// account's outbound policy's client, so its owner answers for where they go; default the
+	// policy's client with DefaultTimeout.
 	HTTPClient *http.Client
 	// TaskTimeout bounds the wait for one task (clone, start, stop, destroy); default
 	// DefaultTaskTimeout.
@@ -79,14 +82,15 @@ func (p *Provider) conn(a provider.Account) (*conn, error) {
 	}
 	hc := p.HTTPClient
 	if hc == nil {
-		hc = &http.Client{Timeout: DefaultTimeout}
+		hc = a.Outbound.Client(DefaultTimeout)
 	}
 	if pem := a.Options["caPEM"]; pem != "" {
 		roots := x509.NewCertPool()
 		if !roots.AppendCertsFromPEM([]byte(pem)) {
 			return nil, fmt.Errorf("proxmox: option caPEM holds no PEM certificate: %w", provider.ErrInvalid)
 		}
-		hc = &http.Client{Timeout: DefaultTimeout, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}}}
+		hc = a.Outbound.Client(DefaultTimeout)
+		hc.Transport.(*http.Transport).TLSClientConfig = &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
 	}
 	wait := p.TaskTimeout
 	if wait <= 0 {
@@ -96,8 +100,10 @@ func (p *Provider) conn(a provider.Account) (*conn, error) {
 	return &conn{c: c, a: a, wait: wait}, nil
 }
 
-// mapErr maps Proxmox's answers onto the contract's errors, keeping its message.
+// mapErr maps Proxmox's answers onto the contract's errors. What Proxmox answered is summarised
+// (its status), never repeated: the endpoint is the tenant's choice, and may be any service.
 func mapErr(what string, err error) error {
+	err = remote(err)
 	var sentinel error
 	switch {
 	case px.IsNotAuthorized(err):
@@ -108,6 +114,21 @@ func mapErr(what string, err error) error {
 		return fmt.Errorf("proxmox: %s: %w", what, err) // a 5xx, a failed task, the network: worth a retry
 	}
 	return fmt.Errorf("proxmox: %s: %w: %w", what, sentinel, err)
+}
+
+// remote is err with its text a summary: the answer's status, or that a task failed.
+func remote(err error) error {
+	var api *px.APIError
+	var task *px.TaskFailedError
+	switch {
+	case errors.As(err, &api):
+		return netpolicy.Opaque("the API answered HTTP "+strconv.Itoa(api.StatusCode), err)
+	case errors.As(err, &task):
+		return netpolicy.Opaque("the task failed", err)
+	case errors.Is(err, px.ErrTimeout):
+		return netpolicy.Opaque("the task did not finish in time", err)
+	}
+	return netpolicy.Opaque("", err)
 }
 
 // Check implements provider.Provider: the token lists the cluster's nodes, and the account's

@@ -3,11 +3,15 @@ package proxmox_test
 import (
 	"context"
 	"errors"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/better-compute/compute/netpolicy"
 	"github.com/better-compute/compute/vps/provider"
 	"github.com/better-compute/compute/vps/provider/internal/recorded"
 	"github.com/better-compute/compute/vps/provider/proxmox"
@@ -24,8 +28,11 @@ const (
 	inst  = "0191e8a4-1111-7000-8000-000000000001"
 )
 
+// loopback is the outbound policy of the tests: the recorded server listens on loopback.
+var loopback, _ = netpolicy.New([]netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")})
+
 func account(s *recorded.Server, opts map[string]string) provider.Account {
-	return provider.Account{Endpoint: s.URL + "/api2/json", Token: token, Options: opts}
+	return provider.Account{Endpoint: s.URL + "/api2/json", Token: token, Options: opts, Outbound: loopback}
 }
 
 // TestCheckFindsTheNode: the token lists the nodes and the account's node is among them; a
@@ -43,8 +50,17 @@ func TestCheckFindsTheNode(t *testing.T) {
 		t.Errorf("an unknown node: %v", err)
 	}
 	err = p.Check(ctx, account(recorded.Serve(t, "testdata/check_unauthorized.json"), map[string]string{"node": "pve1"}))
-	if !errors.Is(err, provider.ErrUnauthorized) || !strings.Contains(err.Error(), "authentication failure") {
-		t.Errorf("a refused token: %v", err)
+	// What Proxmox answered is the operator's alone: the tenant reads its status.
+	if !errors.Is(err, provider.ErrUnauthorized) || !strings.Contains(err.Error(), "HTTP 401") || strings.Contains(err.Error(), "authentication failure") ||
+		!strings.Contains(netpolicy.Detail(err), "authentication failure") {
+		t.Errorf("a refused token: %v (detail %s)", err, netpolicy.Detail(err))
+	}
+	// The outbound policy decides where the client connects: by default, not to loopback.
+	var refused *netpolicy.RefusedError
+	never := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { t.Error("a refused address was reached") }))
+	defer never.Close()
+	if err := p.Check(ctx, provider.Account{Endpoint: never.URL + "/api2/json", Token: token, Options: map[string]string{"node": "pve2"}}); !errors.As(err, &refused) {
+		t.Errorf("the default policy and an endpoint on loopback: %v, want refused", err)
 	}
 	for _, a := range []provider.Account{
 		{Endpoint: "http://127.0.0.1:1/api2/json", Token: "just-a-secret", Options: map[string]string{"node": "pve1"}},
@@ -90,7 +106,7 @@ func TestCreateRefusesATakenNameAndCleansUp(t *testing.T) {
 	}
 	s := recorded.Serve(t, "testdata/create_cleanup.json")
 	_, err = p.Create(ctx, account(s, map[string]string{"node": "pve1"}), spec)
-	if err == nil || errors.Is(err, provider.ErrInvalid) || errors.Is(err, provider.ErrExists) || !strings.Contains(err.Error(), "got timeout") ||
+	if err == nil || errors.Is(err, provider.ErrInvalid) || errors.Is(err, provider.ErrExists) || !strings.Contains(netpolicy.Detail(err), "got timeout") ||
 		strings.Contains(err.Error(), "removing the clone") {
 		t.Errorf("a failed configuration: %v, want the lock timeout and a clean removal", err)
 	}
