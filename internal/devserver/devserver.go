@@ -1,10 +1,11 @@
 // Package devserver runs the whole control plane for development: an embedded PostgreSQL (or the
 // server BETTER_COMPUTE_DATABASE_URL names), the embedded IAM, every process mode in one process,
 // and the API on a loopback address. examples/devserver and `better-compute dev` are thin mains
-// over it.
+// over it, with the same flags (Flags).
 package devserver
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -16,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/better-compute/compute"
@@ -23,7 +25,6 @@ import (
 	"github.com/better-compute/compute/iam"
 	"github.com/better-compute/compute/internal/sim"
 	"github.com/better-compute/compute/postgres"
-	"github.com/better-compute/compute/postgres/embedded"
 )
 
 // RootTenantID is the devserver's root tenant.
@@ -31,8 +32,8 @@ const RootTenantID = "root"
 
 // Options configure a devserver.
 type Options struct {
-	Addr        string // API listen address; default 127.0.0.1:8080
-	GatewayAddr string // node sessions (mutual TLS); default 127.0.0.1:8443
+	Addr        string // the API's listen address (--listen); default DefaultListen
+	GatewayAddr string // node sessions' (mutual TLS; --gateway-listen); default DefaultGatewayListen
 	DataDir     string // keep the database here across restarts; empty: a temporary one
 	Logger      *slog.Logger
 	// HeartbeatInterval fixes what nodes are asked for; 0: the gateway's default.
@@ -43,6 +44,15 @@ type Options struct {
 	// (the metal module's JoinURL): a main passes them, since nothing under internal/ imports
 	// a module.
 	Modules func(url string) ([]compute.Module, error)
+	// PostgresPort and PostgresPassword choose the embedded PostgreSQL's loopback port (0: a free
+	// one) and its superuser's password (empty: the one kept in DataDir, or a new one). They
+	// are refused when BETTER_COMPUTE_DATABASE_URL names another server.
+	PostgresPort     int
+	PostgresPassword string
+	// AllowPrivateWebhooks lets webhook endpoints be loopback and private addresses, to try
+	// webhooks with a receiver on this machine (compute.WebhookOptions.AllowPrivateTargets). For
+	// development only: every tenant's endpoints may then reach this host and its network.
+	AllowPrivateWebhooks bool
 }
 
 // SimPool is the pool simulated machines join.
@@ -56,7 +66,15 @@ type Server struct {
 	URL     string // the API's base URL, e.g. http://127.0.0.1:8080
 	Console string // the web console's URL: URL + compute.ConsolePath
 	Gateway string // where nodes hold their sessions, host:port
-	APIKey  string // a new key with every right in the root tenant
+	APIKey  string // a key with every right in the root tenant
+	// APIKeyFile keeps APIKey across restarts, in DataDir; empty without one (a new key then).
+	APIKeyFile string
+	// Database is the PostgreSQL URL, with its password (the embedded server's superuser's, or
+	// BETTER_COMPUTE_DATABASE_URL's); DatabaseFromEnv says it is the latter.
+	Database        string
+	DatabaseFromEnv bool
+	// PrivateWebhooks is Options.AllowPrivateWebhooks.
+	PrivateWebhooks bool
 
 	Compute *compute.Compute
 	IAM     *iam.Local
@@ -70,20 +88,26 @@ type Server struct {
 	gwServed chan error
 	logger   *slog.Logger
 	listener net.Listener
+	stopOnce sync.Once
+	stopErr  error
 }
 
-// Start brings a devserver up and returns once it answers.
-func Start(ctx context.Context, o Options) (_ *Server, err error) {
-	if o.Addr == "" {
-		o.Addr = "127.0.0.1:8080"
+// Start brings a devserver up and returns once it answers. Its errors say "devserver: " once.
+func Start(ctx context.Context, o Options) (*Server, error) {
+	s, err := start(ctx, o)
+	if err != nil {
+		return nil, fmt.Errorf("devserver: %w", err)
 	}
-	if o.GatewayAddr == "" {
-		o.GatewayAddr = "127.0.0.1:8443"
-	}
+	return s, nil
+}
+
+func start(ctx context.Context, o Options) (_ *Server, err error) {
+	o.Addr = cmp.Or(o.Addr, DefaultListen)
+	o.GatewayAddr = cmp.Or(o.GatewayAddr, DefaultGatewayListen)
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	s := &Server{logger: o.Logger, served: make(chan error, 1), gwServed: make(chan error, 1)}
+	s := &Server{logger: o.Logger, served: make(chan error, 1), gwServed: make(chan error, 1), PrivateWebhooks: o.AllowPrivateWebhooks}
 	defer func() {
 		if err != nil {
 			s.Stop(context.Background())
@@ -93,32 +117,34 @@ func Start(ctx context.Context, o Options) (_ *Server, err error) {
 	if err != nil {
 		return nil, err
 	}
-	dbURL, stopDB, err := embedded.Server(ctx, embedded.Options{DataDir: pgDir(o.DataDir)})
-	if err != nil {
+	if err := s.database(ctx, o); err != nil {
 		return nil, err
 	}
-	s.stopDB = stopDB
-	if s.DB, err = postgres.Open(ctx, dbURL); err != nil {
+	if s.DB, err = postgres.Open(ctx, s.Database); err != nil {
 		return nil, err
 	}
 	if s.IAM, err = iam.Embedded(s.DB, iam.EmbeddedOptions{RootTenantID: RootTenantID}); err != nil {
 		return nil, err
 	}
 	if s.listener, err = net.Listen("tcp", o.Addr); err != nil {
-		return nil, fmt.Errorf("devserver: listen on %s: %w", o.Addr, err)
+		return nil, fmt.Errorf("the API's address (--listen): %w", err)
 	}
 	s.URL = "http://" + s.listener.Addr().String()
 	s.Console = s.URL + compute.ConsolePath
 	gwListener, err := net.Listen("tcp", o.GatewayAddr)
 	if err != nil {
 		s.listener.Close()
-		return nil, fmt.Errorf("devserver: listen for node sessions on %s: %w", o.GatewayAddr, err)
+		return nil, fmt.Errorf("the node sessions' address (--gateway-listen): %w", err)
 	}
+	defer func() {
+		if s.gw == nil {
+			gwListener.Close() // not served: nothing else closes it
+		}
+	}()
 	s.Gateway = gwListener.Addr().String()
 	var mods []compute.Module
 	if o.Modules != nil {
 		if mods, err = o.Modules(s.URL); err != nil {
-			gwListener.Close()
 			return nil, err
 		}
 	}
@@ -126,27 +152,26 @@ func Start(ctx context.Context, o Options) (_ *Server, err error) {
 		Database: s.DB, Secret: secret, BaseURL: s.URL, RootTenantID: RootTenantID, IAM: s.IAM,
 		Mode: compute.ModeAll, Logger: o.Logger, GatewayAddresses: []string{s.Gateway},
 		HeartbeatInterval: o.HeartbeatInterval, Modules: mods,
+		Webhooks: compute.WebhookOptions{AllowPrivateTargets: o.AllowPrivateWebhooks},
 	})
 	if err != nil {
-		gwListener.Close()
 		return nil, err
 	}
 	if err := s.Compute.Initialize(ctx); err != nil {
-		gwListener.Close()
 		return nil, err
 	}
-	key, err := s.IAM.CreateAdminKey(ctx, RootTenantID, "devserver")
-	if err != nil {
+	if err := s.adminKey(ctx, o.DataDir); err != nil {
 		return nil, err
 	}
-	s.APIKey = key.Token
+	if o.AllowPrivateWebhooks {
+		o.Logger.Warn("webhooks may reach loopback and private addresses: for development only")
+	}
 	if err := s.Compute.Start(context.WithoutCancel(ctx)); err != nil {
 		return nil, err
 	}
 	host, _, _ := net.SplitHostPort(s.Gateway)
 	tlsCfg, err := s.Compute.GatewayTLS(ctx, host, "localhost")
 	if err != nil {
-		gwListener.Close()
 		return nil, err
 	}
 	// Node sessions are long-lived streams: no read or write deadline, only idle connections end.
@@ -184,7 +209,7 @@ func (s *Server) simulate(ctx context.Context, n int) error {
 	}
 	s.fleet, err = sim.Start(context.WithoutCancel(ctx), sim.Options{URL: s.URL, Token: tok.Token, Nodes: n, GPUs: SimGPUs, Logger: s.logger})
 	if err != nil {
-		return fmt.Errorf("devserver: simulated nodes: %w", err)
+		return fmt.Errorf("simulated nodes: %w", err)
 	}
 	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
@@ -195,8 +220,18 @@ func (s *Server) simulate(ctx context.Context, n int) error {
 }
 
 // Stop shuts everything down in order: the API's HTTP, background work (the gateway says goodbye
-// to its sessions), the gateway's connections, the pool, the database.
+// to its sessions), the gateway's connections, the pool, the database. A second call answers
+// what the first did.
 func (s *Server) Stop(ctx context.Context) error {
+	s.stopOnce.Do(func() {
+		if err := s.stop(ctx); err != nil {
+			s.stopErr = fmt.Errorf("devserver: stop: %w", err)
+		}
+	})
+	return s.stopErr
+}
+
+func (s *Server) stop(ctx context.Context) error {
 	var errs []error
 	if s.fleet != nil {
 		s.fleet.Stop()
@@ -252,17 +287,17 @@ func loadSecret(dataDir string) (string, error) {
 		return newSecret(), nil
 	}
 	if err := os.MkdirAll(dataDir, 0o755); err != nil {
-		return "", fmt.Errorf("devserver: data directory: %w", err)
+		return "", fmt.Errorf("data directory: %w", err)
 	}
 	path := filepath.Join(dataDir, "secret")
 	if b, err := os.ReadFile(path); err == nil {
 		return strings.TrimSpace(string(b)), nil
 	} else if !errors.Is(err, os.ErrNotExist) {
-		return "", fmt.Errorf("devserver: read the secret: %w", err)
+		return "", fmt.Errorf("read the secret: %w", err)
 	}
 	s := newSecret()
 	if err := os.WriteFile(path, []byte(s+"\n"), 0o600); err != nil {
-		return "", fmt.Errorf("devserver: keep the secret: %w", err)
+		return "", fmt.Errorf("keep the secret: %w", err)
 	}
 	return s, nil
 }

@@ -30,7 +30,7 @@ func (s *Server) waitSchedulable(ctx context.Context, fleet *sim.Fleet, gpus int
 		}
 		select {
 		case <-ctx.Done():
-			err := fmt.Errorf("devserver: %d of %d simulated nodes schedulable with their GPUs: %w", ready, len(fleet.Nodes), ctx.Err())
+			err := fmt.Errorf("%d of %d simulated nodes schedulable with their GPUs: %w", ready, len(fleet.Nodes), ctx.Err())
 			if last != nil {
 				err = fmt.Errorf("%w (last error: %w)", err, last)
 			}

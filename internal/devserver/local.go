@@ -1,0 +1,131 @@
+package devserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/better-compute/compute/postgres"
+	"github.com/better-compute/compute/postgres/embedded"
+)
+
+// FlagSet is what the standard library's flag.FlagSet and pflag's both offer: examples/devserver
+// uses one and `better-compute dev` the other, with the same names.
+type FlagSet interface {
+	StringVar(p *string, name, value, usage string)
+	IntVar(p *int, name string, value int, usage string)
+	BoolVar(p *bool, name string, value bool, usage string)
+}
+
+// Default addresses: loopback only, as befits a server whose printed key has every right.
+const (
+	DefaultListen        = "127.0.0.1:8080"
+	DefaultGatewayListen = "127.0.0.1:8443"
+)
+
+// Deprecated maps the flags the mains had before to the ones that replace them; Flags defines
+// them still, and a main says so when one is used.
+var Deprecated = map[string]string{"addr": "listen", "gateway": "gateway-listen"}
+
+// Flags defines the devserver's flags on fs, filling o and verbose. `better-compute serve` uses
+// the same names for what it shares: --listen, --gateway-listen, --verbose,
+// --allow-private-webhooks.
+func (o *Options) Flags(fs FlagSet, verbose *bool) {
+	fs.StringVar(&o.Addr, "listen", DefaultListen, "the API's address (and the JoinService's, the console's, /metrics)")
+	fs.StringVar(&o.GatewayAddr, "gateway-listen", DefaultGatewayListen, "the node sessions' address (mutual TLS)")
+	fs.StringVar(&o.DataDir, "data-dir", "", "keep the database, the secret and the API key here across restarts (default: a temporary database, deleted on exit)")
+	fs.IntVar(&o.Sim, "sim", 0, fmt.Sprintf("join this many simulated GPU machines (%d H100s each) into the pool %q", SimGPUs, SimPool))
+	fs.IntVar(&o.PostgresPort, "postgres-port", 0, "the embedded PostgreSQL's loopback port (default: a free one)")
+	fs.StringVar(&o.PostgresPassword, "postgres-password", "", "the embedded PostgreSQL superuser's password (default: the one kept in --data-dir, or a new one)")
+	fs.BoolVar(&o.AllowPrivateWebhooks, "allow-private-webhooks", false, "let webhooks reach loopback and private addresses, to try them with a local receiver (development only)")
+	fs.BoolVar(verbose, "verbose", false, "debug logs")
+	fs.StringVar(&o.Addr, "addr", DefaultListen, "deprecated: --listen")
+	fs.StringVar(&o.GatewayAddr, "gateway", DefaultGatewayListen, "deprecated: --gateway-listen")
+}
+
+// database chooses the PostgreSQL: BETTER_COMPUTE_DATABASE_URL's, or an embedded one.
+func (s *Server) database(ctx context.Context, o Options) error {
+	if u := os.Getenv(postgres.EnvDatabaseURL); u != "" {
+		if o.PostgresPort != 0 || o.PostgresPassword != "" {
+			return fmt.Errorf("a PostgreSQL port or password is chosen for the embedded PostgreSQL, but $%s names another server: unset one or the other", postgres.EnvDatabaseURL)
+		}
+		s.Database, s.DatabaseFromEnv, s.stopDB = u, true, func(context.Context) error { return nil }
+		return nil
+	}
+	c, err := embedded.Start(ctx, embedded.Options{DataDir: pgDir(o.DataDir), Port: o.PostgresPort, Password: o.PostgresPassword})
+	if err != nil {
+		return err
+	}
+	s.Database, s.stopDB = c.URL("postgres"), c.Stop
+	return nil
+}
+
+// adminKey gives the server a key with every right in the root tenant: the one kept in dataDir
+// while it authenticates, or else a new one, kept there. Without a data directory each start
+// makes one, and the earlier ones stay valid until revoked.
+func (s *Server) adminKey(ctx context.Context, dataDir string) error {
+	path := ""
+	if dataDir != "" {
+		path = filepath.Join(dataDir, "api-key")
+		b, err := os.ReadFile(path)
+		switch {
+		case err == nil:
+			key := strings.TrimSpace(string(b))
+			if _, err := s.IAM.Authenticate(ctx, key); err == nil {
+				s.APIKey, s.APIKeyFile = key, path
+				return nil
+			}
+			// Revoked, expired, or of another database: a new one replaces it.
+		case !errors.Is(err, os.ErrNotExist):
+			return fmt.Errorf("read the API key: %w", err)
+		}
+	}
+	key, err := s.IAM.CreateAdminKey(ctx, RootTenantID, "devserver")
+	if err != nil {
+		return err
+	}
+	s.APIKey = key.Token
+	if path != "" {
+		if err := os.WriteFile(path, []byte(key.Token+"\n"), 0o600); err != nil {
+			return fmt.Errorf("keep the API key: %w", err)
+		}
+		s.APIKeyFile = path
+	}
+	return nil
+}
+
+// Describe prints what a user needs to reach the server: its addresses, the API key and where
+// it is kept, the database, the machine CA's pin, and whether webhooks may reach private
+// addresses.
+func (s *Server) Describe(w io.Writer) {
+	fmt.Fprintf(w, "Better Compute devserver\n")
+	fmt.Fprintf(w, "  URL:      %s\n  Console:  %s\n  Gateway:  %s\n", s.URL, s.Console, s.Gateway)
+	switch {
+	case s.APIKeyFile != "":
+		fmt.Fprintf(w, "  API key:  %s (kept in %s: the same after a restart)\n", s.APIKey, s.APIKeyFile)
+	case s.DatabaseFromEnv:
+		fmt.Fprintf(w, "  API key:  %s (new at every start; earlier ones stay valid: --data-dir keeps one)\n", s.APIKey)
+	default:
+		fmt.Fprintf(w, "  API key:  %s\n", s.APIKey)
+	}
+	if s.DatabaseFromEnv {
+		redacted := "(unparsable)"
+		if u, err := url.Parse(s.Database); err == nil {
+			redacted = u.Redacted()
+		}
+		fmt.Fprintf(w, "  Database: %s (from $%s)\n", redacted, postgres.EnvDatabaseURL)
+	} else {
+		fmt.Fprintf(w, "  Database: %s\n", s.Database)
+	}
+	if hash, err := s.Compute.Runtime().Fleet.CAHash(); err == nil {
+		fmt.Fprintf(w, "  CA hash:  %s (bcd join --ca-hash pins the machine CA)\n", hash)
+	}
+	if s.PrivateWebhooks {
+		fmt.Fprintf(w, "  Webhooks: may reach loopback and private addresses (--allow-private-webhooks; development only)\n")
+	}
+}
