@@ -18,8 +18,10 @@ import (
 // Capacity books and releases capacity. It acts for the call c (its principal, its tenant and
 // transaction), under the IAM decision c's own method made: no second decision is asked.
 type Capacity interface {
-	// Reserve places in as reservations.create would, in c's transaction.
-	Reserve(ctx context.Context, c *Call, in api.CreateReservation) (api.Reservation, error)
+	// Reserve places in as reservations.create would, in c's transaction, on none of the nodes
+	// avoid names (by id): nodes that are schedulable but no place for what the module books,
+	// as the vps module's VM hosts whose runtime does not answer.
+	Reserve(ctx context.Context, c *Call, in api.CreateReservation, avoid ...string) (api.Reservation, error)
 	// Release ends an active reservation of c's tenant now, or cancels one not yet started.
 	Release(ctx context.Context, c *Call, reservationID string) error
 	// Reservations reads reservations, of any tenant, with their allocations: a module reads

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -133,9 +134,17 @@ func launch(ctx context.Context, c *modules.Call, s launchSpec) (Instance, error
 	if s.name == "" {
 		s.name = "sbx-" + id[len(id)-12:]
 	}
+	// VM hosts whose runtime does not answer are no place for it (hosts.go).
+	avoid, err := unreachableHosts(ctx, c.Tx)
+	if err != nil {
+		return Instance{}, err
+	}
 	res, err := c.Runtime.Capacity.Reserve(ctx, c, api.CreateReservation{TenantID: c.Target.TenantID, Pool: s.pool,
 		Shape:         api.Shape{VCPUs: f.VCPUs, MemoryGiB: f.MemoryGiB, GPUs: f.GPUs, Model: f.GPUModel, MIGProfile: f.MIGProfile},
-		RequireLabels: f.RequireLabels, Duration: s.duration, Labels: map[string]string{"vps." + s.kind: id}})
+		RequireLabels: f.RequireLabels, Duration: s.duration, Labels: map[string]string{"vps." + s.kind: id}}, avoid...)
+	if api.CodeOf(err) == api.CodeConflict && len(avoid) > 0 {
+		return Instance{}, unreachableConflict(ctx, c, s.pool, avoid, err)
+	}
 	if err != nil {
 		return Instance{}, err
 	}
@@ -143,8 +152,8 @@ func launch(ctx context.Context, c *modules.Call, s launchSpec) (Instance, error
 		return Instance{}, fmt.Errorf("vps: instance %s's reservation has %d allocations, want 1", id, len(res.Allocations))
 	}
 	node := res.Allocations[0].NodeID
-	var runtime string
-	err = c.Tx.QueryRow(ctx, `SELECT runtime FROM compute.vps_hosts WHERE node_id = $1`, node).Scan(&runtime)
+	var runtime, unreachable string
+	err = c.Tx.QueryRow(ctx, `SELECT runtime, unreachable FROM compute.vps_hosts WHERE node_id = $1`, node).Scan(&runtime, &unreachable)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Instance{}, api.Errorf(api.CodeFailedPrecondition,
 			"node %s of pool %s, where the instance was placed, runs no VM runtime (bcd node --vps-runtime): give the flavor requireLabels that only VM hosts carry",
@@ -152,6 +161,10 @@ func launch(ctx context.Context, c *modules.Call, s launchSpec) (Instance, error
 	}
 	if err != nil {
 		return Instance{}, err
+	}
+	if unreachable != "" { // it stopped answering as the placement was made
+		return Instance{}, api.Errorf(api.CodeConflict, "node %s of pool %s, where the instance was placed, has just stopped reaching its VM runtime: try again",
+			res.Allocations[0].Node, s.pool).With("reason", "vm_host_unreachable").With("node", node)
 	}
 	power := cmp.Or(s.power, PowerRunning)
 	labels := s.labels
@@ -276,8 +289,11 @@ func deleteInstance(ctx context.Context, tx pgx.Tx, rt *modules.Runtime, i Insta
 	}
 	if i.kind != kindWarm {
 		typ := eventOf(i.kind, "deleted")
-		if reason == "expired" {
+		switch {
+		case reason == "expired":
 			typ = EventSandboxExpired
+		case strings.HasPrefix(reason, reasonLost+":"):
+			typ = eventOf(i.kind, "lost")
 		}
 		if err := rt.Events.Emit(ctx, tx, modules.Event{Type: typ, TenantID: i.TenantID, Subject: i.ID,
 			Data: map[string]any{"name": i.Name, "reason": reason}}); err != nil {
@@ -415,17 +431,6 @@ func hostArtifact(url, sum string) *hostapi.Artifact {
 		return nil
 	}
 	return &hostapi.Artifact{URL: url, SHA256: sum}
-}
-
-// hostReported records a VM host's runtime.
-func hostReported(ctx context.Context, r *modules.Report) error {
-	var h hostapi.Host
-	if err := json.Unmarshal(r.Payload, &h); err != nil || h.Runtime == "" || len(h.Runtime) > 64 {
-		return api.InvalidField("runtime", "a vps.host report names its runtime")
-	}
-	_, err := r.Tx.Exec(ctx, `INSERT INTO compute.vps_hosts (node_id, runtime) VALUES ($1, $2)
-		ON CONFLICT (node_id) DO UPDATE SET runtime = EXCLUDED.runtime, reported_at = compute.compute_now()`, r.NodeID, h.Runtime)
-	return err
 }
 
 // statusReported records what a host found of its instances; an instance of its desired state

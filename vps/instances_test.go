@@ -1,6 +1,7 @@
 package vps_test
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -30,7 +31,15 @@ type fleet struct {
 
 func newFleet(t *testing.T) *fleet {
 	t.Helper()
-	m, err := vps.New(vps.Options{ReconcileEvery: 200 * time.Millisecond, SandboxEvery: 200 * time.Millisecond})
+	return newFleetWith(t, vps.Options{})
+}
+
+// newFleetWith is newFleet with the module's options, its workers every 200 ms unless set.
+func newFleetWith(t *testing.T, opts vps.Options) *fleet {
+	t.Helper()
+	opts.ReconcileEvery = cmp.Or(opts.ReconcileEvery, 200*time.Millisecond)
+	opts.SandboxEvery = cmp.Or(opts.SandboxEvery, 200*time.Millisecond)
+	m, err := vps.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,9 +128,15 @@ func (f *fleet) do(t *testing.T, m api.Method[vps.InstanceRef, vps.Instance], id
 // desired is the host's vps.instances part, once it satisfies ok.
 func (f *fleet) desired(t *testing.T, ok func(hostapi.Instances) bool) hostapi.Instances {
 	t.Helper()
+	return f.desiredOf(t, f.host, ok)
+}
+
+// desiredOf is a node's vps.instances part, once it satisfies ok.
+func (f *fleet) desiredOf(t *testing.T, n *sim.Node, ok func(hostapi.Instances) bool) hostapi.Instances {
+	t.Helper()
 	var last hostapi.Instances
 	for end := time.Now().Add(20 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
-		ds := f.host.Converger.Last()
+		ds := n.Converger.Last()
 		last = hostapi.Instances{}
 		for _, p := range ds.GetParts() {
 			if p.Kind == hostapi.KindInstances {
@@ -137,7 +152,7 @@ func (f *fleet) desired(t *testing.T, ok func(hostapi.Instances) bool) hostapi.I
 			return last
 		}
 	}
-	t.Fatalf("the host's desired instances: %+v", last)
+	t.Fatalf("the desired instances of %s: %+v", n.Name, last)
 	return last
 }
 

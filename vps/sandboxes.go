@@ -21,6 +21,8 @@ const (
 	EventSandboxCreated = "sandbox.created"
 	EventSandboxDeleted = "sandbox.deleted"
 	EventSandboxExpired = "sandbox.expired" // its time to live ran out: the worker deleted it
+	EventSandboxStatus  = "sandbox.status"  // its host reported a new status
+	EventSandboxLost    = "sandbox.lost"    // its host could not reach its runtime for Options.LostAfter
 )
 
 // warmPrincipal is who the warm pools' instances are booked by: the module itself.
@@ -256,10 +258,13 @@ func createSandbox(ctx context.Context, c *modules.Call, in CreateSandbox) (Sand
 	if labels == nil {
 		labels = map[string]string{}
 	}
-	// A warm one: the oldest that waits paused, not one another call is taking.
+	// A warm one: the oldest that waits paused, not one another call is taking, on a host that
+	// is online and reaches its runtime (one that does not could not resume it).
 	var warm string
-	err = c.Tx.QueryRow(ctx, `SELECT id::text FROM compute.vps_instances WHERE template_id = $1 AND kind = 'warm' AND deleted_at IS NULL
-		AND power = 'paused' AND status = 'paused' ORDER BY created_at LIMIT 1 FOR UPDATE SKIP LOCKED`, t.id).Scan(&warm)
+	err = c.Tx.QueryRow(ctx, `SELECT i.id::text FROM compute.vps_instances i JOIN compute.vps_hosts h ON h.node_id = i.node_id
+		JOIN compute.nodes n ON n.id = i.node_id
+		WHERE i.template_id = $1 AND i.kind = 'warm' AND i.deleted_at IS NULL AND i.power = 'paused' AND i.status = 'paused'
+		AND h.unreachable = '' AND n.status = 'online' ORDER BY i.created_at LIMIT 1 FOR UPDATE OF i SKIP LOCKED`, t.id).Scan(&warm)
 	switch {
 	case err == nil:
 		name := in.Name

@@ -8,6 +8,7 @@ import (
 
 	"github.com/better-compute/compute"
 	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/internal/sim"
 	"github.com/better-compute/compute/vps"
 	"github.com/better-compute/compute/vps/hostapi"
 )
@@ -25,11 +26,17 @@ func (f *fleet) sandbox(t *testing.T, m api.Method[vps.SandboxRef, vps.Sandbox],
 // running or paused, it is so.
 func (f *fleet) reportAsAsked(t *testing.T, d hostapi.Instances) {
 	t.Helper()
+	f.reportAsAskedBy(t, f.host, d)
+}
+
+// reportAsAskedBy is reportAsAsked by node n.
+func (f *fleet) reportAsAskedBy(t *testing.T, n *sim.Node, d hostapi.Instances) {
+	t.Helper()
 	st := hostapi.Status{}
 	for _, in := range d.Instances {
 		st.Instances = append(st.Instances, hostapi.InstanceStatus{ID: in.ID, State: in.Power, Reboots: in.Reboots, Snapshots: in.Snapshots})
 	}
-	if err := f.host.Reports.Report(f.ctx, hostapi.KindStatus, st); err != nil {
+	if err := n.Reports.Report(f.ctx, hostapi.KindStatus, st); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -29,6 +29,15 @@ const (
 	EventInstanceCreated = "instance.created"
 	EventInstanceDeleted = "instance.deleted"
 	EventInstanceStatus  = "instance.status" // its host reported a new status
+	// EventInstanceLost: its host could not reach its runtime for Options.LostAfter; the
+	// instance ended and its reservation was released.
+	EventInstanceLost = "instance.lost"
+)
+
+// Events of VM hosts; the subject is the node.
+const (
+	EventVMHostRuntimeDown = "vmhost.runtime_down" // the host's bcd cannot reach its VM runtime: no VM is placed on it
+	EventVMHostRuntimeUp   = "vmhost.runtime_up"   // it reaches it again
 )
 
 // Options configure the module. Zero values mean the defaults.
@@ -44,7 +53,19 @@ type Options struct {
 	// ProviderReconcileEvery is how often each provider account's servers are listed and
 	// compared with its instances; default 1 min.
 	ProviderReconcileEvery time.Duration
+	// LostAfter is how long a VM host may fail to reach its runtime before the instances and
+	// sandboxes on it are given up as lost; default LostAfterDefault.
+	LostAfter time.Duration
+	// WarmLostAfter is how long a warm VM may wait on a host that cannot reach its runtime, or
+	// is offline, before it is replaced on another; default WarmLostAfterDefault.
+	WarmLostAfter time.Duration
 }
+
+// Defaults of Options.
+const (
+	LostAfterDefault     = 5 * time.Minute
+	WarmLostAfterDefault = 30 * time.Second
+)
 
 // Module is the vps module: vps.New(vps.Options{}) in compute.Options.Modules.
 type Module struct {
@@ -61,6 +82,12 @@ func New(opts Options) (*Module, error) {
 	}
 	if opts.SandboxEvery <= 0 {
 		opts.SandboxEvery = 2 * time.Second
+	}
+	if opts.LostAfter <= 0 {
+		opts.LostAfter = LostAfterDefault
+	}
+	if opts.WarmLostAfter <= 0 {
+		opts.WarmLostAfter = WarmLostAfterDefault
 	}
 	m := &Module{opts: opts}
 	if err := m.setUpProviders(); err != nil {
@@ -88,10 +115,14 @@ func (m *Module) Register(r *modules.Registry) error {
 		modules.EventType{Name: EventInstanceCreated, Description: "An instance was created (data: name, flavor, node, reservation)."},
 		modules.EventType{Name: EventInstanceDeleted, Description: "An instance was deleted, or ended with its reservation (data: reason)."},
 		modules.EventType{Name: EventInstanceStatus, Description: "An instance's host reported a new status (data: status, detail)."},
+		modules.EventType{Name: EventInstanceLost, Description: "An instance's host could not reach its VM runtime for the module's LostAfter: the instance ended, its reservation released (data: reason)."},
+		modules.EventType{Name: EventVMHostRuntimeDown, Description: "A VM host's bcd cannot reach its VM runtime: no VM is placed on it until it can (data: runtime, detail)."},
+		modules.EventType{Name: EventVMHostRuntimeUp, Description: "A VM host's bcd reaches its VM runtime again (data: runtime)."},
 		modules.EventType{Name: EventSandboxCreated, Description: "A sandbox was created (data: name, template, node, fromWarmPool)."},
 		modules.EventType{Name: EventSandboxDeleted, Description: "A sandbox was deleted (data: reason)."},
 		modules.EventType{Name: EventSandboxExpired, Description: "A sandbox's time to live ran out and the worker deleted it."},
-		modules.EventType{Name: "sandbox.status", Description: "A sandbox's host reported a new status (data: status, detail)."},
+		modules.EventType{Name: EventSandboxStatus, Description: "A sandbox's host reported a new status (data: status, detail)."},
+		modules.EventType{Name: EventSandboxLost, Description: "A sandbox's host could not reach its VM runtime for the module's LostAfter: the sandbox ended, its reservation released (data: reason)."},
 	)
 	r.OnInitialize(func(_ context.Context, rt *modules.Runtime) error {
 		m.capacity = rt.Capacity
@@ -109,7 +140,12 @@ func (m *Module) Register(r *modules.Registry) error {
 		modules.ReportKind{Name: hostapi.KindStatus, Handle: statusReported},
 	)
 	r.Worker(modules.Worker{Name: "vps-instances", Modes: []string{"worker"}, Run: func(ctx context.Context, rt *modules.Runtime) error {
-		return modules.Every(ctx, m.opts.ReconcileEvery, func() error { return endWithReservations(ctx, rt) })
+		return modules.Every(ctx, m.opts.ReconcileEvery, func() error {
+			if err := endWithReservations(ctx, rt); err != nil {
+				return err
+			}
+			return m.endLost(ctx, rt)
+		})
 	}})
 	r.Worker(modules.Worker{Name: "vps-sandboxes", Modes: []string{"worker"}, Run: func(ctx context.Context, rt *modules.Runtime) error {
 		return modules.Every(ctx, m.opts.SandboxEvery, func() error { return sandboxRound(ctx, rt) })

@@ -108,6 +108,11 @@ type request struct {
 
 // reserve places and books a reservation inside the call's transaction.
 func reserve(ctx context.Context, c *modules.Call, in api.CreateReservation) (api.Reservation, error) {
+	return reserveAvoiding(ctx, c, in, nil)
+}
+
+// reserveAvoiding is reserve on none of the nodes avoid names (modules.Capacity.Reserve's).
+func reserveAvoiding(ctx context.Context, c *modules.Call, in api.CreateReservation, avoid []string) (api.Reservation, error) {
 	tx := c.Tx
 	pool, err := resolvePool(ctx, tx, c.Target.TenantPath, in.Pool)
 	if err != nil {
@@ -137,7 +142,7 @@ func reserve(ctx context.Context, c *modules.Call, in api.CreateReservation) (ap
 
 	// Place every member first: a gang is booked whole or not at all.
 	var members []memberPlan
-	used := []string{}
+	used := append([]string{}, avoid...) // a member's node is not another's, nor one to avoid
 	for m := range in.MemberCount() {
 		p, err := r.placeMember(ctx, tx, used)
 		if err != nil {

@@ -3,6 +3,7 @@ package capacity
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 
 	"github.com/jackc/pgx/v5"
@@ -22,14 +23,19 @@ type Service struct {
 }
 
 // Reserve implements modules.Capacity: in is checked as reservations.create's input would be.
-func (Service) Reserve(ctx context.Context, c *modules.Call, in api.CreateReservation) (api.Reservation, error) {
+func (Service) Reserve(ctx context.Context, c *modules.Call, in api.CreateReservation, avoid ...string) (api.Reservation, error) {
 	if err := api.CheckInput(in); err != nil {
 		return api.Reservation{}, err
 	}
 	if err := in.Validate(); err != nil {
 		return api.Reservation{}, err
 	}
-	return reserve(ctx, c, in)
+	for _, id := range avoid {
+		if !fleet.IsID(id) {
+			return api.Reservation{}, fmt.Errorf("capacity: a node to avoid, %q, is no node id", id)
+		}
+	}
+	return reserveAvoiding(ctx, c, in, avoid)
 }
 
 // Release implements modules.Capacity: an active reservation is released, a pending one

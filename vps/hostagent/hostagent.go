@@ -1,7 +1,8 @@
 // Package hostagent is the vps module's node side: in bcd node on a VM host, it converges the
 // desired-state part vps.instances through a hypervisor runtime (vps/runtime), fetches and checks
 // the images instances boot, serves their serial consoles to access.console, and reports what it
-// found (vps.host when it starts, vps.instance_status after each change and periodically).
+// found (vps.host when it starts and whenever its runtime stops or starts answering,
+// vps.instance_status after each change and periodically).
 //
 //	a, _ := hostagent.New(hostagent.Options{Runtime: rt, Dir: "/var/lib/bcd/vps", Reporter: reports})
 //	go a.Run(ctx)
@@ -49,6 +50,9 @@ type Options struct {
 	// StatusEvery is how often the instances' status is reported when nothing changed; default
 	// 30 s.
 	StatusEvery time.Duration
+	// RetryEvery is how often a runtime that did not answer is tried again, so that the host is
+	// a place for VMs again soon after it answers; default 5 s.
+	RetryEvery time.Duration
 	// Links, if set, makes the bridges (and VLAN sub-interfaces of Uplink) instances' NICs plug
 	// into (hostnet.Links, as root); without it NICs plug into bridges that exist.
 	Links interface{ Ensure(hostnet.Segment) error }
@@ -95,6 +99,7 @@ func New(opts Options) (*Agent, error) {
 	opts.HTTP = cmp.Or(opts.HTTP, &http.Client{Timeout: 10 * time.Minute})
 	opts.QemuImg = cmp.Or(opts.QemuImg, "qemu-img")
 	opts.StatusEvery = cmp.Or(opts.StatusEvery, 30*time.Second)
+	opts.RetryEvery = cmp.Or(opts.RetryEvery, 5*time.Second)
 	opts.Logger = cmp.Or(opts.Logger, slog.New(slog.DiscardHandler))
 	for _, d := range []string{opts.Dir, filepath.Join(opts.Dir, "cache"), filepath.Join(opts.Dir, "consoles"), filepath.Join(opts.Dir, "snapshots")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
@@ -476,50 +481,76 @@ func (a *Agent) Status(ctx context.Context) (hostapi.Status, error) {
 	return out, nil
 }
 
-// Run reports the host's runtime, then its instances' status after every convergence and every
-// StatusEvery, until ctx ends. A report that fails is sent again at the next turn.
+// Run reports the host's runtime and whether it answers (vps.host, when the agent starts and
+// whenever that changes), and the instances' status after every convergence and every
+// StatusEvery, until ctx ends. While the runtime does not answer, the host has no status to
+// report and tries the runtime again every RetryEvery: the control plane places no VM on it
+// meanwhile, and places them again once it answers. A report that fails is sent again after
+// RetryEvery.
 func (a *Agent) Run(ctx context.Context) error {
-	hostSent := false
+	var told *hostapi.Host // the vps.host the control plane last recorded
+	var last []byte        // the status it last recorded
 	tick := time.NewTicker(a.opts.StatusEvery)
 	defer tick.Stop()
-	var last []byte
+	forced := true
 	for {
-		if !hostSent {
-			if err := a.opts.Reporter.Report(ctx, hostapi.KindHost, hostapi.Host{Runtime: a.opts.Runtime.Name()}); err != nil {
+		st, err := a.Status(ctx)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		host := hostapi.Host{Runtime: a.opts.Runtime.Name()}
+		if err != nil {
+			host.Unreachable = unreachable(err)
+		}
+		again := err != nil
+		if told == nil || *told != host {
+			if err := a.opts.Reporter.Report(ctx, hostapi.KindHost, host); err != nil {
 				a.opts.Logger.Warn("vps: report the host's runtime", "err", err)
+				again = true
 			} else {
-				hostSent = true
+				switch {
+				case host.Unreachable != "":
+					a.opts.Logger.Warn("vps: the runtime does not answer: this host takes no VMs until it does", "runtime", host.Runtime, "err", err)
+				case told != nil:
+					a.opts.Logger.Info("vps: the runtime answers again", "runtime", host.Runtime)
+				}
+				told = &host
 			}
 		}
-		forced := false
+		if err == nil {
+			b, _ := json.Marshal(st)
+			if forced || string(b) != string(last) {
+				if err := a.opts.Reporter.Report(ctx, hostapi.KindStatus, st); err != nil {
+					a.opts.Logger.Warn("vps: report the instances' status", "err", err)
+					again = true
+				} else {
+					last = b
+				}
+			}
+		}
+		var retry <-chan time.Time
+		if again {
+			retry = time.After(a.opts.RetryEvery)
+		}
+		forced = false
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-a.dirty:
+		case <-retry:
 		case <-tick.C:
 			forced = true
 		}
-		st, err := a.Status(ctx)
-		if err != nil {
-			a.opts.Logger.Warn("vps: read the instances' status", "err", err)
-			continue
-		}
-		b, _ := json.Marshal(st)
-		if !forced && string(b) == string(last) {
-			continue
-		}
-		if err := a.opts.Reporter.Report(ctx, hostapi.KindStatus, st); err != nil {
-			a.opts.Logger.Warn("vps: report the instances' status", "err", err)
-			select { // again, after a pause
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(2 * time.Second):
-			}
-			a.markDirty()
-			continue
-		}
-		last = b
 	}
+}
+
+// unreachable is why the runtime did not answer, as vps.host carries it.
+func unreachable(err error) string {
+	why := strings.ToValidUTF8(err.Error(), "?")
+	if len(why) > hostapi.MaxUnreachable {
+		why = strings.ToValidUTF8(why[:hostapi.MaxUnreachable], "")
+	}
+	return why
 }
 
 // passThrough maps the GPUs an instance holds (their UUIDs, as its reservation names them) to

@@ -13,7 +13,8 @@ const (
 
 // Report kinds a host sends.
 const (
-	// KindHost announces the host's VM runtime, when its session starts.
+	// KindHost announces the host's VM runtime and whether it answers: when the agent starts,
+	// and whenever that changes.
 	KindHost = "vps.host"
 	// KindStatus is what the host found of its instances, after each convergence and
 	// periodically.
@@ -116,7 +117,14 @@ type CloudInit struct {
 // Host is the payload of KindHost.
 type Host struct {
 	Runtime string `json:"runtime"` // libvirt-kvm, cloud-hypervisor
+	// Unreachable, when set, is why the host cannot reach its runtime (libvirtd not running,
+	// its socket refusing): the host is then no place for VMs. Empty: the runtime answered
+	// (a host that predates the field never says otherwise).
+	Unreachable string `json:"unreachable,omitempty"`
 }
+
+// MaxUnreachable bounds Host.Unreachable: a longer reason is cut.
+const MaxUnreachable = 1024
 
 // Status is the payload of KindStatus: every instance the host has.
 type Status struct {
