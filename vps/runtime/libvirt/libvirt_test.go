@@ -199,7 +199,8 @@ func TestLibvirtRunsPausesSavesAndRestoresAVM(t *testing.T) {
 
 // TestLibvirtDisksAndRefusals: an instance with a disk gets its own copy-on-write overlay of the
 // image (the image stays as it was), its saved state carries the disk, and what cannot be a
-// machine is refused before libvirt sees it.
+// machine (an image that names a host file, a disk of no format among them) is refused before
+// libvirt sees it.
 func TestLibvirtDisksAndRefusals(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs libvirtd")
@@ -246,7 +247,14 @@ func TestLibvirtDisksAndRefusals(t *testing.T) {
 	if _, err := os.Stat(overlay); !os.IsNotExist(err) {
 		t.Fatalf("the disk outlived its instance: %v", err)
 	}
+	// A qcow2 image backed by a host file: refused before libvirt sees it.
+	backed := filepath.Join(h.Dir, "backed.qcow2")
+	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", "-b", image, "-F", "raw", backed, "1M").CombinedOutput(); err != nil {
+		t.Fatalf("qemu-img create: %v\n%s", err, out)
+	}
 	for _, bad := range []runtime.Instance{
+		{ID: "x", VCPUs: 1, MemoryMiB: 128, Kernel: kernel, Disk: backed, DiskFormat: runtime.FormatQcow2, Power: runtime.PowerRunning},
+		{ID: "x", VCPUs: 1, MemoryMiB: 128, Kernel: kernel, Disk: image, Power: runtime.PowerRunning},
 		{ID: "x", VCPUs: 0, MemoryMiB: 128, Kernel: kernel, Power: runtime.PowerRunning},
 		{ID: "x", VCPUs: 1, MemoryMiB: 128, Power: runtime.PowerRunning},
 		{ID: "x", VCPUs: 1, MemoryMiB: 128, Kernel: kernel, Power: "on"},
