@@ -457,3 +457,67 @@ func TestNoImageLetsAGuestReadAHostFile(t *testing.T) {
 		}
 	})
 }
+
+// TestCachedBytesGoOnlyToTenantsThatFetchedThem: the property behind
+// TestATenantBootsOnlyBytesItFetchedItself, over random histories: tenants (and instances
+// without one) name random checksums at URLs of their own that serve one of a few images, or
+// nothing, changing between steps. An instance is made exactly when its tenant has fetched
+// bytes of that checksum from its own URL (now, or before: then the host fetches nothing), and
+// what it is given holds those bytes.
+func TestCachedBytesGoOnlyToTenantsThatFetchedThem(t *testing.T) {
+	t.Parallel()
+	srv := newImageServer(t)
+	blobs := [][]byte{[]byte("image zero"), []byte("image one"), []byte("image two")}
+	sums := make([]string, len(blobs))
+	for i, b := range blobs {
+		s := sha256.Sum256(b)
+		sums[i] = hex.EncodeToString(s[:])
+	}
+	n := 0
+	rapid.Check(t, func(rt *rapid.T) {
+		dir, err := os.MkdirTemp("", "cache-")
+		if err != nil {
+			rt.Fatal(err)
+		}
+		defer os.RemoveAll(dir)
+		a, rec := newTestAgent(rt, dir)
+		n++
+		fetched := map[string]map[string]bool{} // tenant → checksums it fetched
+		steps := rapid.IntRange(1, 12).Draw(rt, "steps")
+		for step := range steps {
+			tenant := rapid.SampledFrom([]string{"a", "b", "c", ""}).Draw(rt, "tenant")
+			want := rapid.IntRange(0, len(blobs)-1).Draw(rt, "names")
+			serves := rapid.IntRange(-1, len(blobs)-1).Draw(rt, "serves") // -1: nothing
+			path := fmt.Sprintf("/%d/%s/disk", n, tenant)
+			srv.mu.Lock()
+			if serves < 0 {
+				delete(srv.files, path)
+			} else {
+				srv.files[path] = blobs[serves]
+			}
+			before := srv.gets[path]
+			srv.mu.Unlock()
+			id := fmt.Sprintf("i%d", step)
+			converge(rt, a, diskInstance(id, tenant, hostapi.Artifact{URL: srv.URL + path, SHA256: sums[want]}))
+			had := tenant != "" && fetched[tenant][sums[want]]
+			ok := had || serves == want
+			if ok && tenant != "" {
+				if fetched[tenant] == nil {
+					fetched[tenant] = map[string]bool{}
+				}
+				fetched[tenant][sums[want]] = true
+			}
+			in, made := rec.instance(id)
+			switch {
+			case made != ok:
+				rt.Fatalf("tenant %q naming image %d at a URL serving %d (fetched before: %v): made %v", tenant, want, serves, had, made)
+			case had && srv.fetched(path) != before:
+				rt.Fatalf("tenant %q fetched image %d again", tenant, want)
+			case made:
+				if b, err := os.ReadFile(in.Disk); err != nil || !bytes.Equal(b, blobs[want]) {
+					rt.Fatalf("tenant %q was given %q for image %d (%v)", tenant, b, want, err)
+				}
+			}
+		}
+	})
+}
