@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"time"
 	"unicode"
@@ -43,15 +44,34 @@ type binding struct {
 	set   func(v reflect.Value, fs *pflag.FlagSet) error
 }
 
+// reservedFlags are the CLI's own flags on a method's command: the root's (--server, --api-key,
+// --config, --output) and the method command's (--json, --idempotency-key, --help). An input
+// field of one of these names gets the flag --input-NAME, so that it neither shadows the CLI's
+// flag (a method's --server can never send the call elsewhere) nor is silently dropped. The
+// root's hidden --url is not here: a method's --url is its input's (webhooks create --url).
+var reservedFlags = []string{serverFlag, "api-key", "config", "output", "json", "idempotency-key", "help"}
+
+// methodCommand is a method's command: its input from --json, then the flags, then the argument.
+type methodCommand struct {
+	info       api.MethodInfo
+	in         reflect.Type
+	raw, key   string
+	bindings   []binding
+	positional string // the input field a lone argument fills, or ""
+}
+
 func methodCmd(p *profile, d api.Describer) *cobra.Command {
+	c, _ := newMethodCommand(p, d)
+	return c
+}
+
+func newMethodCommand(p *profile, d api.Describer) (*cobra.Command, *methodCommand) {
 	info := d.Info()
 	in, _ := d.Types()
-	var raw, key string
-	var bindings []binding
-	positional := positionalField(info, in)
+	m := &methodCommand{info: info, in: in, positional: positionalField(info, in)}
 	use := kebab(info.Name)
-	if positional != "" {
-		use += " [" + kebab(positional) + "]"
+	if m.positional != "" {
+		use += " [" + kebab(m.positional) + "]"
 	}
 	cmd := &cobra.Command{
 		Use:   use,
@@ -59,43 +79,24 @@ func methodCmd(p *profile, d api.Describer) *cobra.Command {
 		Long:  fmt.Sprintf("%s\n\nPOST %s, IAM action %s on %s.", info.Summary, info.Path(), info.Action, info.Resource),
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			v, err := decodeInput(in, raw)
+			v, err := m.input(cmd, args)
 			if err != nil {
 				return err
 			}
-			for _, b := range bindings {
-				if cmd.Flags().Changed(b.flag) {
-					if err := b.set(v.Elem().FieldByIndex(b.index), cmd.Flags()); err != nil {
-						return usageError{fmt.Errorf("--%s: %w", b.flag, err)}
-					}
-				}
-			}
-			if len(args) == 1 {
-				if positional == "" {
-					return usageError{fmt.Errorf("%s %s takes no argument", kebab(info.Group), kebab(info.Name))}
-				}
-				f := v.Elem().FieldByName(positional)
-				f.SetString(args[0])
-			}
-			if positional != "" && v.Elem().FieldByName(positional).String() == "" {
-				// Every method that takes its resource as the argument requires it (a test checks).
-				name := kebab(positional)
-				return usageError{fmt.Errorf("%s %s needs a %s: %s %s (or --%s)", kebab(info.Group), kebab(info.Name), name, cmd.CommandPath(), strings.ToUpper(name), name)}
-			}
 			if p.URL == "" {
-				return usageError{errors.New("no control plane: pass --url or set BETTER_COMPUTE_URL")}
+				return usageError{errors.New("no control plane: pass --server or set BETTER_COMPUTE_URL")}
 			}
 			cl, err := client.New(p.URL, client.WithAPIKey(p.APIKey), client.WithUserAgent("better-compute/"+version))
 			if err != nil {
 				return err
 			}
 			ctx := cmd.Context()
-			if key != "" {
-				ctx = api.WithIdempotencyKey(ctx, key)
+			if m.key != "" {
+				ctx = api.WithIdempotencyKey(ctx, m.key)
 			}
 			ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 			defer cancel()
-			out, err := cl.Do(ctx, info, v.Elem().Interface())
+			out, err := cl.Do(ctx, info, v.Interface())
 			if err != nil {
 				return err
 			}
@@ -103,12 +104,41 @@ func methodCmd(p *profile, d api.Describer) *cobra.Command {
 		},
 	}
 	fs := cmd.Flags()
-	fs.StringVar(&raw, "json", "", "the whole input as a JSON object (flags then override its fields)")
+	fs.StringVar(&m.raw, "json", "", "the whole input as a JSON object (flags then override its fields)")
 	if info.Mutating {
-		fs.StringVar(&key, "idempotency-key", "", "repeat the call safely: the same key and input return the first answer")
+		fs.StringVar(&m.key, "idempotency-key", "", "repeat the call safely: the same key and input return the first answer")
 	}
-	bindings = bindFields(fs, in, nil)
-	return cmd
+	m.bindings = bindFields(fs, in, nil)
+	return cmd, m
+}
+
+// input is the method's input from a parsed command line: --json, then the flags over it, then
+// the argument.
+func (m *methodCommand) input(cmd *cobra.Command, args []string) (reflect.Value, error) {
+	v, err := decodeInput(m.in, m.raw)
+	if err != nil {
+		return v, err
+	}
+	for _, b := range m.bindings {
+		if cmd.Flags().Changed(b.flag) {
+			if err := b.set(v.Elem().FieldByIndex(b.index), cmd.Flags()); err != nil {
+				return v, usageError{fmt.Errorf("--%s: %w", b.flag, err)}
+			}
+		}
+	}
+	group, name := kebab(m.info.Group), kebab(m.info.Name)
+	if len(args) == 1 {
+		if m.positional == "" {
+			return v, usageError{fmt.Errorf("%s %s takes no argument", group, name)}
+		}
+		v.Elem().FieldByName(m.positional).SetString(args[0])
+	}
+	if m.positional != "" && v.Elem().FieldByName(m.positional).String() == "" {
+		// Every method that takes its resource as the argument requires it (a test checks).
+		arg := kebab(m.positional)
+		return v, usageError{fmt.Errorf("%s %s needs a %s: %s %s (or --%s)", group, name, arg, cmd.CommandPath(), strings.ToUpper(arg), arg)}
+	}
+	return v.Elem(), nil
 }
 
 // decodeInput makes a method's input from --json, decoded as strictly as the API decodes a body:
@@ -158,10 +188,11 @@ func bindFields(fs *pflag.FlagSet, t reflect.Type, prefix []int) []binding {
 			continue
 		}
 		flag := kebab(name)
-		if fs.Lookup(flag) != nil {
-			continue
-		}
 		usage := "the input's " + name
+		if slices.Contains(reservedFlags, flag) {
+			usage += " (--" + flag + " is the CLI's own)"
+			flag = "input-" + flag
+		}
 		if b, ok := flagFor(fs, flag, f.Type, usage); ok {
 			b.index = idx
 			out = append(out, b)
@@ -240,6 +271,17 @@ func flagFor(fs *pflag.FlagSet, flag string, t reflect.Type, usage string) (bind
 		b.set = func(v reflect.Value, fs *pflag.FlagSet) error {
 			x, _ := fs.GetBool(flag)
 			set(v, reflect.ValueOf(x))
+			return nil
+		}
+	case base.Kind() == reflect.Slice && base.Elem().Kind() == reflect.String:
+		fs.StringSlice(flag, nil, usage+" (a,b,… or the flag repeated)")
+		b.set = func(v reflect.Value, fs *pflag.FlagSet) error {
+			xs, _ := fs.GetStringSlice(flag)
+			s := reflect.MakeSlice(base, len(xs), len(xs))
+			for i, x := range xs {
+				s.Index(i).Set(reflect.ValueOf(x).Convert(base.Elem()))
+			}
+			set(v, s)
 			return nil
 		}
 	case base.Kind() == reflect.Map && base.Key().Kind() == reflect.String && base.Elem().Kind() == reflect.String:

@@ -19,7 +19,7 @@ import (
 
 func serverClient(p *profile) (*client.Client, error) {
 	if p.URL == "" {
-		return nil, usageError{errors.New("no control plane: pass --url or set BETTER_COMPUTE_URL")}
+		return nil, usageError{errors.New("no control plane: pass --server or set BETTER_COMPUTE_URL")}
 	}
 	return client.New(p.URL, client.WithAPIKey(p.APIKey), client.WithUserAgent("better-compute/"+version))
 }

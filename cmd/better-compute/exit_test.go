@@ -62,7 +62,7 @@ func TestExitCodesAndOutputs(t *testing.T) {
 		{name: "an API error as JSON", args: []string{"pools", "get", "nope", "-o", "json"}, code: 1, jsonCode: api.CodeNotFound},
 		{name: "a bad input the API refuses", args: []string{"reservations", "create", "--pool", "gpu", "--gpus", "-3", "-o", "json"}, code: 1, jsonCode: api.CodeInvalidArgument, jsonField: "gpus"},
 		{name: "a wrong key", args: []string{"pools", "list", "--api-key", "biam_key_wrong"}, code: 1, stderr: "unauthenticated"},
-		{name: "no answer", args: []string{"pools", "list", "--url", "http://127.0.0.1:1", "-o", "json"}, code: 1, jsonCode: api.CodeUnavailable},
+		{name: "no answer", args: []string{"pools", "list", "--server", "http://127.0.0.1:1", "-o", "json"}, code: 1, jsonCode: api.CodeUnavailable},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

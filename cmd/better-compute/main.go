@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -79,8 +80,10 @@ func newRoot(p *profile) *cobra.Command {
 people and JSON for scripts (-o json). It also runs the control plane: dev (a development server with
 simulated nodes), serve (the real thing, in any process mode) and sim (simulated nodes).
 
-Where calls go: --url and --api-key, else $BETTER_COMPUTE_URL and $BETTER_COMPUTE_API_KEY, else the
-config file (--config, default ` + defaultConfigPath() + `: {"url": …, "apiKey": …}).`,
+Where calls go: --server and --api-key, else $BETTER_COMPUTE_URL and $BETTER_COMPUTE_API_KEY, else the
+config file (--config, default ` + defaultConfigPath() + `: {"url": …, "apiKey": …}). A method's flags are
+its input's fields (webhooks create --url is the webhook's URL); a field named as one of the CLI's own
+flags is --input-NAME.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		Version:       version,
@@ -89,10 +92,15 @@ config file (--config, default ` + defaultConfigPath() + `: {"url": …, "apiKey
 		},
 	}
 	pf := root.PersistentFlags()
-	pf.StringVar(&p.URL, "url", "", "the control plane's URL ($BETTER_COMPUTE_URL)")
+	pf.StringVar(&p.URL, serverFlag, "", "the control plane's URL ($BETTER_COMPUTE_URL)")
 	pf.StringVar(&p.APIKey, "api-key", "", "an API key ($BETTER_COMPUTE_API_KEY)")
 	pf.StringVar(&configPath, "config", "", "config file")
 	pf.StringVarP(&p.Output, "output", "o", "table", "table or json")
+	// --url was the connection flag until a method's own --url (webhooks create's) shadowed it.
+	// It stays as a hidden alias for the command lines written with it, where no method field
+	// takes the name; silent, since a warning on stderr would mix with exec's remote stderr.
+	pf.StringVar(&p.URL, legacyServerFlag, "", "")
+	_ = pf.MarkHidden(legacyServerFlag)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	for _, g := range apiCommands(p) {
 		if g.Name() == "events" {
@@ -169,9 +177,16 @@ func strictUsage(c *cobra.Command) {
 	}
 }
 
+// The connection flags. serverFlag names the control plane; no method's input field can take
+// its name (bindFields gives such a field --input-NAME), so it is never shadowed.
+const (
+	serverFlag       = "server"
+	legacyServerFlag = "url"
+)
+
 func (p *profile) load(cmd *cobra.Command, path string) error {
-	if p.Output != "table" && p.Output != "json" {
-		return usageError{fmt.Errorf("-o %q: use table or json", p.Output)}
+	if !slices.Contains(outputFormats, p.Output) {
+		return usageError{fmt.Errorf("-o %q: use %s", p.Output, strings.Join(outputFormats, ", "))}
 	}
 	var file profile
 	explicit := path != ""
@@ -189,8 +204,18 @@ func (p *profile) load(cmd *cobra.Command, path string) error {
 			return fmt.Errorf("config: %w", err)
 		}
 	}
-	pick := func(flag, env, fromFile string, dst *string) {
-		if cmd.Flags().Changed(flag) {
+	// Whether the root's own flag was given: a method's flag of the same name (webhooks create
+	// --url) is the method's input, and says nothing about where the call goes.
+	given := func(flags ...string) bool {
+		for _, f := range flags {
+			if cmd.Root().PersistentFlags().Changed(f) {
+				return true
+			}
+		}
+		return false
+	}
+	pick := func(env, fromFile string, dst *string, flags ...string) {
+		if given(flags...) {
 			return
 		}
 		if v := os.Getenv(env); v != "" {
@@ -199,7 +224,7 @@ func (p *profile) load(cmd *cobra.Command, path string) error {
 			*dst = fromFile
 		}
 	}
-	pick("url", "BETTER_COMPUTE_URL", file.URL, &p.URL)
-	pick("api-key", "BETTER_COMPUTE_API_KEY", file.APIKey, &p.APIKey)
+	pick("BETTER_COMPUTE_URL", file.URL, &p.URL, serverFlag, legacyServerFlag)
+	pick("BETTER_COMPUTE_API_KEY", file.APIKey, &p.APIKey, "api-key")
 	return nil
 }

@@ -19,7 +19,7 @@ func mcpCmd(p *profile) *cobra.Command {
 		Use:   "mcp",
 		Short: "Serve the API to AI agents as MCP tools, over stdio or streamable HTTP",
 		Long: `mcp serves one MCP tool per method of the API (pools_list, reservations_create, …), with JSON schemas of
-their inputs, calling the control plane at --url.
+their inputs, calling the control plane at --server.
 
 Over stdio (the default) one agent uses it, with --api-key (that agent's key). With --http ADDR it
 serves streamable HTTP to many agents, each with its own key: every request must send
@@ -32,7 +32,7 @@ confirmation id; once the person approves it, the same call runs once.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if p.URL == "" {
-				return usageError{errors.New("mcp needs the control plane: --url or $BETTER_COMPUTE_URL")}
+				return usageError{errors.New("mcp needs the control plane: --server or $BETTER_COMPUTE_URL")}
 			}
 			server := func(key string) (*mcp.Server, error) {
 				cl, err := client.New(p.URL, client.WithAPIKey(key), client.WithUserAgent("better-compute-mcp/"+version))

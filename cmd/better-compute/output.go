@@ -10,6 +10,9 @@ import (
 	"text/tabwriter"
 )
 
+// outputFormats are the values of -o.
+var outputFormats = []string{"table", "json"}
+
 // preferred are the columns shown first, when an item has them.
 var preferred = []string{"id", "name", "state", "status", "health", "kind", "model", "mode", "index", "uuid", "poolId", "nodeId", "tenantId", "startsAt", "endsAt", "createdAt"}
 
