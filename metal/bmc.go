@@ -12,6 +12,7 @@ import (
 	"github.com/better-compute/compute/iam"
 	"github.com/better-compute/compute/metal/power"
 	"github.com/better-compute/compute/modules"
+	"github.com/better-compute/compute/netpolicy"
 	"github.com/better-compute/compute/postgres"
 )
 
@@ -77,7 +78,14 @@ func bmcOps(ctx context.Context, s *modules.StepRun, machine string, ops []power
 		if err != nil {
 			return power.Outcome{}, modules.Permanent(err)
 		}
-		return power.Run(ctx, d, power.BMC{Address: address, Username: username, Password: string(pw)}, ops)
+		// The control plane dials the BMC itself: through the outbound policy, which checks
+		// every connection's address (the address was checked when it was set, too).
+		out, err := power.Run(ctx, d, power.BMC{Address: address, Username: username, Password: string(pw), Dial: rt.Outbound.DialContext}, ops)
+		if err != nil {
+			// The tenant reads the driver's summary (workflows.get); the operator the whole.
+			rt.Logger.WarnContext(ctx, "metal: BMC operations failed", "machine", machine, "error", netpolicy.Detail(err))
+		}
+		return out, err
 	}
 	args := BMCArgs{Machine: machine, Driver: driver, Address: address, Username: username, Ops: ops}
 	var cmd api.Command

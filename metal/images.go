@@ -35,6 +35,17 @@ func imageRef(ctx context.Context, q postgres.Querier, tenant, ref string) (Imag
 
 func (m *Module) registerImages(r *modules.Registry) {
 	modules.Handle(r, ImagesRegister, nil, func(ctx context.Context, c *modules.Call, in RegisterImage) (Image, error) {
+		// A site agent pulls these for the tenant: each URL's host is checked by the outbound
+		// policy here. The site agent's own pull does not check its connections yet.
+		for _, f := range [][2]string{{"url", in.URL}, {"kernelUrl", in.KernelURL}, {"initrdUrl", in.InitrdURL}} {
+			if f[1] == "" {
+				continue
+			}
+			if err := c.Runtime.Outbound.CheckURL(f[1]); err != nil {
+				return Image{}, api.InvalidField(f[0], "%v: images are pulled from public addresses (an operator may allow a range: Options.Outbound.Allow)", err).
+					With("reason", "refused_by_outbound_policy")
+			}
+		}
 		id := uuid.Must(uuid.NewV7()).String()
 		var sealed []byte
 		if in.PullToken != "" {

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/url"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -18,6 +19,7 @@ import (
 	"github.com/better-compute/compute/iam"
 	"github.com/better-compute/compute/metal/power"
 	"github.com/better-compute/compute/modules"
+	"github.com/better-compute/compute/netpolicy"
 	"github.com/better-compute/compute/postgres"
 )
 
@@ -124,6 +126,33 @@ func checkBMC(reg *modules.Registry, b BMCInput) error {
 	return nil
 }
 
+// checkDialled checks the BMC address of a machine with no site, which the control plane
+// dials itself, against the outbound policy (a site's agent dials its own site's BMCs).
+//
+// Redfish's address is a URL, IPMI's host:port; another driver's is read as either, or else as
+// a host, and refused only when it is an address the policy refuses: the driver dials through
+// power.BMC.Dial, which checks every connection.
+func checkDialled(p *netpolicy.Policy, b BMCInput) error {
+	var err error
+	host, _, splitErr := net.SplitHostPort(b.Address)
+	switch {
+	case b.Driver == "redfish" || strings.Contains(b.Address, "://"):
+		err = p.CheckURL(b.Address)
+	case splitErr == nil:
+		err = p.CheckHost(host)
+	default:
+		if err = p.CheckHost(b.Address); errors.Is(err, netpolicy.ErrNotHost) {
+			err = nil
+		}
+	}
+	if err != nil {
+		return api.InvalidField("bmc.address", "%v: the control plane dials the BMC of a machine with no site itself, at a public address only "+
+			"(an operator may allow the BMCs' range: Options.Outbound.Allow; or give the machine a site, whose agent dials it)", err).
+			With("reason", "refused_by_outbound_policy")
+	}
+	return nil
+}
+
 func createMachine(ctx context.Context, c *modules.Call, in CreateMachine) (Machine, error) {
 	if err := checkBMC(c.Runtime.Registry, in.BMC); err != nil {
 		return Machine{}, err
@@ -139,6 +168,8 @@ func createMachine(ctx context.Context, c *modules.Call, in CreateMachine) (Mach
 			return Machine{}, err
 		}
 		site = &id
+	} else if err := checkDialled(c.Runtime.Outbound, in.BMC); err != nil {
+		return Machine{}, err
 	}
 	id := uuid.Must(uuid.NewV7()).String()
 	sealed, err := c.Runtime.Secrets.Seal(purpose(id), []byte(in.BMC.Password))
@@ -218,6 +249,15 @@ func deleteMachine(ctx context.Context, c *modules.Call, _ MachineRef) (Machine,
 func setBMC(ctx context.Context, c *modules.Call, in SetMachineBMC) (Machine, error) {
 	if err := checkBMC(c.Runtime.Registry, in.BMC); err != nil {
 		return Machine{}, err
+	}
+	var site *string
+	if err := c.Tx.QueryRow(ctx, `SELECT site_id::text FROM compute.metal_machines WHERE id = $1 FOR UPDATE`, c.Target.ResourceID).Scan(&site); err != nil {
+		return Machine{}, err
+	}
+	if site == nil {
+		if err := checkDialled(c.Runtime.Outbound, in.BMC); err != nil {
+			return Machine{}, err
+		}
 	}
 	sealed, err := c.Runtime.Secrets.Seal(purpose(c.Target.ResourceID), []byte(in.BMC.Password))
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -202,7 +203,11 @@ func TestJoinRequestsAreApprovedIntoMachines(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	env := computetest.New(t, computetest.Options{Modules: []compute.Module{m}})
+	// The BMCs are on 10.0.0.0/8, which the operator allows: a machine registered by its BMC
+	// alone has no site yet, so the control plane dials its BMC itself.
+	env := computetest.New(t, computetest.Options{Modules: []compute.Module{m}, Configure: func(o *compute.Options) {
+		o.Outbound.Allow = append(o.Outbound.Allow, netip.MustParsePrefix("10.0.0.0/8"))
+	}})
 	url := env.Server(t)
 	cl, err := client.New(url, client.WithAPIKey(env.RootKey))
 	if err != nil {

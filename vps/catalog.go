@@ -171,6 +171,20 @@ func (m *Module) registerFlavors(r *modules.Registry) {
 
 func (m *Module) registerImages(r *modules.Registry) {
 	modules.Handle(r, VMImagesRegister, nil, func(ctx context.Context, c *modules.Call, in RegisterVMImage) (VMImage, error) {
+		// A VM host fetches these for the tenant: each URL's host is checked by the outbound
+		// policy here. The host agent's own fetch does not check its connections yet.
+		for _, f := range []struct {
+			name string
+			a    *Artifact
+		}{{"kernel.url", in.Kernel}, {"initrd.url", in.Initrd}, {"disk.url", in.Disk}} {
+			if f.a == nil {
+				continue
+			}
+			if err := c.Runtime.Outbound.CheckURL(f.a.URL); err != nil {
+				return VMImage{}, api.InvalidField(f.name, "%v: images are fetched from public addresses (an operator may allow a range: Options.Outbound.Allow)", err).
+					With("reason", "refused_by_outbound_policy")
+			}
+		}
 		k, ks := in.Kernel.columns()
 		ir, irs := in.Initrd.columns()
 		d, ds := in.Disk.columns()

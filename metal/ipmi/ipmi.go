@@ -16,6 +16,7 @@ import (
 	"github.com/bougou/go-ipmi/pkg/types"
 
 	"github.com/better-compute/compute/metal/power"
+	"github.com/better-compute/compute/netpolicy"
 )
 
 // Timeout bounds one exchange with a BMC (go-ipmi retries it twice).
@@ -47,14 +48,38 @@ func session(ctx context.Context, b power.BMC, fn func(*client.Client) error) er
 	// RAKP-HMAC-SHA256 with AES-128 first, then the SHA-1 suite every BMC has; naming them spares
 	// the discovery of cipher suites, which some BMCs (ipmi_sim) never answer.
 	c.WithTimeout(Timeout).WithCipherSuiteID(types.CipherSuiteID17, types.CipherSuiteID3)
+	if b.Dial != nil {
+		c.WithUDPProxy(dialer{ctx, b.Dial})
+	}
 	if err := c.Connect(ctx); err != nil {
-		return fmt.Errorf("ipmi: connect to %s as %s: %w", b.Address, b.Username, err)
+		return fmt.Errorf("ipmi: connect to %s as %s: %w", b.Address, b.Username, public(err))
 	}
 	defer c.Close(context.WithoutCancel(ctx))
 	if err := fn(c); err != nil {
-		return fmt.Errorf("ipmi: %s: %w", b.Address, err)
+		return fmt.Errorf("ipmi: %s: %w", b.Address, public(err))
 	}
 	return nil
+}
+
+// dialer is power.BMC.Dial as go-ipmi's proxy.Dialer, which opens its UDP "connection".
+type dialer struct {
+	ctx  context.Context
+	dial func(ctx context.Context, network, address string) (net.Conn, error)
+}
+
+func (d dialer) Dial(network, address string) (net.Conn, error) {
+	return d.dial(d.ctx, network, address)
+}
+
+// public is err as the machine's tenant may read it (power.Driver): a network error as what
+// failed (it may name the resolver's address), the whole staying in it for the operator
+// (netpolicy.Detail). IPMI's own errors (completion codes, a refused session) are go-ipmi's
+// descriptions of a binary answer, kept.
+func public(err error) error {
+	if errors.As(err, new(*net.OpError)) || errors.As(err, new(*net.DNSError)) || errors.As(err, new(*netpolicy.RefusedError)) {
+		return netpolicy.Opaque("", err)
+	}
+	return err
 }
 
 // State implements power.Driver.

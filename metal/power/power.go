@@ -6,6 +6,7 @@ package power
 import (
 	"context"
 	"errors"
+	"net"
 	"time"
 )
 
@@ -15,6 +16,10 @@ type BMC struct {
 	Address  string // host:port, e.g. 10.0.0.5:623
 	Username string
 	Password string
+	// Dial, when set, opens every connection a driver makes to the BMC: the control plane's
+	// outbound policy (netpolicy), which checks each address, dials the BMC of a machine with
+	// no site. nil dials directly (a site agent, on its own site's network).
+	Dial func(ctx context.Context, network, address string) (net.Conn, error) `json:"-"`
 }
 
 // Validate checks that a BMC can be dialled.
@@ -81,8 +86,11 @@ type SELEntry struct {
 }
 
 // Driver is a power driver: the BMC protocol (IPMI, Redfish) that turns machines on and off,
-// chooses their next boot device and reads their health. Every call dials the BMC; none keeps
-// a session across calls.
+// chooses their next boot device and reads their health. Every call dials the BMC (through
+// BMC.Dial when set); none keeps a session across calls. Its errors reach the machine's tenant
+// (workflows.get): they summarise what the BMC answered (a status), never repeat it, and say
+// what failed on the network (netpolicy.Describe) rather than the network's error, which may
+// name an address the tenant must not learn.
 type Driver interface {
 	State(ctx context.Context, b BMC) (State, error)
 	Set(ctx context.Context, b BMC, a Action) error

@@ -10,15 +10,18 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/url"
 	"slices"
 	"time"
 
 	"github.com/stmcginnis/gofish"
+	"github.com/stmcginnis/gofish/common"
 	"github.com/stmcginnis/gofish/redfish"
 
 	"github.com/better-compute/compute/metal/power"
+	"github.com/better-compute/compute/netpolicy"
 )
 
 // Timeout bounds a call to a BMC.
@@ -48,25 +51,42 @@ func (d Driver) session(ctx context.Context, b power.BMC, fn func(*gofish.APICli
 	ctx, cancel := context.WithTimeout(ctx, Timeout)
 	defer cancel()
 	hc := &http.Client{Timeout: Timeout, Transport: &http.Transport{
+		Proxy:               nil, // the BMC is dialled, never a proxy from the environment
+		DialContext:         b.Dial,
 		TLSClientConfig:     &tls.Config{InsecureSkipVerify: d.Insecure, RootCAs: d.RootCAs, MinVersion: tls.VersionTLS12}, //nolint:gosec // a choice the host makes, see Insecure
 		TLSHandshakeTimeout: 10 * time.Second,
 	}}
 	c, err := gofish.ConnectContext(ctx, gofish.ClientConfig{Endpoint: u.Scheme + "://" + u.Host, Username: b.Username, Password: b.Password, HTTPClient: hc})
 	if err != nil {
-		return fmt.Errorf("redfish: connect to %s as %s: %w", b.Address, b.Username, err)
+		return fmt.Errorf("redfish: connect to %s as %s: %w", b.Address, b.Username, public(err))
 	}
 	defer c.Logout()
 	systems, err := c.Service.Systems()
 	if err != nil {
-		return fmt.Errorf("redfish: %s: list the systems: %w", b.Address, err)
+		return fmt.Errorf("redfish: %s: list the systems: %w", b.Address, public(err))
 	}
 	if len(systems) == 0 {
 		return fmt.Errorf("redfish: %s has no computer system", b.Address)
 	}
 	if err := fn(c, systems[0]); err != nil {
-		return fmt.Errorf("redfish: %s: %w", b.Address, err)
+		return fmt.Errorf("redfish: %s: %w", b.Address, public(err))
 	}
 	return nil
+}
+
+// public is err as the machine's tenant may read it (power.Driver): an error answer of the BMC
+// as its status, a network error as what failed; the whole stays in it for the operator
+// (netpolicy.Detail).
+func public(err error) error {
+	var answer *common.Error
+	var network *url.Error
+	switch {
+	case errors.As(err, &answer):
+		return netpolicy.Opaque(fmt.Sprintf("the BMC answered HTTP %d", answer.HTTPReturnedStatusCode), err)
+	case errors.As(err, &network), errors.As(err, new(*net.OpError)), errors.As(err, new(*netpolicy.RefusedError)):
+		return netpolicy.Opaque("", err)
+	}
+	return err
 }
 
 // State implements power.Driver.
