@@ -17,7 +17,8 @@ func TestEveryAccessTicketIsOneEvent(t *testing.T) {
 	env := ff.env
 	ctx := context.Background()
 	a, k := env.Compute.API, env.RootKey
-	res, err := a.Reservations.Create(ctx, k, api.CreateReservation{Pool: "p1", Shape: api.Shape{GPUs: 1}})
+	// The whole node: the node's console is its whole holder's (a holder of part of it is refused one).
+	res, err := a.Reservations.Create(ctx, k, api.CreateReservation{Pool: "p1", Shape: api.Shape{GPUs: 8}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -275,7 +275,8 @@ func TestOneDecisionPerMutation(t *testing.T) {
 		{"access/exec", func() string {
 			return `{"reservation": "` + ids["reservations/create"] + `", "command": ["true"]}`
 		}, false},
-		{"access/console", func() string { return `{"reservation": "` + ids["reservations/create"] + `"}` }, false},
+		// The node's console is its operators' (and a whole holder's): a holder of one GPU is refused it.
+		{"access/console", func() string { return `{"node": "` + ff.nodeID + `"}` }, false},
 		{"reservations/release", func() string { return `{"reservation": "` + ids["reservations/create"] + `"}` }, false},
 		{"reservations/create", fixed(`{"pool": "p1", "gpus": 1, "start": "2030-01-01T00:00:00Z", "duration": "1h"}`), true},
 		{"reservations/cancel", func() string { return `{"reservation": "` + ids["reservations/create"] + `"}` }, false},

@@ -53,7 +53,7 @@ func (c *Compute) serveTunnel(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	open := &agentv1.TunnelOpen{Id: uuid.Must(uuid.NewV7()).String(), Kind: t.Kind, Argv: t.Argv, Tty: t.TTY,
-		Cols: uint32(t.Cols), Rows: uint32(t.Rows), Console: t.Console}
+		Cols: uint32(t.Cols), Rows: uint32(t.Rows), Console: t.Console, Reservation: t.Reservation, Root: t.Root}
 	tun, err := c.gateway.OpenTunnel(r.Context(), t.Node, t.Reservation, open)
 	if errors.Is(err, gateway.ErrNoSession) {
 		envelope.WriteError(w, 0, &api.Error{Code: api.CodeUnavailable,

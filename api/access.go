@@ -1,6 +1,8 @@
 package api
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"strings"
 	"time"
 )
@@ -50,7 +52,9 @@ type SignSSHKey struct {
 	Reservation string `json:"reservation"`
 	PublicKey   string `json:"publicKey"`     // authorized_keys form, e.g. ssh-ed25519 AAAA… user@host
 	TTL         string `json:"ttl,omitempty"` // default 15m, 10s to 8h; never past the reservation's end
-	// BreakGlass asks for access as an operator's emergency: its Reason is required and the
+	// BreakGlass asks for access as an operator's emergency: root (the node's operator login)
+	// on the reservation's nodes, for a caller who is an operator of each of them (of the
+	// node's tenant or an ancestor of it; others are refused). Its Reason is required and the
 	// certificate is an access.break_glass event.
 	BreakGlass bool   `json:"breakGlass,omitempty"`
 	Reason     string `json:"reason,omitempty"`
@@ -96,11 +100,31 @@ type SSHCertificate struct {
 	Principals  []string  `json:"principals"`
 	ValidAfter  time.Time `json:"validAfter"`
 	ValidBefore time.Time `json:"validBefore"`
+	// User is the login user on the reservation's nodes: the reservation's own
+	// (ReservationUser). A break-glass certificate logs in as the node's operator login as well
+	// (bcd node --ssh-user, root by default), as does any certificate of a reservation that
+	// holds the whole node.
+	User string `json:"user"`
 }
 
 // ReservationPrincipal is the SSH principal of a reservation: a node's sshd lets certificates of
-// it in while the reservation holds the node.
+// it in, as the reservation's own user (ReservationUser), while the reservation holds the node.
 func ReservationPrincipal(reservationID string) string { return "res-" + reservationID }
+
+// BreakGlassPrincipal is the SSH principal of a break-glass certificate of a reservation: a
+// node the reservation holds lets it in as the node's operator login (root) while the
+// certificate is valid. Only an operator of the node (its tenant or an ancestor) gets one.
+func BreakGlassPrincipal(reservationID string) string { return "root-res-" + reservationID }
+
+// ReservationUser is the unprivileged user a reservation's commands and SSH logins run as on a
+// node it holds part of: "bc-" and 12 hex digits of the SHA-256 of its id (a login name of at
+// most 32 characters, the same on every node, and not guessable from another reservation's).
+// bcd makes it while the reservation holds the node and removes it, its processes and its
+// files, when the hold ends.
+func ReservationUser(reservationID string) string {
+	sum := sha256.Sum256([]byte(reservationID))
+	return "bc-" + hex.EncodeToString(sum[:6])
+}
 
 // RevokeSSHCertificate is the input of access.revoke.
 type RevokeSSHCertificate struct {
@@ -131,13 +155,26 @@ const (
 )
 
 // SSHAccess is a node's SSH access: the certificate authorities of the tenants whose
-// reservations hold it now (TrustedUserCAKeys), the principals those reservations' certificates
-// carry (the login user's AuthorizedPrincipalsFile), and the revocation list (RevokedKeys, an
-// OpenSSH KRL): the certificates revoked, or whose reservation ended, before they expire.
+// reservations hold it now (TrustedUserCAKeys), which principals log in as which user (each
+// user's AuthorizedPrincipalsFile), and the revocation list (RevokedKeys, an OpenSSH KRL): the
+// certificates revoked, or whose reservation ended, before they expire.
 type SSHAccess struct {
-	CAKeys     []string `json:"caKeys"`
+	CAKeys []string `json:"caKeys"`
+	// Principals log in as the node's operator login (bcd node --ssh-user, root by default):
+	// those of a reservation that holds the whole node, and break-glass principals
+	// (BreakGlassPrincipal) of certificates an operator of the node holds. A bcd that predates
+	// Holders reads this field alone, so a holder of part of the node is never in it.
 	Principals []string `json:"principals"`
-	KRL        []byte   `json:"krl"`
+	// Holders are the reservations that hold the node now, each logging in as its own user
+	// (ReservationUser), which the node makes.
+	Holders []SSHHolder `json:"holders,omitempty"`
+	KRL     []byte      `json:"krl"`
+}
+
+// SSHHolder is a reservation's SSH login on a node: its principals log in as its own user.
+type SSHHolder struct {
+	Reservation string   `json:"reservation"`
+	Principals  []string `json:"principals"`
 }
 
 // The tunnel methods: a single-use ticket to a command run on a node, or to its console, over
@@ -196,6 +233,11 @@ type OpenTunnel struct {
 	Cols        int      `json:"cols,omitempty"`
 	Rows        int      `json:"rows,omitempty"`
 	Console     string   `json:"console,omitempty"` // console: which (default the node's)
+	// BreakGlass asks, as an operator of the node (its tenant or an ancestor of it), for its
+	// commands to run as root on a node that tenants' reservations hold: Reason is required,
+	// and the ticket is an access.break_glass event as well.
+	BreakGlass bool   `json:"breakGlass,omitempty"`
+	Reason     string `json:"reason,omitempty"`
 }
 
 // Validate implements the input check (of both methods; each checks what it needs).
@@ -226,6 +268,12 @@ func (in OpenTunnel) Validate() error {
 	if in.Cols < 0 || in.Cols > 10000 || in.Rows < 0 || in.Rows > 10000 {
 		return InvalidField("cols", "a window is 0 to 10000 columns and rows")
 	}
+	if in.BreakGlass && strings.TrimSpace(in.Reason) == "" {
+		return InvalidField("reason", "is required for break-glass access: say why")
+	}
+	if err := ValidateText("reason", in.Reason, MaxDescription); err != nil {
+		return err
+	}
 	return ValidateText("console", in.Console, 64)
 }
 
@@ -237,6 +285,11 @@ type TunnelTicket struct {
 	Node        string    `json:"node"`
 	Reservation string    `json:"reservation,omitempty"`
 	ExpiresAt   time.Time `json:"expiresAt"`
+	// Root: the command runs as the user bcd node runs as (root on a machine it manages), for a
+	// holder of the whole node or an operator. Otherwise it runs as User, the reservation's own
+	// unprivileged user (ReservationUser), confined to what the reservation holds.
+	Root bool   `json:"root,omitempty"`
+	User string `json:"user,omitempty"`
 }
 
 // ForReplay is what an idempotent replay answers: the ticket is shown once.

@@ -1837,14 +1837,21 @@ func (*ServerMessage_TunnelAck) isServerMessage_Body() {}
 
 // TunnelOpen starts a tunnel.
 type TunnelOpen struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	Kind          string                 `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"` // exec or console
-	Argv          []string               `protobuf:"bytes,3,rep,name=argv,proto3" json:"argv,omitempty"` // exec: the command and its arguments
-	Tty           bool                   `protobuf:"varint,4,opt,name=tty,proto3" json:"tty,omitempty"`  // exec: in a pseudo-terminal
-	Cols          uint32                 `protobuf:"varint,5,opt,name=cols,proto3" json:"cols,omitempty"`
-	Rows          uint32                 `protobuf:"varint,6,opt,name=rows,proto3" json:"rows,omitempty"`
-	Console       string                 `protobuf:"bytes,7,opt,name=console,proto3" json:"console,omitempty"` // console: which one (empty: the node's)
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Id      string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Kind    string                 `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"` // exec or console
+	Argv    []string               `protobuf:"bytes,3,rep,name=argv,proto3" json:"argv,omitempty"` // exec: the command and its arguments
+	Tty     bool                   `protobuf:"varint,4,opt,name=tty,proto3" json:"tty,omitempty"`  // exec: in a pseudo-terminal
+	Cols    uint32                 `protobuf:"varint,5,opt,name=cols,proto3" json:"cols,omitempty"`
+	Rows    uint32                 `protobuf:"varint,6,opt,name=rows,proto3" json:"rows,omitempty"`
+	Console string                 `protobuf:"bytes,7,opt,name=console,proto3" json:"console,omitempty"` // console: which one (empty: the node's)
+	// reservation is the holder the ticket was made for ("" for an operator's): an exec runs as
+	// its own unprivileged user, confined to what it holds, and a console an extension serves
+	// (a VM's) opens only for the reservation that owns it.
+	Reservation string `protobuf:"bytes,8,opt,name=reservation,proto3" json:"reservation,omitempty"`
+	// root: the control plane decided the holder holds the whole node, or an operator asked with
+	// break-glass: the command runs as the user bcd runs as, and the node's own consoles open.
+	Root          bool `protobuf:"varint,9,opt,name=root,proto3" json:"root,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1926,6 +1933,20 @@ func (x *TunnelOpen) GetConsole() string {
 		return x.Console
 	}
 	return ""
+}
+
+func (x *TunnelOpen) GetReservation() string {
+	if x != nil {
+		return x.Reservation
+	}
+	return ""
+}
+
+func (x *TunnelOpen) GetRoot() bool {
+	if x != nil {
+		return x.Root
+	}
+	return false
 }
 
 // TunnelInput is what the holder sends: bytes for the command's standard input, the end of it,
@@ -3080,7 +3101,7 @@ const file_agent_proto_rawDesc = "" +
 	" \x01(\v2\x15.agent.v1.TunnelInputH\x00R\vtunnelInput\x124\n" +
 	"\n" +
 	"tunnel_ack\x18\v \x01(\v2\x13.agent.v1.TunnelAckH\x00R\ttunnelAckB\x06\n" +
-	"\x04body\"\x98\x01\n" +
+	"\x04body\"\xce\x01\n" +
 	"\n" +
 	"TunnelOpen\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
@@ -3089,7 +3110,9 @@ const file_agent_proto_rawDesc = "" +
 	"\x03tty\x18\x04 \x01(\bR\x03tty\x12\x12\n" +
 	"\x04cols\x18\x05 \x01(\rR\x04cols\x12\x12\n" +
 	"\x04rows\x18\x06 \x01(\rR\x04rows\x12\x18\n" +
-	"\aconsole\x18\a \x01(\tR\aconsole\"\x81\x01\n" +
+	"\aconsole\x18\a \x01(\tR\aconsole\x12 \n" +
+	"\vreservation\x18\b \x01(\tR\vreservation\x12\x12\n" +
+	"\x04root\x18\t \x01(\bR\x04root\"\x81\x01\n" +
 	"\vTunnelInput\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04data\x18\x02 \x01(\fR\x04data\x12\x10\n" +

@@ -49,7 +49,7 @@ func (Module) Register(r *modules.Registry) error {
 	r.Actions(modules.ActionsFor(api.AccessMethods()...)...)
 	r.EventTypes(
 		modules.EventType{Name: EventCertificate, Description: "An SSH certificate was signed for a reservation's nodes (data: serial, keyId, principals, validBefore, fingerprint)."},
-		modules.EventType{Name: EventBreakGlass, Description: "A break-glass SSH certificate was signed, with its reason (data as access.ssh_certificate, reason)."},
+		modules.EventType{Name: EventBreakGlass, Description: "Break-glass access, with its reason: an SSH certificate that logs in as root (data as access.ssh_certificate, reason), or a tunnel ticket (data as access.exec or access.console, kind (exec or console), reason)."},
 		modules.EventType{Name: EventRevoked, Description: "An SSH certificate was revoked (data: serial)."},
 	)
 	r.DesiredKind(modules.DesiredKind{Name: api.SSHAccessKind, Version: api.SSHAccessVersion, Optional: true, State: sshAccess})
@@ -148,7 +148,17 @@ func sign(ctx context.Context, c *modules.Call, in api.SignSSHKey) (api.SSHCerti
 	principals := []string{api.ReservationPrincipal(in.Reservation)}
 	keyID := c.Principal.ID + "/" + in.Reservation
 	if in.BreakGlass {
+		// Root on the reservation's nodes: only for their operators, never for a tenant that
+		// holds part of a node (it would reach the other tenants' work there).
+		nodes, err := reservationNodes(ctx, c.Tx, in.Reservation)
+		if err != nil {
+			return api.SSHCertificate{}, err
+		}
+		if err := operatorOf(ctx, c, nodes...); err != nil {
+			return api.SSHCertificate{}, err
+		}
 		keyID = "break-glass/" + keyID
+		principals = append(principals, api.BreakGlassPrincipal(in.Reservation))
 	}
 	var serial int64
 	fingerprint := ssh.FingerprintSHA256(key)
@@ -168,6 +178,7 @@ func sign(ctx context.Context, c *modules.Call, in api.SignSSHKey) (api.SSHCerti
 	out := api.SSHCertificate{
 		Certificate: strings.TrimSpace(string(ssh.MarshalAuthorizedKey(cert))) + commentOf(comment),
 		Serial:      serial, KeyID: keyID, Principals: principals, ValidAfter: after.UTC(), ValidBefore: before.UTC(),
+		User: api.ReservationUser(in.Reservation),
 	}
 	data := map[string]any{"reservation": in.Reservation, "principal": c.Principal.ID, "serial": serial, "keyId": keyID, "principals": principals, "validBefore": out.ValidBefore.Format(time.RFC3339), "fingerprint": fingerprint}
 	typ := EventCertificate

@@ -27,7 +27,7 @@ func sshAccess(ctx context.Context, q postgres.Querier, node string) (any, error
 	if err != nil {
 		return nil, err
 	}
-	var principals, tenants []string
+	var holders, tenants []string
 	seen := map[string]bool{}
 	for rows.Next() {
 		var res, tenant string
@@ -35,7 +35,7 @@ func sshAccess(ctx context.Context, q postgres.Querier, node string) (any, error
 			rows.Close()
 			return nil, err
 		}
-		principals = append(principals, api.ReservationPrincipal(res))
+		holders = append(holders, res)
 		if !seen[tenant] {
 			seen[tenant] = true
 			tenants = append(tenants, tenant)
@@ -44,10 +44,34 @@ func sshAccess(ctx context.Context, q postgres.Querier, node string) (any, error
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	if len(principals) == 0 {
+	if len(holders) == 0 {
 		return nil, nil
 	}
-	out := api.SSHAccess{Principals: principals, CAKeys: []string{}}
+	// Each holder logs in as its own user; a holder of the whole node, and a break-glass
+	// certificate's principal, as the node's operator login too.
+	out := api.SSHAccess{Principals: []string{}, CAKeys: []string{}}
+	for _, res := range holders {
+		out.Holders = append(out.Holders, api.SSHHolder{Reservation: res, Principals: []string{api.ReservationPrincipal(res)}})
+		whole, err := wholeNode(ctx, q, res, node)
+		if err != nil {
+			return nil, err
+		}
+		if whole {
+			out.Principals = append(out.Principals, api.ReservationPrincipal(res))
+		}
+	}
+	rows, err = q.Query(ctx, `SELECT DISTINCT reservation_id::text FROM compute.access_certificates
+		WHERE reservation_id::text = ANY($1) AND break_glass AND revoked_at IS NULL AND valid_before > compute.compute_now() ORDER BY 1`, holders)
+	if err != nil {
+		return nil, err
+	}
+	glass, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, err
+	}
+	for _, res := range glass {
+		out.Principals = append(out.Principals, api.BreakGlassPrincipal(res))
+	}
 	cas := map[string]ssh.PublicKey{}
 	rows, err = q.Query(ctx, `SELECT tenant_id, public_key FROM compute.access_ssh_cas WHERE tenant_id = ANY($1) ORDER BY tenant_id`, tenants)
 	if err != nil {

@@ -1,6 +1,7 @@
 package access
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -57,11 +58,16 @@ func tunnelTarget(ctx context.Context, l modules.Lookup, in api.OpenTunnel) (mod
 	return t, err
 }
 
-// openTicket makes the ticket of a tunnel of kind, after the call's decision.
-func openTicket(kind string) func(ctx context.Context, c *modules.Call, in api.OpenTunnel) (api.TunnelTicket, error) {
+// openTicket makes the ticket of a tunnel of kind, after the call's decision. module is a
+// module's console ticket (modules.Access.ConsoleTicket): the module checked that the caller's
+// tenant owns the console, and the node serves it to the ticket's reservation alone.
+func openTicket(kind string, module bool) func(ctx context.Context, c *modules.Call, in api.OpenTunnel) (api.TunnelTicket, error) {
 	return func(ctx context.Context, c *modules.Call, in api.OpenTunnel) (api.TunnelTicket, error) {
 		if kind == "exec" && len(in.Command) == 0 {
 			return api.TunnelTicket{}, api.InvalidField("command", "exec needs a command, e.g. [\"/bin/sh\"]")
+		}
+		if kind == "console" && !module && strings.Contains(in.Console, ":") {
+			return api.TunnelTicket{}, errModuleConsole(in.Console)
 		}
 		var node string
 		var reservation *string
@@ -81,32 +87,45 @@ func openTicket(kind string) func(ctx context.Context, c *modules.Call, in api.O
 		} else {
 			node = c.Target.ResourceID
 		}
+		root := false
+		if !module {
+			var err error
+			if root, err = tunnelRoot(ctx, c, in, kind, node); err != nil {
+				return api.TunnelTicket{}, err
+			}
+		}
 		token := TicketPrefix + randomToken()
 		h := sha256.Sum256([]byte(token))
 		var expires time.Time
-		if err := c.Tx.QueryRow(ctx, `INSERT INTO compute.access_tickets (id, token_hash, tenant_id, principal, node_id, reservation_id, kind, argv, tty, cols, rows, console, expires_at)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, compute.compute_now() + make_interval(secs => $13)) RETURNING expires_at`,
+		if err := c.Tx.QueryRow(ctx, `INSERT INTO compute.access_tickets (id, token_hash, tenant_id, principal, node_id, reservation_id, kind, argv, tty, cols, rows, console,
+			root, break_glass, reason, expires_at)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $14, $15, $16, compute.compute_now() + make_interval(secs => $13)) RETURNING expires_at`,
 			uuid.Must(uuid.NewV7()).String(), h[:], c.Target.TenantID, c.Principal.ID, node, reservation, kind, nonNil(in.Command), in.TTY, in.Cols, in.Rows,
-			in.Console, api.TicketTTL.Seconds()).Scan(&expires); err != nil {
+			in.Console, api.TicketTTL.Seconds(), root, in.BreakGlass, in.Reason).Scan(&expires); err != nil {
 			return api.TunnelTicket{}, err
 		}
-		typ, data := EventExec, map[string]any{"reservation": in.Reservation, "node": node, "principal": c.Principal.ID}
+		typ, data := EventExec, map[string]any{"reservation": in.Reservation, "node": node, "principal": c.Principal.ID, "root": root}
 		if kind == "exec" {
 			data["command"], data["tty"] = in.Command, in.TTY
 		} else {
 			typ, data["console"] = EventConsole, in.Console
 		}
+		if in.BreakGlass {
+			// One event still, as a break-glass certificate is: access.break_glass, with the reason.
+			typ, data["kind"], data["reason"] = EventBreakGlass, kind, in.Reason
+		}
 		// A holder's ticket is about its reservation, as its certificates are: the reservation's
 		// events list every way in. An operator's ticket to a node is about the node.
-		subject := node
-		if in.Reservation != "" {
-			subject = in.Reservation
-		}
+		subject := cmp.Or(in.Reservation, node)
 		if err := c.Runtime.Events.Emit(ctx, c.Tx, modules.Event{Type: typ, TenantID: c.Target.TenantID, Subject: subject, Data: data}); err != nil {
 			return api.TunnelTicket{}, err
 		}
-		return api.TunnelTicket{Ticket: token, URL: api.BasePath + api.TunnelPath + "?ticket=" + url.QueryEscape(token), Node: node,
-			Reservation: in.Reservation, ExpiresAt: expires}, nil
+		out := api.TunnelTicket{Ticket: token, URL: api.BasePath + api.TunnelPath + "?ticket=" + url.QueryEscape(token), Node: node,
+			Reservation: in.Reservation, ExpiresAt: expires, Root: root}
+		if !root && kind == "exec" {
+			out.User = api.ReservationUser(in.Reservation)
+		}
+		return out, nil
 	}
 }
 
@@ -121,7 +140,10 @@ func (Service) ConsoleTicket(ctx context.Context, c *modules.Call, in api.OpenTu
 	if in.Reservation == "" {
 		return api.TunnelTicket{}, api.InvalidField("reservation", "a module's console ticket is its holder's: name the reservation")
 	}
-	return openTicket("console")(ctx, c, in)
+	if in.BreakGlass {
+		return api.TunnelTicket{}, api.InvalidField("breakGlass", "a module's console is its owner's: break-glass is for a node's own")
+	}
+	return openTicket("console", true)(ctx, c, in)
 }
 
 // SSHCA implements modules.Access.
@@ -158,6 +180,10 @@ type Ticket struct {
 	TTY                                  bool
 	Cols, Rows                           int
 	Console                              string
+	// Root: the command runs as the user bcd runs as and the node's own consoles open (a
+	// holder of the whole node, or an operator); otherwise an exec runs as the reservation's
+	// own user.
+	Root bool
 }
 
 // ErrTicket is a ticket that opens nothing: unknown, used, expired, or of a reservation that no
@@ -174,10 +200,11 @@ func SpendTicket(ctx context.Context, db *postgres.DB, token string) (Ticket, er
 	h := sha256.Sum256([]byte(token))
 	err := db.Tx(ctx, func(tx pgx.Tx) error {
 		var reservation *string
+		var breakGlass bool
 		err := tx.QueryRow(ctx, `UPDATE compute.access_tickets SET used_at = compute.compute_now()
 			WHERE token_hash = $1 AND used_at IS NULL AND expires_at > compute.compute_now()
-			RETURNING tenant_id, principal, node_id::text, reservation_id::text, kind, argv, tty, cols, rows, console`, h[:]).
-			Scan(&t.Tenant, &t.Principal, &t.Node, &reservation, &t.Kind, &t.Argv, &t.TTY, &t.Cols, &t.Rows, &t.Console)
+			RETURNING tenant_id, principal, node_id::text, reservation_id::text, kind, argv, tty, cols, rows, console, root, break_glass`, h[:]).
+			Scan(&t.Tenant, &t.Principal, &t.Node, &reservation, &t.Kind, &t.Argv, &t.TTY, &t.Cols, &t.Rows, &t.Console, &t.Root, &breakGlass)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return ErrTicket
 		}
@@ -193,6 +220,16 @@ func SpendTicket(ctx context.Context, db *postgres.DB, token string) (Ticket, er
 		if !held {
 			return fmt.Errorf("%w: reservation %s no longer holds the node", ErrTicket, t.Reservation)
 		}
+		if t.Root && !breakGlass {
+			// Root was the whole node's: another reservation may have come since the ticket.
+			whole, err := wholeNode(ctx, tx, t.Reservation, t.Node)
+			if err != nil {
+				return err
+			}
+			if !whole {
+				return fmt.Errorf("%w: %w", ErrTicket, errNotWhole)
+			}
+		}
 		return nil
 	})
 	return t, err
@@ -201,11 +238,11 @@ func SpendTicket(ctx context.Context, db *postgres.DB, token string) (Ticket, er
 // registerTunnels registers the tunnel methods.
 func registerTunnels(r *modules.Registry) {
 	r.EventTypes(
-		modules.EventType{Name: EventExec, Description: "A ticket to run a command on a node was made (data: reservation, principal, command, tty)."},
-		modules.EventType{Name: EventConsole, Description: "A ticket to a node's console was made (data: reservation, principal, console)."},
+		modules.EventType{Name: EventExec, Description: "A ticket to run a command on a node was made (data: reservation, node, principal, root, command, tty); with break-glass it is an access.break_glass event."},
+		modules.EventType{Name: EventConsole, Description: "A ticket to a node's console was made (data: reservation, node, principal, root, console); with break-glass it is an access.break_glass event."},
 	)
-	modules.Handle(r, api.AccessExec, tunnelTarget, openTicket("exec"))
-	modules.Handle(r, api.AccessConsole, tunnelTarget, openTicket("console"))
+	modules.Handle(r, api.AccessExec, tunnelTarget, openTicket("exec", false))
+	modules.Handle(r, api.AccessConsole, tunnelTarget, openTicket("console", false))
 	r.Worker(modules.Worker{Name: "access-tickets", Modes: []string{"worker"}, Run: func(ctx context.Context, rt *modules.Runtime) error {
 		return modules.Every(ctx, time.Minute, func() error {
 			_, err := rt.DB.Pool.Exec(ctx, `DELETE FROM compute.access_tickets WHERE expires_at < compute.compute_now() - interval '1 hour'`)
