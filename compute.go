@@ -112,7 +112,7 @@ func New(opts Options) (*Compute, error) {
 	ev := &events.Module{}
 	wh, err := webhooks.New(webhooks.Config{Wake: ev.Sequenced, Outbound: o.outbound, Timeout: o.Webhooks.Timeout,
 		MaxResponseBytes: o.Webhooks.MaxResponseBytes, RetryBase: o.Webhooks.RetryBase, RetryMax: o.Webhooks.RetryMax,
-		DeadAfter: o.Webhooks.DeadAfter, Metrics: m})
+		DeadAfter: o.Webhooks.DeadAfter, MaxEndpoints: o.Webhooks.MaxEndpointsPerTenant, Metrics: m})
 	if err != nil {
 		return nil, &OptionError{Field: "Webhooks", Problem: err.Error()}
 	}

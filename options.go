@@ -125,6 +125,9 @@ type WebhookOptions struct {
 	RetryBase, RetryMax time.Duration
 	// DeadAfter is how long a delivery is retried before it is dead. Default 72h.
 	DeadAfter time.Duration
+	// MaxEndpointsPerTenant bounds the endpoints one tenant holds: each is a delivery of every
+	// event it matches, in the queue all tenants share. Default 100; negative: no limit.
+	MaxEndpointsPerTenant int
 }
 
 // OutboundOptions configure the outbound policy (package netpolicy).

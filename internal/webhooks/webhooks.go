@@ -49,6 +49,7 @@ const (
 	// fallback for events sequenced by other processes.
 	DefaultFanoutEveryWoken = 2 * time.Second
 	DefaultWorkers          = 20
+	DefaultMaxEndpoints     = 100
 )
 
 // Config tunes delivery. Zero values mean the defaults.
@@ -63,6 +64,9 @@ type Config struct {
 	RetryMax         time.Duration // the longest delay between attempts
 	DeadAfter        time.Duration // a delivery still failing this long after it was due is dead
 	FanoutEvery      time.Duration // how often new events are given their deliveries, at the least
+	// MaxEndpoints bounds the endpoints of one tenant (DefaultMaxEndpoints when 0; negative: no
+	// limit): each endpoint is a delivery of every event it matches, in the shared queue.
+	MaxEndpoints int
 	// Wake, when set, returns a channel closed when events were sequenced in this process: the
 	// fan-out then runs at once, and otherwise only every FanoutEvery.
 	Wake    func() <-chan struct{}
@@ -104,6 +108,9 @@ func New(cfg Config) (*Module, error) {
 	}
 	if cfg.Workers == 0 {
 		cfg.Workers = DefaultWorkers
+	}
+	if cfg.MaxEndpoints == 0 {
+		cfg.MaxEndpoints = DefaultMaxEndpoints
 	}
 	if cfg.RetryMax < cfg.RetryBase {
 		return nil, fmt.Errorf("webhooks: RetryMax (%s) is shorter than RetryBase (%s)", cfg.RetryMax, cfg.RetryBase)
@@ -181,6 +188,9 @@ func (m *Module) create(ctx context.Context, c *modules.Call, in api.CreateWebho
 		return api.Webhook{}, api.InvalidField("url", "%v: webhooks go to public endpoints (an operator may allow a range: Options.Outbound.Allow)", err).
 			With("reason", "refused_by_outbound_policy")
 	}
+	if err := m.underLimit(ctx, c); err != nil {
+		return api.Webhook{}, err
+	}
 	id := uuid.Must(uuid.NewV7()).String()
 	secret := newSecret()
 	sealed, err := c.Runtime.Secrets.Seal(purpose(id), []byte(secret))
@@ -196,6 +206,27 @@ func (m *Module) create(ctx context.Context, c *modules.Call, in api.CreateWebho
 		id, c.Target.TenantID, in.URL, in.Description, types, sealed, c.Principal.ID))
 	w.Secret = secret
 	return w, err
+}
+
+// underLimit refuses an endpoint past the tenant's limit (Config.MaxEndpoints). Creations in a
+// tenant take turns (a lock for the rest of the call's transaction), so racing ones cannot
+// both see room for one.
+func (m *Module) underLimit(ctx context.Context, c *modules.Call) error {
+	if m.cfg.MaxEndpoints < 0 {
+		return nil
+	}
+	if _, err := c.Tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('compute.webhook_endpoints:' || $1, 0))`, c.Target.TenantID); err != nil {
+		return err
+	}
+	var n int
+	if err := c.Tx.QueryRow(ctx, `SELECT count(*) FROM compute.webhook_endpoints WHERE tenant_id = $1`, c.Target.TenantID).Scan(&n); err != nil {
+		return err
+	}
+	if n >= m.cfg.MaxEndpoints {
+		return api.Errorf(api.CodeQuotaExceeded, "tenant %s has %d webhook endpoints, its limit: delete one first (webhooks.delete)", c.Target.TenantID, n).
+			With("reason", "too_many_endpoints").With("limit", m.cfg.MaxEndpoints)
+	}
+	return nil
 }
 
 const cursorKind = "wh1"

@@ -538,3 +538,48 @@ func TestNumericSpellingsOfRefusedAddressesAreRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestEndpointsPerTenantAreCapped (issue 29, item 8): a tenant holds at most
+// Options.Webhooks.MaxEndpointsPerTenant endpoints, however many creations race; one more is
+// quota_exceeded, and another tenant's endpoints are its own count.
+func TestEndpointsPerTenantAreCapped(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const limit = 3
+	e := start(t, func(o *compute.Options) { o.Webhooks.MaxEndpointsPerTenant = limit })
+	var wg sync.WaitGroup
+	errs := make(chan error, 10)
+	for i := range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := e.cl.Webhooks.Create(ctx, api.CreateWebhook{URL: fmt.Sprintf("https://hooks.example.com/%d", i)})
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	made := 0
+	for err := range errs {
+		var ae *api.Error
+		switch {
+		case err == nil:
+			made++
+		case errors.As(err, &ae) && ae.Code == api.CodeQuotaExceeded && ae.Details["reason"] == "too_many_endpoints":
+		default:
+			t.Errorf("a creation past the limit: %v, want quota_exceeded", err)
+		}
+	}
+	page, err := e.cl.Webhooks.List(ctx, api.ListWebhooks{})
+	if err != nil || made != limit || len(page.Items) != limit {
+		t.Fatalf("%d creations succeeded, %d endpoints listed (%v); want %d", made, len(page.Items), err, limit)
+	}
+	_, key := e.Tenant(t, "other")
+	other, err := client.New(e.url, client.WithAPIKey(key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Webhooks.Create(ctx, api.CreateWebhook{URL: "https://hooks.example.com/other"}); err != nil {
+		t.Errorf("another tenant's first endpoint: %v", err)
+	}
+}
