@@ -1,10 +1,11 @@
 // Command devserver runs the whole Better Compute control plane on an embedded PostgreSQL, for
 // development:
 //
-//	go run ./examples/devserver [-sim N] [-addr 127.0.0.1:8080] [-gateway 127.0.0.1:8443] [-data-dir .devdata]
+//	go run ./examples/devserver [--sim N] [--listen 127.0.0.1:8080] [--gateway-listen 127.0.0.1:8443] [--data-dir .devdata]
 //
-// It prints the API's URL and a development API key with every right in the root tenant, and
-// stops cleanly on Ctrl-C. With -data-dir, a restart keeps what was created.
+// It prints the API's URL, a development API key with every right in the root tenant and the
+// database's URL, and stops cleanly on Ctrl-C. With --data-dir, a restart keeps what was created,
+// and the key. Its flags are `better-compute dev`'s (devserver.Options.Flags).
 package main
 
 import (
@@ -24,33 +25,35 @@ import (
 )
 
 func main() {
-	addr := flag.String("addr", "127.0.0.1:8080", "address to serve the API (and JoinService) on")
-	gateway := flag.String("gateway", "127.0.0.1:8443", "address to serve node sessions on (gRPC over mutual TLS)")
-	dataDir := flag.String("data-dir", "", "keep the database and secret in this directory across restarts (default: a temporary database, deleted on exit)")
-	verbose := flag.Bool("v", false, "log debug messages")
-	simN := flag.Int("sim", 0, "join this many simulated GPU machines (8 H100s each) into the pool \"gpu\"")
+	o := devserver.Options{Modules: metalModule}
+	var verbose bool
+	o.Flags(flag.CommandLine, &verbose)
+	flag.BoolVar(&verbose, "v", false, "deprecated: --verbose")
 	flag.Parse()
+	flag.Visit(func(f *flag.Flag) { // the names this command had before
+		if now, ok := devserver.Deprecated[f.Name]; ok {
+			fmt.Fprintf(os.Stderr, "devserver: -%s is deprecated: use --%s\n", f.Name, now)
+		} else if f.Name == "v" {
+			fmt.Fprintln(os.Stderr, "devserver: -v is deprecated: use --verbose")
+		}
+	})
 
 	level := slog.LevelInfo
-	if *verbose {
+	if verbose {
 		level = slog.LevelDebug
 	}
-	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	o.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	s, err := devserver.Start(ctx, devserver.Options{Addr: *addr, GatewayAddr: *gateway, DataDir: *dataDir, Logger: logger, Sim: *simN,
-		Modules: metalModule})
+	s, err := devserver.Start(ctx, o)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "devserver:", err)
+		fmt.Fprintln(os.Stderr, err) // it says "devserver: " already
 		os.Exit(1)
 	}
-	fmt.Printf("Better Compute devserver\n  URL:     %s\n  Console: %s\n  Gateway: %s\n  API key: %s\n", s.URL, s.Console, s.Gateway, s.APIKey)
-	if hash, err := s.Compute.Runtime().Fleet.CAHash(); err == nil {
-		fmt.Printf("  CA hash: %s (bcd join --ca-hash pins the machine CA)\n", hash)
-	}
-	if *simN > 0 {
-		fmt.Printf("  Nodes:   %d simulated machines with 8 H100s each, in pool %q\n", *simN, devserver.SimPool)
+	s.Describe(os.Stdout)
+	if o.Sim > 0 {
+		fmt.Printf("  Nodes:    %d simulated machines with %d H100s each, in pool %q\n", o.Sim, devserver.SimGPUs, devserver.SimPool)
 	}
 	fmt.Println()
 	fmt.Printf("Try:\n  curl -X POST -H \"Authorization: Bearer %s\" %s/api/compute/pools/list -d '{}'\n\nCtrl-C stops it.\n", s.APIKey, s.URL)
@@ -60,7 +63,7 @@ func main() {
 	sctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if err := s.Stop(sctx); err != nil {
-		fmt.Fprintln(os.Stderr, "devserver:", err)
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 }
