@@ -180,6 +180,7 @@ func (m *Module) endLost(ctx context.Context, rt *modules.Runtime) error {
 	if err != nil {
 		return err
 	}
+	var errs []error // one that cannot be ended now does not hold up the others
 	for _, w := range lost {
 		if err := asModule(ctx, rt, w.tenant, func(c *modules.Call) error {
 			// Again, locked: the host may have come back, or a call ended it meanwhile.
@@ -194,10 +195,13 @@ func (m *Module) endLost(ctx context.Context, rt *modules.Runtime) error {
 			rt.Logger.Info("vps: work given up with its host", "instance", w.id, "kind", w.kind, "reason", still[0].reason(m.opts.LostAfter))
 			return endInstance(ctx, c, w.id, still[0].reason(m.opts.LostAfter))
 		}); err != nil {
-			return err
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			errs = append(errs, fmt.Errorf("vps: give up %s %s: %w", w.kind, w.id, err))
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // clip cuts s to at most n bytes of valid UTF-8.
