@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -27,6 +28,7 @@ import (
 	"github.com/better-compute/compute/computetest"
 	"github.com/better-compute/compute/metal"
 	"github.com/better-compute/compute/metal/ipmi/ipmisim"
+	"github.com/better-compute/compute/metal/siteapi"
 )
 
 // machineTree builds the sysfs, procfs and /dev of a one-disk machine with one NIC, as the
@@ -77,14 +79,40 @@ type booted struct {
 	off                     bool
 }
 
-// runRamdisk runs bcd ramdisk's code for a machine booted from Root, until it kexecs or powers
-// off (both of which end it, as they end a ramdisk), or the test ends.
-func runRamdisk(t *testing.T, site, root, chassis string) *booted {
+// pxeBoot is what a machine's firmware and iPXE do with the site's script (DHCP is off here):
+// they fetch it for the machine's MAC, and boot the ramdisk with the command line it gives,
+// whose site, boot token and machine id are returned.
+func pxeBoot(t *testing.T, siteURL, mac string) (site, machine, token string) {
+	t.Helper()
+	resp, err := http.Get(siteURL + "/boot/ipxe?mac=" + mac)
+	if err != nil {
+		t.Fatal(err)
+	}
+	script, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, l := range strings.Split(string(script), "\n") {
+		if cmdline, ok := strings.CutPrefix(l, "kernel "+siteURL+"/boot/vmlinuz "); ok {
+			site, machine, token, err := ramdisk.ParseCmdline(strings.TrimSuffix(cmdline, " || goto failed"))
+			if err != nil {
+				t.Fatalf("the script's command line: %v\n%s", err, script)
+			}
+			return site, machine, token
+		}
+	}
+	t.Fatalf("the script of %s boots no ramdisk:\n%s", mac, script)
+	return "", "", ""
+}
+
+// runRamdisk runs bcd ramdisk's code for a machine booted from Root with its site's script for
+// mac, until it kexecs or powers off (both of which end it, as they end a ramdisk), or the test
+// ends.
+func runRamdisk(t *testing.T, siteURL, mac, root, chassis string) *booted {
 	b := &booted{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	t.Cleanup(func() { cancel(); <-done })
-	cfg := ramdisk.Config{Site: site, Root: root, PollInterval: 200 * time.Millisecond, RetryMax: time.Second,
+	site, machine, token := pxeBoot(t, siteURL, mac)
+	cfg := ramdisk.Config{Site: site, Machine: machine, Token: token, Root: root, PollInterval: 200 * time.Millisecond, RetryMax: time.Second,
 		Kexec: func(kernel, initrd, cmdline string) error {
 			k, _ := os.ReadFile(kernel)
 			i, _ := os.ReadFile(initrd)
@@ -228,7 +256,7 @@ func TestASiteAgentCommissionsAndDeploysAMachine(t *testing.T) {
 	// An unknown machine PXE-boots into the ramdisk: it is a join request, approved.
 	const mac = "52:54:00:e2:e0:01"
 	root, disk := machineTree(t, mac, 8<<20)
-	rd := runRamdisk(t, siteURL, root, chassis)
+	rd := runRamdisk(t, siteURL, mac, root, chassis)
 	var req metal.JoinRequest
 	eventually(t, "a join request from the machine's ramdisk", func() bool {
 		l, err := compute.Invoke(ctx, c, key, metal.JoinRequestsList, metal.ListJoinRequests{State: "pending"})
@@ -265,7 +293,10 @@ func TestASiteAgentCommissionsAndDeploysAMachine(t *testing.T) {
 	if !bytes.Equal(got[:len(img)], img) || !bytes.Equal(got[len(got)-1<<20:], make([]byte, 1<<20)) {
 		t.Fatal("the disk does not hold the image, its end wiped")
 	}
-	if rd.kernel != "the deployed system's /vmlinuz" || rd.initrd != "the deployed system's /initrd" || !strings.HasPrefix(rd.cmdline, "root=/dev/vda console=ttyS0 ") {
+	// The deployed kernel's command line: the image's, bcd's arguments before it, among them the
+	// join credential the site handed to this boot alone (the task did not carry it).
+	if p := siteapi.ParseCmdline(rd.cmdline); rd.kernel != "the deployed system's /vmlinuz" || rd.initrd != "the deployed system's /initrd" ||
+		!strings.HasSuffix(rd.cmdline, " root=/dev/vda console=ttyS0") || p[siteapi.CmdlineHostname] != "rack1-u01" || !strings.HasPrefix(p[siteapi.CmdlineJoin], metal.DeployPrefix) {
 		t.Fatalf("kexec of %q, %q with %q", rd.kernel, rd.initrd, rd.cmdline)
 	}
 	if n, _ := imageGets.Load("/tiny.raw"); n == nil || *n.(*int) != 1 {
@@ -304,7 +335,7 @@ func TestASiteAgentCommissionsAndDeploysAMachine(t *testing.T) {
 	eventually(t, "the site agent to boot the machine into its ramdisk again", func() bool {
 		return len(ipmisim.Log(t, chassis)) == 6
 	})
-	rd = runRamdisk(t, siteURL, root, chassis)
+	rd = runRamdisk(t, siteURL, mac, root, chassis)
 	eventually(t, "the release to succeed", func() bool {
 		run, err := c.API.Workflows.Get(ctx, key, api.GetWorkflow{Run: rr.Run})
 		if err != nil || run.State == api.WorkflowFailed {

@@ -263,7 +263,8 @@ type planned struct {
 
 // setTask gives a machine its task (and boot: the ramdisk) in its site's plan, in one
 // transaction that moves the site agents' desired state. A task already given (the step run
-// again) is kept as it is.
+// again) is kept as it is. (The column token, a token per task that sites handed to ramdisks
+// before they minted their own per boot, is no longer written or read.)
 func setTask(ctx context.Context, rt *modules.Runtime, machine string, task siteapi.Task, extra func(tx pgx.Tx) error) (planned, error) {
 	out := planned{Task: task.ID}
 	err := rt.DB.Tx(ctx, func(tx pgx.Tx) error {
@@ -291,7 +292,7 @@ func setTask(ctx context.Context, rt *modules.Runtime, machine string, task site
 			return modules.Permanent(fmt.Errorf("the task: %w", err))
 		}
 		raw, _ := json.Marshal(task)
-		if _, err := tx.Exec(ctx, `UPDATE compute.metal_machines SET boot = 'ramdisk', task = $2, token = $3 WHERE id = $1`, machine, raw, randomToken(24)); err != nil {
+		if _, err := tx.Exec(ctx, `UPDATE compute.metal_machines SET boot = 'ramdisk', task = $2 WHERE id = $1`, machine, raw); err != nil {
 			return err
 		}
 		return bumpSite(ctx, tx, rt, *site)
@@ -338,7 +339,10 @@ func (m *Module) planDeploy(ctx context.Context, s *modules.StepRun) (any, error
 				return nil, err
 			}
 			params = append(params, siteapi.CmdlineParam{Name: siteapi.CmdlineJoinURL, Value: m.joinURL},
-				siteapi.CmdlineParam{Name: siteapi.CmdlineJoin, Value: token}, siteapi.CmdlineParam{Name: siteapi.CmdlineCAHash, Value: pin})
+				siteapi.CmdlineParam{Name: siteapi.CmdlineCAHash, Value: pin})
+			// The credential is not on the command line the ramdisk reads with its task: the
+			// site hands it to one boot of the machine, whose ramdisk adds it before the kexec.
+			then.JoinCredential = token
 		}
 		if len(in.SSHKeys) > 0 {
 			keys, _ := json.Marshal(in.SSHKeys)
@@ -348,8 +352,15 @@ func (m *Module) planDeploy(ctx context.Context, s *modules.StepRun) (any, error
 		if err != nil {
 			return nil, modules.Permanent(fmt.Errorf("the deployed system's kernel command line: %w", err))
 		}
-		if len(cmdline) > siteapi.MaxCmdline {
-			return nil, modules.Permanent(fmt.Errorf("the kernel command line would be %d bytes, over Linux's %d: fewer or shorter SSH keys", len(cmdline), siteapi.MaxCmdline))
+		// As the kernel will get it, with the credential the ramdisk adds.
+		final := cmdline
+		if then.JoinCredential != "" {
+			if final, err = siteapi.SetCmdline(cmdline, siteapi.CmdlineParam{Name: siteapi.CmdlineJoin, Value: then.JoinCredential}); err != nil {
+				return nil, modules.Permanent(fmt.Errorf("the deployed system's kernel command line: %w", err))
+			}
+		}
+		if len(final) > siteapi.MaxCmdline {
+			return nil, modules.Permanent(fmt.Errorf("the kernel command line would be %d bytes, over Linux's %d: fewer or shorter SSH keys", len(final), siteapi.MaxCmdline))
 		}
 		then.Then, then.Kernel, then.Initrd, then.Cmdline = siteapi.ThenKexec, img.KernelURL, img.InitrdURL, cmdline
 	}
@@ -458,7 +469,7 @@ func cmpOr(a, b string) string {
 // clearTask takes a machine's task out of its site's plan: it boots its disk from now on.
 func clearTask(ctx context.Context, tx pgx.Tx, rt *modules.Runtime, machine string) error {
 	var site *string
-	if err := tx.QueryRow(ctx, `UPDATE compute.metal_machines SET boot = 'disk', task = NULL, token = '' WHERE id = $1 RETURNING site_id::text`, machine).
+	if err := tx.QueryRow(ctx, `UPDATE compute.metal_machines SET boot = 'disk', task = NULL WHERE id = $1 RETURNING site_id::text`, machine).
 		Scan(&site); err != nil {
 		return err
 	}

@@ -197,7 +197,7 @@ func (f *siteFleet) task(kind string) siteapi.Task {
 	var task siteapi.Task
 	f.eventually("a "+kind+" task in the site's plan", func() bool {
 		pm, _, _ := f.plan.machine(f.machine.ID)
-		if pm.Task == nil || pm.Task.Kind != kind || pm.Boot != siteapi.BootRamdisk || pm.Token == "" {
+		if pm.Task == nil || pm.Task.Kind != kind || pm.Boot != siteapi.BootRamdisk {
 			return false
 		}
 		task = *pm.Task
@@ -300,8 +300,11 @@ func TestADeployAndAReleaseGoThroughTheSiteAgent(t *testing.T) {
 	if task.Image == nil || task.Image.SHA256 != tinySHA || task.Then != siteapi.ThenKexec || task.Kernel != img.KernelURL || task.Disk != "/dev/vda" {
 		t.Fatalf("the deploy task is %+v", task)
 	}
-	token := cmdlineValue(task.Cmdline, "bcd.join")
-	if !strings.HasPrefix(token, metal.DeployPrefix) || cmdlineValue(task.Cmdline, "bcd.hostname") != "rack1-00000" ||
+	// The join credential is the task's, for the site to hand to one boot: not on the command
+	// line a ramdisk reads with its task.
+	token := task.JoinCredential
+	if !strings.HasPrefix(token, metal.DeployPrefix) || strings.Contains(task.Cmdline, token) || cmdlineValue(task.Cmdline, "bcd.join") != "" ||
+		cmdlineValue(task.Cmdline, "bcd.hostname") != "rack1-00000" ||
 		cmdlineValue(task.Cmdline, "root") != "/dev/vda" || cmdlineValue(task.Cmdline, "bcd.url") != "http://compute.test" ||
 		!strings.HasPrefix(cmdlineValue(task.Cmdline, "bcd.ca_hash"), "sha256:") {
 		t.Fatalf("the deployed system's command line is %q", task.Cmdline)
@@ -345,7 +348,7 @@ func TestADeployAndAReleaseGoThroughTheSiteAgent(t *testing.T) {
 	f.step(dr.Run, "join")
 	f.eventually("the plan to boot the disk with no task after the write", func() bool { // the site agent hears of it by a push
 		pm, _, _ := f.plan.machine(f.machine.ID)
-		return pm.Task == nil && pm.Boot == siteapi.BootDisk && pm.Token == ""
+		return pm.Task == nil && pm.Boot == siteapi.BootDisk
 	})
 	node, err := sim.Start(ctx, sim.Options{URL: f.url, Token: token, Gateway: f.gw, Nodes: 1, GPUs: 8, Prefix: "rack1"})
 	if err != nil {
@@ -532,5 +535,8 @@ func TestTheDeployedKernelSeesBcdsArguments(t *testing.T) {
 	}
 	if init != `single console="ttyS0` {
 		t.Errorf("init is given %q, want the image's own %q", init, `single console="ttyS0`)
+	}
+	if !strings.HasPrefix(task.JoinCredential, metal.DeployPrefix) || seen[siteapi.CmdlineJoin] != nil {
+		t.Errorf("the join credential is %q, and the command line %q: want it apart (the ramdisk adds it)", task.JoinCredential, task.Cmdline)
 	}
 }

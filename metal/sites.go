@@ -59,7 +59,7 @@ func (m *Module) sitePlan(ctx context.Context, q postgres.Querier, nodeID string
 		return nil, err
 	}
 	plan := siteapi.Plan{Site: *site, Unknown: m.unknown, Machines: []siteapi.PlanMachine{}, Images: []siteapi.Image{}}
-	rows, err := q.Query(ctx, `SELECT m.id::text, coalesce(array_agg(x.mac ORDER BY x.mac) FILTER (WHERE x.mac IS NOT NULL), '{}'), m.boot, m.token, m.task
+	rows, err := q.Query(ctx, `SELECT m.id::text, coalesce(array_agg(x.mac ORDER BY x.mac) FILTER (WHERE x.mac IS NOT NULL), '{}'), m.boot, m.task
 		FROM compute.metal_machines m LEFT JOIN compute.metal_macs x ON x.machine_id = m.id
 		WHERE m.site_id = $1 GROUP BY m.id ORDER BY m.id`, *site)
 	if err != nil {
@@ -69,7 +69,7 @@ func (m *Module) sitePlan(ctx context.Context, q postgres.Querier, nodeID string
 	for rows.Next() {
 		var pm siteapi.PlanMachine
 		var task []byte
-		if err := rows.Scan(&pm.ID, &pm.MACs, &pm.Boot, &pm.Token, &task); err != nil {
+		if err := rows.Scan(&pm.ID, &pm.MACs, &pm.Boot, &task); err != nil {
 			rows.Close()
 			return nil, err
 		}

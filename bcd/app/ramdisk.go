@@ -21,10 +21,11 @@ func ramdiskCmd(s *settings) *cobra.Command {
 		Use:   "ramdisk",
 		Short: "Run as a machine's ramdisk at its site: report it, wipe it, stream an image to it, boot it",
 		Long: `ramdisk is what a machine runs after it PXE-boots into its site's ramdisk (docs/ramdisk.md). It
-reads the site agent's URL, the machine's id and its token from the kernel command line
-(bcd.site=, bcd.machine=, bcd.token=), says hello with the machine's facts, and carries out the
+reads the site agent's URL, the boot's token and the machine's id from the kernel command line
+(bcd.site=, bcd.token=, bcd.machine=), says hello with the machine's facts, and carries out the
 tasks the site gives it: wipe the disks, stream an image and verify its SHA-256, then kexec
-the deployed system, reboot or power off. It only ever talks to its site agent.`,
+the deployed system (with the join credential the site hands this boot), reboot or power off.
+It only ever talks to its site agent.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			b, err := os.ReadFile(cmdline)
@@ -40,7 +41,7 @@ the deployed system, reboot or power off. It only ever talks to its site agent.`
 			return ramdisk.Run(ctx, ramdisk.Config{Site: site, Machine: machine, Token: token, Logger: s.logger(cmd.ErrOrStderr())})
 		},
 	}
-	c.Flags().StringVar(&cmdline, "cmdline", "/proc/cmdline", "the kernel command line to read bcd.site=, bcd.machine= and bcd.token= from")
+	c.Flags().StringVar(&cmdline, "cmdline", "/proc/cmdline", "the kernel command line to read bcd.site=, bcd.token= and bcd.machine= from")
 	return c
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"path/filepath"
 	"strings"
 	"sync"
 
@@ -33,11 +34,12 @@ operations (IPMI, Redfish), whose passwords reach it sealed in its commands.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
 			if cfg.Address, err = netip.ParseAddr(address); err != nil {
-				return fmt.Errorf("--address: %w", err)
+				return usageError{fmt.Errorf("--address: %w", err)}
 			}
 			if err := dhcpFlags(&cfg.DHCP, subnet, dhcpRange, router, dns); err != nil {
-				return err
+				return usageError{err}
 			}
+			cfg.StateDir = filepath.Join(s.StateDir, "site")
 			reports := nodeagent.NewReports()
 			log := s.logger(cmd.ErrOrStderr())
 			cfg.Upstream, cfg.Logger = upstream{reports}, log.With("part", "site")
@@ -68,8 +70,9 @@ operations (IPMI, Redfish), whose passwords reach it sealed in its commands.`,
 	f := c.Flags()
 	f.StringVar(&cfg.Interface, "interface", "", "the provisioning network's interface, where DHCP is answered")
 	f.StringVar(&address, "address", "", "the site's IPv4 address on that interface: the host of every URL it hands out")
-	f.StringVar(&cfg.HTTPAddr, "http", site.HTTPAddrDefault, "where the iPXE scripts, the ramdisk's files and API and the image cache are served")
-	f.StringVar(&cfg.TFTPAddr, "tftp", site.TFTPAddrDefault, `where TFTP serves the iPXE binaries; "off" for none`)
+	f.StringVar(&cfg.HTTPAddr, "http", "", fmt.Sprintf("where the iPXE scripts, the ramdisk's files and API and the image cache are served (default ADDRESS:%d)", site.HTTPPortDefault))
+	f.StringVar(&cfg.TFTPAddr, "tftp", "", fmt.Sprintf(`where TFTP serves the iPXE binaries (default ADDRESS:%d); "off" for none`, site.TFTPPortDefault))
+	f.BoolVar(&cfg.ListenAnywhere, "listen-anywhere", false, "let --http and --tftp listen elsewhere than ADDRESS on the provisioning interface (by default they are bound to both, and no other network reaches them)")
 	f.StringVar(&cfg.DHCP.Mode, "dhcp", site.DHCPProxy, "proxy (another server gives addresses), full (this one does: --dhcp-subnet, --dhcp-range) or off")
 	f.StringVar(&subnet, "dhcp-subnet", "", "full DHCP: the provisioning network, e.g. 192.0.2.0/24")
 	f.StringVar(&dhcpRange, "dhcp-range", "", "full DHCP: the addresses given out, FIRST-LAST")

@@ -11,6 +11,12 @@
 // a known machine), asks for its Task, carries it out (wipe, stream an image from the site's
 // cache with its checksum verified, boot it) and posts Progress (reported up as
 // KindTaskProgress), which the control plane's workflows wait on.
+//
+// Every request of a ramdisk bears its boot's token (CmdlineToken): the site mints one each
+// time it serves a machine's ramdisk script, for the MAC the script is for and the address the
+// site saw that MAC leased, and takes it only from that address, until the MAC boots again
+// (docs/site.md, "Trust"). A deploy's join credential is not in the task the ramdisk reads: the
+// ramdisk asks for it, once, at PathCredential.
 package siteapi
 
 import (
@@ -26,7 +32,7 @@ import (
 // PlanKind is the desired-state kind of a site agent's plan, at PlanVersion.
 const (
 	PlanKind    = "metal.site"
-	PlanVersion = 1
+	PlanVersion = 2 // 2: no token per machine (sites mint boot tokens); Task.JoinCredential
 )
 
 // What an unknown machine (a MAC no plan lists) is told when it PXE-boots at the site.
@@ -54,12 +60,9 @@ type Plan struct {
 // PlanMachine is one machine the site agent knows.
 type PlanMachine struct {
 	ID   string   `json:"id"`
-	MACs []string `json:"macs"` // lowercase aa:bb:cc:dd:ee:ff
-	Boot string   `json:"boot"` // BootRamdisk or BootDisk
-	// Token is what the machine's ramdisk presents to the site (Authorization: Bearer), given to
-	// it on the kernel command line (bcd.token=). A new one comes with every task.
-	Token string `json:"token,omitempty"`
-	Task  *Task  `json:"task,omitempty"` // nil: the ramdisk waits
+	MACs []string `json:"macs"`           // lowercase aa:bb:cc:dd:ee:ff
+	Boot string   `json:"boot"`           // BootRamdisk or BootDisk
+	Task *Task    `json:"task,omitempty"` // nil: the ramdisk waits
 }
 
 // The kinds of task.
@@ -92,6 +95,10 @@ type Task struct {
 	Kernel  string `json:"kernel,omitempty"`
 	Initrd  string `json:"initrd,omitempty"`
 	Cmdline string `json:"cmdline,omitempty"`
+	// JoinCredential, with ThenKexec, is the deployed system's one-use join credential, which
+	// the ramdisk puts on Cmdline as CmdlineJoin. A site never gives it in the task a ramdisk
+	// reads: it hands it over at PathCredential, to one boot of the machine only.
+	JoinCredential string `json:"joinCredential,omitempty"`
 }
 
 // Image is an image in a site's cache: fetched from URL once, verified against SHA256 and
@@ -279,6 +286,10 @@ func (t Task) Validate() error {
 		return fieldErr("kernel", "kexec needs the kernel to boot")
 	case t.Disk != "" && (!strings.HasPrefix(t.Disk, "/dev/") || path.Clean(t.Disk) != t.Disk):
 		return fieldErr("disk", "%q is not a clean path under /dev", t.Disk)
+	case t.JoinCredential != "" && t.Then != ThenKexec:
+		return fieldErr("joinCredential", "only a kexec into the deployed system has one")
+	case t.JoinCredential != "" && (len(t.JoinCredential) > 256 || strings.ContainsFunc(t.JoinCredential, func(r rune) bool { return r <= ' ' || r > '~' || r == '"' })):
+		return fieldErr("joinCredential", "at most 256 bytes of printable ASCII without spaces or quotes: it goes on a kernel command line")
 	}
 	if t.Image != nil {
 		return t.Image.Validate()
@@ -304,8 +315,8 @@ func (im Image) Validate() error {
 	return nil
 }
 
-// ErrUnauthorized is a ramdisk request without the machine's current token.
-var ErrUnauthorized = errors.New("siteapi: not this machine's token")
+// ErrUnauthorized is a ramdisk request without the token of a current boot.
+var ErrUnauthorized = errors.New("siteapi: not the token of a current boot (each boot of a MAC ends the one before)")
 
 func text(s string) bool {
 	return utf8.ValidString(s) && !strings.ContainsFunc(s, func(r rune) bool { return unicode.IsControl(r) && r != '\n' && r != '\t' })
@@ -329,37 +340,50 @@ const (
 	PathTask = "/ramdisk/v1/task"
 	// PathProgress: POST Progress (204). Authorization: Bearer <token>.
 	PathProgress = "/ramdisk/v1/progress"
+	// PathCredential: POST CredentialRequest, answered with the task's CredentialAnswer (200),
+	// 204 when it has no join credential, 410 once another boot of the machine has had it.
+	// Authorization: Bearer <token>.
+	PathCredential = "/ramdisk/v1/credential"
 	// PathImages: GET /images/<sha256>, the image's bytes, once the cache has verified them
-	// (404 until then).
+	// (404 until then), to a boot whose machine's task deploys it. Authorization: Bearer <token>.
 	PathImages = "/images/"
 	// PathBoot: GET /boot/ipxe?mac=<mac>, the iPXE script of a machine; /boot/vmlinuz and
 	// /boot/initrd, the ramdisk's kernel and initramfs.
 	PathBoot = "/boot/"
 )
 
-// Hello is what a ramdisk says when it starts: the facts it found, and the machine id and
-// token its kernel command line gave it (bcd.machine=, bcd.token=; empty for an unknown
-// machine).
+// Hello is what a ramdisk says when it starts (Authorization: Bearer <its boot's token>): the
+// facts it found, which list the MAC it booted with, and the machine id its kernel command line
+// gave it (bcd.machine=; empty for an unknown machine).
 type Hello struct {
 	Machine string `json:"machine,omitempty"`
-	Token   string `json:"token,omitempty"`
 	Facts   Facts  `json:"facts"`
 }
 
-// HelloAnswer tells a ramdisk which machine the site takes it for, by its MACs, and the token
-// to ask for its tasks with ("" while it is unknown: it has been reported, and says Hello again
-// later; an approved machine is known from then on, without a reboot). The provisioning network
-// is trusted as PXE trusts it: whoever can send a machine's MAC there can speak for it.
+// HelloAnswer tells a ramdisk which machine the site takes it for, by the MAC it booted with
+// ("" while it is unknown: it has been reported, and says Hello again later; an approved
+// machine is known from then on, without a reboot).
 type HelloAnswer struct {
 	Machine string `json:"machine,omitempty"`
-	Token   string `json:"token,omitempty"`
+}
+
+// CredentialRequest asks for the join credential of a machine's task (PathCredential).
+type CredentialRequest struct {
+	Machine string `json:"machine"`
+	Task    string `json:"task"`
+}
+
+// CredentialAnswer is a task's join credential, for the ramdisk to put on the deployed
+// system's command line (CmdlineJoin) before it kexecs it.
+type CredentialAnswer struct {
+	JoinCredential string `json:"joinCredential"`
 }
 
 // The kernel command line parameters the site's iPXE script gives the ramdisk.
 const (
 	CmdlineSite    = "bcd.site"    // the site agent's base URL, http://10.0.0.1:8067
 	CmdlineMachine = "bcd.machine" // the machine's id, absent for an unknown machine
-	CmdlineToken   = "bcd.token"   // the machine's token
+	CmdlineToken   = "bcd.token"   // this boot's token, which every request of the ramdisk bears
 )
 
 // The kernel command line parameters a deploy gives the deployed system (Task.Cmdline, booted

@@ -33,9 +33,12 @@ const requestTimeout = 30 * time.Second
 type Config struct {
 	// Site is the site agent's base URL, as bcd.site= gives it (http://10.0.0.1:8067). Required.
 	Site string
-	// Machine and Token are the machine's id and token from the kernel command line (bcd.machine=,
-	// bcd.token=); both empty for a machine the site does not know yet.
-	Machine, Token string
+	// Token is the boot's token (bcd.token=), which the site gave this boot of the machine and
+	// takes from the address of its lease only. Required.
+	Token string
+	// Machine is the machine's id (bcd.machine=); empty for a machine the site does not know
+	// yet, which it learns at a Hello.
+	Machine string
 	// Root is where the machine's /sys, /proc and /dev are: RootDefault ("/"). Facts are read
 	// under it and a task's disk "/dev/vda" is Root+"/dev/vda", so a test can give a fake tree
 	// whose disks are regular files.
@@ -86,8 +89,8 @@ func New(cfg Config) (*Agent, error) {
 	for len(cfg.Site) > 0 && cfg.Site[len(cfg.Site)-1] == '/' {
 		cfg.Site = cfg.Site[:len(cfg.Site)-1]
 	}
-	if cfg.Token != "" && cfg.Machine == "" {
-		return nil, errors.New("ramdisk: Config.Token is set without Config.Machine: a token belongs to a machine")
+	if cfg.Token == "" {
+		return nil, errors.New("ramdisk: Config.Token is required: the boot's token, which the site's iPXE script gives (bcd.token=)")
 	}
 	if cfg.Root == "" {
 		cfg.Root = RootDefault
@@ -160,7 +163,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.mu.Lock()
 	a.facts = in.Facts
 	a.mu.Unlock()
-	if err := a.hello(ctx, ""); err != nil {
+	if err := a.hello(ctx); err != nil {
 		return nil // ctx is done
 	}
 
@@ -193,7 +196,7 @@ func (a *Agent) logInspection(in Inspection) {
 	}
 }
 
-// identity is the machine id and token the ramdisk speaks with now.
+// identity is the machine id the ramdisk speaks for now, and its boot's token.
 func (a *Agent) identity() (machine, token string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -105,7 +106,7 @@ func TestRunUnknownMachineSaysHelloUntilKnown(t *testing.T) {
 	site := newFakeSite(t)
 	site.set(func(s *fakeSite) { s.failHellos, s.unknownHellos, s.failTasks = 2, 4, 2 })
 	root := tree(t, server())
-	start(t, site, root, "", "", &power{})
+	start(t, site, root, "", "t-1", &power{})
 
 	site.waitFor(t, "a task request with the token", func(s *fakeSite) bool {
 		return len(s.taskGets) > 0 && s.taskGets[len(s.taskGets)-1].status == 204
@@ -119,8 +120,8 @@ func TestRunUnknownMachineSaysHelloUntilKnown(t *testing.T) {
 			t.Errorf("%d Hellos, want 5: 2 answered 503, 2 more as unknown, then one known", len(s.hellos))
 		}
 		for i, h := range s.hellos {
-			if h.Machine != "" || h.Token != "" {
-				t.Errorf("Hello %d names machine %q, token %q: an unknown machine has neither", i, h.Machine, h.Token)
+			if h.Machine != "" || s.helloAuths[i] != "Bearer t-1" {
+				t.Errorf("Hello %d names machine %q, with %q: an unknown machine names none, with its boot's token", i, h.Machine, s.helloAuths[i])
 			}
 			if d := cmp.Diff(want.Facts, h.Facts); d != "" {
 				t.Errorf("Hello %d facts (-inspected +sent):\n%s", i, d)
@@ -142,7 +143,7 @@ func deployTask(id string, img siteapi.Image, kernelURL string) *siteapi.Task {
 	return &siteapi.Task{
 		ID: id, Kind: siteapi.TaskDeploy, Image: &img, Disk: "/dev/vda", Then: siteapi.ThenKexec,
 		Kernel: kernelURL, Initrd: "/boot/deployed/initrd", // an absolute URL, and a path on the site
-		Cmdline: "root=/dev/vda1 bcd.join=jt-123 console=ttyS0",
+		Cmdline: `bcd.hostname=m-1 root=/dev/vda1 console="ttyS0`, // an image's unbalanced quote
 	}
 }
 
@@ -155,6 +156,7 @@ func TestRunDeploysThenKexecs(t *testing.T) {
 		s.files[siteapi.PathImages+desc.SHA256] = img
 		s.files["/boot/deployed/vmlinuz"], s.files["/boot/deployed/initrd"] = kernel, initrd
 		s.task = task
+		s.credential = "jt-123"
 		s.failProgress = 3 // posts that fail are retried, not dropped
 	})
 	root := tree(t, server())
@@ -202,9 +204,15 @@ func TestRunDeploysThenKexecs(t *testing.T) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	want := []kexecCall{{kernel, initrd, task.Cmdline}}
+	// The join credential the site handed over, added where the kernel reads it.
+	want := []kexecCall{{kernel, initrd, `bcd.join=jt-123 bcd.hostname=m-1 root=/dev/vda1 console="ttyS0`}}
 	if d := cmp.Diff(want, p.kexecs, cmp.AllowUnexported(kexecCall{})); d != "" {
 		t.Errorf("kexec calls (-want +got):\n%s", d)
+	}
+	site.mu.Lock()
+	defer site.mu.Unlock()
+	if want := []siteapi.CredentialRequest{{Machine: "m-1", Task: "task-1"}}; !cmp.Equal(want, site.credentials) {
+		t.Errorf("credentials asked for: %+v, want %+v", site.credentials, want)
 	}
 	if !bootPosted {
 		t.Error("kexec was called before the site had PhaseBoot")
@@ -214,27 +222,29 @@ func TestRunDeploysThenKexecs(t *testing.T) {
 	}
 }
 
-func TestRunSaysHelloAgainWhenTheTokenIsRefused(t *testing.T) {
+// TestRunSaysHelloAgainWhenRefused: the site refusing a task request (the boot's machine is
+// another now) is asked who the machine is, and the task asked for as that machine.
+func TestRunSaysHelloAgainWhenRefused(t *testing.T) {
 	site := newFakeSite(t)
 	start(t, site, tree(t, server()), "m-1", "t-1", &power{})
 	site.waitFor(t, "a task request", func(s *fakeSite) bool { return len(s.taskGets) > 0 })
 	var asked int
 	site.set(func(s *fakeSite) {
 		asked = len(s.taskGets)
-		s.token = "t-2" // the plan gave a new token with the task
+		s.machine = "m-2" // the machine was enrolled again, under another id
 		s.task = &siteapi.Task{ID: "task-1", Kind: siteapi.TaskWipe, Disk: "/dev/vda", Then: siteapi.ThenWait}
 	})
 	site.waitFor(t, "the wipe to finish", func(s *fakeSite) bool { return s.finished("task-1") })
 
 	site.set(func(s *fakeSite) {
-		if r := s.taskGets[asked]; r.auth != "Bearer t-1" || r.status != 401 {
-			t.Errorf("task request after the change %+v, want the old token refused", r)
+		if r := s.taskGets[asked]; r.machine != "m-1" || r.status != 403 {
+			t.Errorf("task request after the change %+v, want m-1 refused", r)
 		}
-		if len(s.hellos) != 2 || s.hellos[1].Machine != "m-1" || s.hellos[1].Token != "t-1" {
-			t.Errorf("hellos %+v: want a second Hello, from m-1 with its old token, after the 401", s.hellos)
+		if len(s.hellos) != 2 || s.hellos[1].Machine != "m-1" || s.helloAuths[1] != "Bearer t-1" {
+			t.Errorf("hellos %+v: want a second Hello, from m-1 with its boot's token, after the 403", s.hellos)
 		}
-		if r := s.taskGets[asked+1]; r.auth != "Bearer t-2" || r.status != 200 {
-			t.Errorf("the next task request %+v, want the new token taken", r)
+		if r := s.taskGets[asked+1]; r.machine != "m-2" || r.status != 200 {
+			t.Errorf("the next task request %+v, want m-2's taken", r)
 		}
 		if got, want := s.phases("task-1"), []string{"started", "wipe", "done"}; !cmp.Equal(got, want) {
 			t.Errorf("phases %q, want %q", joined(got), joined(want))
@@ -242,19 +252,45 @@ func TestRunSaysHelloAgainWhenTheTokenIsRefused(t *testing.T) {
 	})
 }
 
-func TestRunPostsProgressAfterATokenChange(t *testing.T) {
+// TestRunPostsProgressAfterARefusal: progress the site refuses (403) is posted again after a
+// Hello, not dropped.
+func TestRunPostsProgressAfterARefusal(t *testing.T) {
 	site := newFakeSite(t)
-	release := make(chan struct{})
 	site.set(func(s *fakeSite) {
 		s.task = &siteapi.Task{ID: "task-1", Kind: siteapi.TaskWipe, Disk: "/dev/vda", Then: siteapi.ThenReboot}
+		s.refuseProgress = 2
+	})
+	start(t, site, tree(t, server()), "m-1", "t-1", &power{})
+	site.waitFor(t, "PhaseDone, posted after the refusals", func(s *fakeSite) bool { return s.finished("task-1") })
+	site.set(func(s *fakeSite) {
+		if got, want := s.phases("task-1"), []string{"started", "wipe", "boot", "done"}; !cmp.Equal(got, want) || len(s.hellos) < 2 {
+			t.Errorf("phases %q and %d hellos, want %q after a second Hello", joined(got), len(s.hellos), joined(want))
+		}
+	})
+}
+
+// TestRunFailsAKexecWithoutItsCredential: a join credential the site will not hand over (410:
+// another boot of the machine had it) fails the task before the kexec, saying why.
+func TestRunFailsAKexecWithoutItsCredential(t *testing.T) {
+	site := newFakeSite(t)
+	site.set(func(s *fakeSite) {
+		s.files["/k"] = []byte("k")
+		s.task = &siteapi.Task{ID: "task-1", Kind: siteapi.TaskInspect, Then: siteapi.ThenKexec, Kernel: "/k", Cmdline: "root=/dev/vda"}
+		s.credentialCode = http.StatusGone
 	})
 	p := &power{}
-	p.before = func() { <-release }
 	start(t, site, tree(t, server()), "m-1", "t-1", p)
-	site.waitFor(t, "PhaseBoot", func(s *fakeSite) bool { return s.count("task-1", siteapi.PhaseBoot) == 1 })
-	site.set(func(s *fakeSite) { s.token = "t-2" }) // rotated while the ramdisk reboots
-	close(release)
-	site.waitFor(t, "PhaseDone, posted with the new token", func(s *fakeSite) bool { return s.finished("task-1") })
+	site.waitFor(t, "the task to fail", func(s *fakeSite) bool { return s.finished("task-1") })
+	site.set(func(s *fakeSite) {
+		if last := s.last("task-1"); last.Phase != siteapi.PhaseFailed || !strings.Contains(last.Error, "refused the join credential of task task-1: 410") {
+			t.Errorf("last progress %+v, want failed saying the credential was refused", last)
+		}
+	})
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.kexecs) != 0 {
+		t.Error("a kexec without the join credential")
+	}
 }
 
 func TestRunCarriesOutATaskOnce(t *testing.T) {
@@ -426,17 +462,17 @@ func TestNewChecksConfig(t *testing.T) {
 	}{
 		{"no site", Config{}, "Config.Site is required"},
 		{"site not http", Config{Site: "tftp://10.0.0.1"}, "Config.Site"},
-		{"token without machine", Config{Site: "http://h", Token: "t"}, "Config.Token"},
-		{"root missing", Config{Site: "http://h", Root: filepath.Join(root, "absent")}, "Config.Root"},
-		{"negative poll", Config{Site: "http://h", PollInterval: -1}, "Config.PollInterval"},
-		{"negative retry", Config{Site: "http://h", RetryMax: -1}, "Config.RetryMax"},
+		{"no token", Config{Site: "http://h", Machine: "m-1"}, "Config.Token is required"},
+		{"root missing", Config{Site: "http://h", Token: "t", Root: filepath.Join(root, "absent")}, "Config.Root"},
+		{"negative poll", Config{Site: "http://h", Token: "t", PollInterval: -1}, "Config.PollInterval"},
+		{"negative retry", Config{Site: "http://h", Token: "t", RetryMax: -1}, "Config.RetryMax"},
 	}
 	for _, c := range cases {
 		if _, err := New(c.cfg); err == nil || !strings.Contains(err.Error(), c.wantErr) {
 			t.Errorf("%s: err = %v, want one naming %s", c.name, err, c.wantErr)
 		}
 	}
-	cfg := Config{Site: "http://10.0.0.1:8067/"}
+	cfg := Config{Site: "http://10.0.0.1:8067/", Token: "t"}
 	a, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -43,7 +43,11 @@ func (a *Agent) then(ctx context.Context, task siteapi.Task, report func(siteapi
 				return err
 			}
 		}
-		act = func() error { return a.cfg.Kexec(kernel, initrd, task.Cmdline) }
+		cmdline, err := a.withJoinCredential(ctx, task)
+		if err != nil {
+			return err
+		}
+		act = func() error { return a.cfg.Kexec(kernel, initrd, cmdline) }
 	default:
 		return fmt.Errorf("ramdisk: then %q is not something this ramdisk does", task.Then)
 	}
@@ -79,7 +83,7 @@ func (a *Agent) download(ctx context.Context, ref, path string) (string, error) 
 }
 
 func (a *Agent) downloadOnce(ctx context.Context, u, path string) error {
-	resp, body, err := get(ctx, a.cfg.Client, u, StallTimeout)
+	resp, body, err := get(ctx, a.cfg.Client, u, "", StallTimeout) // no token: the kernel is the image's, anywhere
 	if err != nil {
 		return fmt.Errorf("ramdisk: download: %w", err)
 	}

@@ -9,10 +9,10 @@ import (
 )
 
 // ParseCmdline reads what the site's iPXE script put on the kernel command line (the text of
-// /proc/cmdline): the site agent's base URL (bcd.site=, required, http or https), the
-// machine's id (bcd.machine=) and its token (bcd.token=). An unknown machine has neither id
-// nor token. Parameters after a lone "--" belong to init and are not read; when a parameter
-// is given twice the last one counts, as it does for the kernel.
+// /proc/cmdline), as Linux splits it: the site agent's base URL (bcd.site=, required, http or
+// https), the boot's token (bcd.token=, required) and the machine's id (bcd.machine=, absent
+// for a machine the site does not know yet). Parameters after a lone "--" belong to init and
+// are not read; when a parameter is given twice the last one counts.
 func ParseCmdline(cmdline string) (site, machine, token string, err error) {
 	p := siteapi.ParseCmdline(cmdline)
 	site, machine, token = p[siteapi.CmdlineSite], p[siteapi.CmdlineMachine], p[siteapi.CmdlineToken]
@@ -22,8 +22,8 @@ func ParseCmdline(cmdline string) (site, machine, token string, err error) {
 	if err := checkSiteURL(site); err != nil {
 		return "", "", "", fmt.Errorf("ramdisk: kernel command line: %s=%w", siteapi.CmdlineSite, err)
 	}
-	if token != "" && machine == "" {
-		return "", "", "", fmt.Errorf("ramdisk: kernel command line has %s= but no %s=: a token belongs to a machine", siteapi.CmdlineToken, siteapi.CmdlineMachine)
+	if token == "" {
+		return "", "", "", fmt.Errorf("ramdisk: %s= is missing from the kernel command line: the site's iPXE script gives one to every boot (a site older than this bcd gives none to a machine it does not know: upgrade it)", siteapi.CmdlineToken)
 	}
 	return strings.TrimRight(site, "/"), machine, token, nil
 }

@@ -20,19 +20,24 @@ type fakeSite struct {
 
 	mu sync.Mutex
 	// The script.
-	unknownHellos int    // the first Hellos are answered as from an unknown machine
-	failHellos    int    // the first Hellos are answered 503
-	failTasks     int    // the first task requests are answered 503
-	failProgress  int    // the first progress posts are answered 503
-	machine       string // the machine the site takes the ramdisk for
-	token         string // the machine's token now
-	task          *siteapi.Task
-	files         map[string][]byte // GET path → bytes: images and kernels
+	unknownHellos  int    // the first Hellos are answered as from an unknown machine
+	failHellos     int    // the first Hellos are answered 503
+	failTasks      int    // the first task requests are answered 503
+	failProgress   int    // the first progress posts are answered 503
+	refuseProgress int    // the first progress posts are answered 403
+	machine        string // the machine the site takes the ramdisk for
+	token          string // the boot's token
+	task           *siteapi.Task
+	credential     string            // the task's join credential ("": none)
+	credentialCode int               // the answer for it, when not 200 or 204
+	files          map[string][]byte // GET path → bytes: images (the token's) and kernels
 	// The record.
-	hellos   []siteapi.Hello
-	taskGets []request
-	progress []siteapi.Progress
-	gets     map[string]int // GET path → count
+	hellos      []siteapi.Hello
+	helloAuths  []string
+	taskGets    []request
+	progress    []siteapi.Progress
+	credentials []siteapi.CredentialRequest
+	gets        map[string]int // GET path → count
 }
 
 // request is a task request as the site saw it.
@@ -47,6 +52,7 @@ func newFakeSite(t *testing.T) *fakeSite {
 	mux.HandleFunc("POST "+siteapi.PathHello, s.hello)
 	mux.HandleFunc("GET "+siteapi.PathTask, s.taskGet)
 	mux.HandleFunc("POST "+siteapi.PathProgress, s.postProgress)
+	mux.HandleFunc("POST "+siteapi.PathCredential, s.postCredential)
 	mux.HandleFunc("GET /", s.file)
 	s.Server = httptest.NewServer(mux)
 	t.Cleanup(s.Close)
@@ -62,14 +68,38 @@ func (s *fakeSite) hello(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.hellos = append(s.hellos, h)
+	s.helloAuths = append(s.helloAuths, r.Header.Get("Authorization"))
 	switch {
+	case r.Header.Get("Authorization") != "Bearer "+s.token:
+		w.WriteHeader(http.StatusUnauthorized)
 	case s.failHellos > 0:
 		s.failHellos--
 		http.Error(w, "starting", http.StatusServiceUnavailable)
 	case len(s.hellos) <= s.unknownHellos:
 		writeJSON(w, siteapi.HelloAnswer{})
 	default:
-		writeJSON(w, siteapi.HelloAnswer{Machine: s.machine, Token: s.token})
+		writeJSON(w, siteapi.HelloAnswer{Machine: s.machine})
+	}
+}
+
+func (s *fakeSite) postCredential(w http.ResponseWriter, r *http.Request) {
+	var c siteapi.CredentialRequest
+	if err := json.NewDecoder(r.Body).Decode(&c); err != nil {
+		http.Error(w, "bad request", http.StatusBadRequest)
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.credentials = append(s.credentials, c)
+	switch {
+	case r.Header.Get("Authorization") != "Bearer "+s.token:
+		w.WriteHeader(http.StatusUnauthorized)
+	case s.credentialCode != 0:
+		w.WriteHeader(s.credentialCode)
+	case s.credential == "":
+		w.WriteHeader(http.StatusNoContent)
+	default:
+		writeJSON(w, siteapi.CredentialAnswer{JoinCredential: s.credential})
 	}
 }
 
@@ -81,8 +111,10 @@ func (s *fakeSite) taskGet(w http.ResponseWriter, r *http.Request) {
 	case s.failTasks > 0:
 		s.failTasks--
 		req.status = http.StatusServiceUnavailable
-	case req.auth != "Bearer "+s.token || req.machine != s.machine:
+	case req.auth != "Bearer "+s.token:
 		req.status = http.StatusUnauthorized
+	case req.machine != s.machine:
+		req.status = http.StatusForbidden
 	case s.task == nil:
 		req.status = http.StatusNoContent
 	default:
@@ -107,6 +139,9 @@ func (s *fakeSite) postProgress(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case r.Header.Get("Authorization") != "Bearer "+s.token:
 		w.WriteHeader(http.StatusUnauthorized)
+	case s.refuseProgress > 0:
+		s.refuseProgress--
+		w.WriteHeader(http.StatusForbidden)
 	case s.failProgress > 0:
 		s.failProgress--
 		w.WriteHeader(http.StatusServiceUnavailable)
@@ -120,7 +155,12 @@ func (s *fakeSite) file(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	b, ok := s.files[r.URL.Path]
 	s.gets[r.URL.Path]++
+	authorized := !strings.HasPrefix(r.URL.Path, siteapi.PathImages) || r.Header.Get("Authorization") == "Bearer "+s.token
 	s.mu.Unlock()
+	if !authorized {
+		w.WriteHeader(http.StatusUnauthorized)
+		return
+	}
 	if !ok {
 		http.NotFound(w, r)
 		return

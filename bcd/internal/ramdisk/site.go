@@ -52,33 +52,32 @@ func (a *Agent) call(ctx context.Context, method, path, token string, in any) (i
 	return resp.StatusCode, b, nil
 }
 
-// hello says Hello with the latest facts until the site names the machine and gives its token
-// (retrying with backoff while the site does not answer, and every PollInterval while it does
-// not know the machine), unless another Hello has already replaced stale, the token a request
-// was refused with ("" to say Hello regardless). It returns an error only when ctx is done.
-func (a *Agent) hello(ctx context.Context, stale string) error {
+// hello says Hello with the latest facts until the site names the machine (retrying with
+// backoff while the site does not answer or refuses, and every PollInterval while it does not
+// know the machine). It returns an error only when ctx is done.
+func (a *Agent) hello(ctx context.Context) error {
 	a.helloMu.Lock()
 	defer a.helloMu.Unlock()
-	if _, token := a.identity(); stale != "" && token != stale {
-		return nil // someone else's Hello already brought a new token
-	}
 	b := backoff{max: a.cfg.RetryMax}
 	for {
 		a.mu.Lock()
-		h := siteapi.Hello{Machine: a.machine, Token: a.token, Facts: a.facts}
+		h, token := siteapi.Hello{Machine: a.machine, Facts: a.facts}, a.token
 		a.mu.Unlock()
-		status, body, err := a.call(ctx, http.MethodPost, siteapi.PathHello, "", h)
+		status, body, err := a.call(ctx, http.MethodPost, siteapi.PathHello, token, h)
 		var ans siteapi.HelloAnswer
 		switch {
 		case ctx.Err() != nil:
 			return ctx.Err()
 		case err != nil:
 			a.log.Warn("ramdisk: hello: the site does not answer; retrying", "err", err)
+		case refusedBoot(status):
+			a.log.Error("ramdisk: hello: the site refuses this boot's token (the machine booted again since, or the site forgot its boots, or this is not the address of its lease): PXE-boot the machine again; retrying",
+				"status", status, "answer", short(body))
 		case status != http.StatusOK:
 			a.log.Warn("ramdisk: hello: the site refused; retrying", "status", status, "answer", short(body))
 		case json.Unmarshal(body, &ans) != nil:
 			a.log.Warn("ramdisk: hello: the site's answer is not a HelloAnswer; retrying", "answer", short(body))
-		case ans.Machine == "" || ans.Token == "":
+		case ans.Machine == "":
 			a.log.Info("ramdisk: hello: the site does not know this machine yet (it is reported); saying Hello again later", "every", a.cfg.PollInterval)
 			b.reset()
 			if err := sleep(ctx, a.cfg.PollInterval); err != nil {
@@ -90,7 +89,7 @@ func (a *Agent) hello(ctx context.Context, stale string) error {
 			if a.machine != ans.Machine {
 				a.log.Info("ramdisk: hello: the site knows this machine", "machine", ans.Machine)
 			}
-			a.machine, a.token = ans.Machine, ans.Token
+			a.machine = ans.Machine
 			a.mu.Unlock()
 			return nil
 		}
@@ -100,9 +99,16 @@ func (a *Agent) hello(ctx context.Context, stale string) error {
 	}
 }
 
+// refusedBoot is an answer refusing the boot's token (401) or its use (403: from another
+// address, or for another machine than the boot's).
+func refusedBoot(status int) bool {
+	return status == http.StatusUnauthorized || status == http.StatusForbidden
+}
+
 // nextTask asks the site for the machine's task until it has one: waiting PollInterval while
-// there is none (204), saying Hello again when the token is refused (401), retrying with
-// backoff when the site does not answer. It returns an error only when ctx is done.
+// there is none (204), saying Hello again when it is refused (401, 403: the machine's id may
+// have changed), retrying with backoff when the site does not answer. It returns an error only
+// when ctx is done.
 func (a *Agent) nextTask(ctx context.Context) (siteapi.Task, error) {
 	b := backoff{max: a.cfg.RetryMax}
 	for {
@@ -126,9 +132,9 @@ func (a *Agent) nextTask(ctx context.Context) (siteapi.Task, error) {
 				return task, err
 			}
 			continue
-		case status == http.StatusUnauthorized:
-			a.log.Info("ramdisk: task: the site refused the token; saying Hello again for a new one")
-			if err := a.hello(ctx, token); err != nil {
+		case refusedBoot(status):
+			a.log.Info("ramdisk: task: the site refused; saying Hello again", "status", status, "answer", short(body))
+			if err := a.hello(ctx); err != nil {
 				return task, err
 			}
 			continue
@@ -143,7 +149,7 @@ func (a *Agent) nextTask(ctx context.Context) (siteapi.Task, error) {
 
 // postProgress posts one Progress until the site takes it: retried with backoff while the
 // site does not answer or is not ready (503: the control plane has not recorded it yet), after
-// a new Hello when the token is refused. Only progress the site calls invalid (400) or the
+// a new Hello when it is refused (401, 403). Only progress the site calls invalid (400) or the
 // control plane refused (409) is dropped, with an error logged.
 func (a *Agent) postProgress(ctx context.Context, p siteapi.Progress) {
 	b := backoff{max: a.cfg.RetryMax}
@@ -157,8 +163,8 @@ func (a *Agent) postProgress(ctx context.Context, p siteapi.Progress) {
 			a.log.Warn("ramdisk: progress: the site does not answer; retrying", "err", err, "phase", p.Phase)
 		case status == http.StatusNoContent || status == http.StatusOK:
 			return
-		case status == http.StatusUnauthorized:
-			if a.hello(ctx, token) != nil {
+		case refusedBoot(status):
+			if a.hello(ctx) != nil {
 				return
 			}
 			continue
@@ -172,6 +178,41 @@ func (a *Agent) postProgress(ctx context.Context, p siteapi.Progress) {
 		}
 		if b.wait(ctx) != nil {
 			return
+		}
+	}
+}
+
+// credentialAttempts is how many times the ramdisk asks for a join credential while the site
+// does not answer (or answers 5xx), before the task fails.
+const credentialAttempts = 5
+
+// withJoinCredential is a kexec task's command line with its join credential, which the site
+// hands over apart from the task (to this boot alone), as bcd.join= (siteapi.SetCmdline: once,
+// before the image's own arguments). A task without one keeps its command line.
+func (a *Agent) withJoinCredential(ctx context.Context, task siteapi.Task) (string, error) {
+	b := backoff{max: a.cfg.RetryMax}
+	for attempt := 1; ; attempt++ {
+		machine, token := a.identity()
+		status, body, err := a.call(ctx, http.MethodPost, siteapi.PathCredential, token, siteapi.CredentialRequest{Machine: machine, Task: task.ID})
+		var ans siteapi.CredentialAnswer
+		switch {
+		case ctx.Err() != nil:
+			return "", ctx.Err()
+		case err == nil && status == http.StatusNoContent:
+			return task.Cmdline, nil
+		case err == nil && status == http.StatusOK:
+			if err := json.Unmarshal(body, &ans); err != nil || ans.JoinCredential == "" {
+				return "", fmt.Errorf("ramdisk: the site's answer for the join credential is not one: %s", short(body))
+			}
+			return siteapi.SetCmdline(task.Cmdline, siteapi.CmdlineParam{Name: siteapi.CmdlineJoin, Value: ans.JoinCredential})
+		case err == nil && status < 500:
+			return "", fmt.Errorf("ramdisk: the site refused the join credential of task %s: %d %s", task.ID, status, short(body))
+		case attempt == credentialAttempts:
+			return "", fmt.Errorf("ramdisk: the join credential of task %s: %d answers, the last %d %s (%v)", task.ID, attempt, status, short(body), err)
+		}
+		a.log.Warn("ramdisk: the join credential: the site does not answer; retrying", "status", status, "err", err)
+		if err := b.wait(ctx); err != nil {
+			return "", err
 		}
 	}
 }

@@ -40,7 +40,8 @@ type streamOptions struct {
 }
 
 // Stream writes a raw image to disk as it downloads it: a GET of src (the site's
-// <site>/images/<sha256>), written from the disk's first byte through a SHA-256 hasher, then
+// <site>/images/<sha256>, with the boot's token as its bearer when token is not ""), written
+// from the disk's first byte through a SHA-256 hasher, then
 // synced; the byte count must be img.SizeBytes and the digest img.SHA256. progress, if not
 // nil, is called with the bytes written so far (see ProgressBytes). A format other than raw is
 // refused before anything is fetched or written, and so is an image larger than the block
@@ -48,11 +49,11 @@ type streamOptions struct {
 // for StallTimeout, too many or too few bytes, another digest, a failed write) the disk is
 // wiped as by Wipe before Stream returns, so a partial or wrong image never boots; the error
 // names what differed. A retry starts over.
-func Stream(ctx context.Context, c *http.Client, src string, img siteapi.Image, disk string, progress func(written int64)) error {
-	return stream(ctx, c, src, img, disk, progress, streamOptions{ProgressBytes, ProgressInterval, StallTimeout})
+func Stream(ctx context.Context, c *http.Client, src, token string, img siteapi.Image, disk string, progress func(written int64)) error {
+	return stream(ctx, c, src, token, img, disk, progress, streamOptions{ProgressBytes, ProgressInterval, StallTimeout})
 }
 
-func stream(ctx context.Context, c *http.Client, src string, img siteapi.Image, disk string, progress func(int64), opt streamOptions) error {
+func stream(ctx context.Context, c *http.Client, src, token string, img siteapi.Image, disk string, progress func(int64), opt streamOptions) error {
 	if err := checkFormat(img); err != nil {
 		return err
 	}
@@ -67,7 +68,7 @@ func stream(ctx context.Context, c *http.Client, src string, img siteapi.Image, 
 		return err
 	}
 	defer d.f.Close()
-	written, err := d.write(ctx, c, src, img, progress, opt)
+	written, err := d.write(ctx, c, src, token, img, progress, opt)
 	if err != nil {
 		if werr := d.wipe(written); werr != nil {
 			return fmt.Errorf("%w; and wiping what was written failed too: %v", err, werr)
@@ -89,11 +90,11 @@ func checkFormat(img siteapi.Image) error {
 }
 
 // write streams the image onto the disk, returning how many bytes it wrote.
-func (d *target) write(ctx context.Context, c *http.Client, src string, img siteapi.Image, progress func(int64), opt streamOptions) (int64, error) {
+func (d *target) write(ctx context.Context, c *http.Client, src, token string, img siteapi.Image, progress func(int64), opt streamOptions) (int64, error) {
 	if d.block && d.size < img.SizeBytes {
 		return 0, fmt.Errorf("ramdisk: image %s is %d bytes; disk %s is only %d", img.ID, img.SizeBytes, d.path, d.size)
 	}
-	resp, body, err := get(ctx, c, src, opt.stall)
+	resp, body, err := get(ctx, c, src, token, opt.stall)
 	if err != nil {
 		return 0, fmt.Errorf("ramdisk: image %s: %w", img.ID, err)
 	}
@@ -147,10 +148,11 @@ func (d *target) write(ctx context.Context, c *http.Client, src string, img site
 	return written, nil
 }
 
-// get GETs src and returns its answer when it is 200 OK, with a body that fails (its error
-// naming the stall) once nothing has come for stall. Its errors are transient when the
-// network or the site's trouble caused them, errNotCached for a 404.
-func get(ctx context.Context, c *http.Client, src string, stall time.Duration) (*http.Response, io.ReadCloser, error) {
+// get GETs src (with token as its bearer, when not "") and returns its answer when it is 200
+// OK, with a body that fails (its error naming the stall) once nothing has come for stall. Its
+// errors are transient when the network or the site's trouble caused them, errNotCached for a
+// 404.
+func get(ctx context.Context, c *http.Client, src, token string, stall time.Duration) (*http.Response, io.ReadCloser, error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	timer := time.AfterFunc(stall, func() { cancel(fmt.Errorf("nothing received for %v", stall)) })
 	stop := func() { timer.Stop(); cancel(nil) }
@@ -158,6 +160,9 @@ func get(ctx context.Context, c *http.Client, src string, stall time.Duration) (
 	if err != nil {
 		stop()
 		return nil, nil, err
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
 	}
 	resp, err := c.Do(req)
 	if err != nil {

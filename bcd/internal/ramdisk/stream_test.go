@@ -77,10 +77,19 @@ func (p *progressLog) check(t *testing.T, total int64, atLeast int) {
 
 func TestStreamWritesAndVerifiesAGoodImage(t *testing.T) {
 	img, desc := testImage(t, 5<<20+123) // two reads of the 4 MiB buffer, not sector-aligned
-	srv := serve(t, bytesOf(img))
+	srv := serve(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer boot-token" {
+			http.Error(w, "who are you", http.StatusUnauthorized)
+			return
+		}
+		bytesOf(img)(w, r)
+	})
 	disk := oldDisk(t, 8<<20)
 	var p progressLog
-	if err := Stream(t.Context(), srv.Client(), srv.URL+"/images/"+desc.SHA256, desc, disk, p.add); err != nil {
+	if err := Stream(t.Context(), srv.Client(), srv.URL+"/images/"+desc.SHA256, "", desc, disk, p.add); err == nil || !strings.Contains(err.Error(), "401") {
+		t.Fatalf("Stream without the boot's token: %v, want the site's 401", err)
+	}
+	if err := Stream(t.Context(), srv.Client(), srv.URL+"/images/"+desc.SHA256, "boot-token", desc, disk, p.add); err != nil {
 		t.Fatal(err)
 	}
 	got := readAll(t, disk)
@@ -108,7 +117,7 @@ func TestStreamReportsProgressAsItGoes(t *testing.T) {
 	})
 	disk := oldDisk(t, 10<<20)
 	var p progressLog
-	if err := stream(t.Context(), srv.Client(), srv.URL, desc, disk, p.add, streamOptions{progressBytes: 1 << 20, progressInterval: time.Hour, stall: time.Minute}); err != nil {
+	if err := stream(t.Context(), srv.Client(), srv.URL, "", desc, disk, p.add, streamOptions{progressBytes: 1 << 20, progressInterval: time.Hour, stall: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
 	p.check(t, desc.SizeBytes, 3)
@@ -128,7 +137,7 @@ func TestStreamGivesUpOnASilentSite(t *testing.T) {
 	})
 	defer close(release)
 	disk := oldDisk(t, 4<<20)
-	err := stream(t.Context(), srv.Client(), srv.URL, desc, disk, nil, streamOptions{progressBytes: 1 << 20, progressInterval: time.Hour, stall: 200 * time.Millisecond})
+	err := stream(t.Context(), srv.Client(), srv.URL, "", desc, disk, nil, streamOptions{progressBytes: 1 << 20, progressInterval: time.Hour, stall: 200 * time.Millisecond})
 	if err == nil || !strings.Contains(err.Error(), "nothing received for 200ms") || !isTransient(err) {
 		t.Fatalf("err = %v, want a transient one naming the stall", err)
 	}
@@ -139,7 +148,7 @@ func TestVerifyFindsADiskThatDiffers(t *testing.T) {
 	img, desc := testImage(t, 3<<20)
 	disk := oldDisk(t, 4<<20)
 	srv := serve(t, bytesOf(img))
-	if err := Stream(t.Context(), srv.Client(), srv.URL, desc, disk, nil); err != nil {
+	if err := Stream(t.Context(), srv.Client(), srv.URL, "", desc, disk, nil); err != nil {
 		t.Fatal(err)
 	}
 	b := readAll(t, disk)
@@ -192,7 +201,7 @@ func TestStreamWipesAfterABadImage(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			srv := serve(t, c.h)
 			disk := oldDisk(t, 8<<20)
-			err := Stream(t.Context(), srv.Client(), srv.URL, desc, disk, nil)
+			err := Stream(t.Context(), srv.Client(), srv.URL, "", desc, disk, nil)
 			if err == nil || !strings.Contains(err.Error(), c.wantErr) {
 				t.Fatalf("err = %v, want one saying %q", err, c.wantErr)
 			}
@@ -213,14 +222,14 @@ func TestStreamRefusesWhatItCannotWrite(t *testing.T) {
 	for _, format := range []string{"qcow2", "tar", ""} {
 		d := desc
 		d.Format = format
-		err := Stream(t.Context(), srv.Client(), srv.URL, d, disk, nil)
+		err := Stream(t.Context(), srv.Client(), srv.URL, "", d, disk, nil)
 		if err == nil || !strings.Contains(err.Error(), "only raw images are streamed (qcow2 and tar are not yet)") {
 			t.Errorf("format %q: err = %v", format, err)
 		}
 	}
 	d := desc
 	d.SHA256 = strings.ToUpper(d.SHA256)
-	if err := Stream(t.Context(), srv.Client(), srv.URL, d, disk, nil); err == nil || !strings.Contains(err.Error(), "sha256") {
+	if err := Stream(t.Context(), srv.Client(), srv.URL, "", d, disk, nil); err == nil || !strings.Contains(err.Error(), "sha256") {
 		t.Errorf("an uppercase digest: err = %v", err)
 	}
 	if gets != 0 {
@@ -236,7 +245,7 @@ func TestStreamOntoALoopDevice(t *testing.T) {
 	srv := serve(t, bytesOf(img))
 	dev, file := loopDevice(t, 6<<20)
 	var p progressLog
-	if err := Stream(t.Context(), srv.Client(), srv.URL, desc, dev, p.add); err != nil {
+	if err := Stream(t.Context(), srv.Client(), srv.URL, "", desc, dev, p.add); err != nil {
 		t.Fatal(err)
 	}
 	p.check(t, desc.SizeBytes, 1)
@@ -251,14 +260,14 @@ func TestStreamOntoALoopDevice(t *testing.T) {
 	bad := bytes.Clone(img)
 	bad[0] ^= 1
 	srv2 := serve(t, bytesOf(bad))
-	if err := Stream(t.Context(), srv2.Client(), srv2.URL, desc, dev, nil); err == nil || !strings.Contains(err.Error(), "SHA-256") {
+	if err := Stream(t.Context(), srv2.Client(), srv2.URL, "", desc, dev, nil); err == nil || !strings.Contains(err.Error(), "SHA-256") {
 		t.Fatalf("a corrupted image: err = %v", err)
 	}
 	checkWiped(t, readAll(t, dev))
 
 	// An image larger than the device: refused before it is fetched.
 	_, big := testImage(t, 7<<20)
-	if err := Stream(t.Context(), srv.Client(), srv.URL, big, dev, nil); err == nil || !strings.Contains(err.Error(), "is only 6291456") {
+	if err := Stream(t.Context(), srv.Client(), srv.URL, "", big, dev, nil); err == nil || !strings.Contains(err.Error(), "is only 6291456") {
 		t.Fatalf("an image larger than the disk: err = %v", err)
 	}
 }

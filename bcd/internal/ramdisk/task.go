@@ -86,7 +86,7 @@ func (a *Agent) inspectAgain(ctx context.Context) error {
 	a.mu.Lock()
 	a.facts = in.Facts
 	a.mu.Unlock()
-	return a.hello(ctx, "")
+	return a.hello(ctx)
 }
 
 // deploy wipes the disk, streams the image onto it (again, up to streamAttempts, when the
@@ -112,7 +112,8 @@ func (a *Agent) deploy(ctx context.Context, task siteapi.Task, report func(sitea
 	for attempt := 1; ; {
 		report(siteapi.Progress{Phase: siteapi.PhaseDownload, Bytes: 0, Total: img.SizeBytes})
 		log.Info("ramdisk: streaming the image", "src", src, "bytes", img.SizeBytes, "attempt", attempt)
-		err = Stream(ctx, a.cfg.Client, src, img, disk, func(n int64) {
+		_, token := a.identity()
+		err = Stream(ctx, a.cfg.Client, src, token, img, disk, func(n int64) {
 			report(siteapi.Progress{Phase: siteapi.PhaseDownload, Bytes: n, Total: img.SizeBytes})
 		})
 		var wait func(context.Context) error

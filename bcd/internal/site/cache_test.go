@@ -94,6 +94,15 @@ func planWith(images ...siteapi.Image) siteapi.Plan {
 	return p
 }
 
+// imageToken makes p the plan, with machine m-ramdisk deploying im, and returns the token of a
+// boot of m-ramdisk: what a ramdisk asks for im with.
+func (ts *testSite) imageToken(t *testing.T, p siteapi.Plan, im siteapi.Image) string {
+	t.Helper()
+	p.Machines[0].Task = &siteapi.Task{ID: "deploy-" + im.ID, Kind: siteapi.TaskDeploy, Image: &im, Then: siteapi.ThenWait}
+	must(t, ts.SetPlan(p))
+	return ts.bootToken(t, macRamdisk)
+}
+
 func imageStates(got []sent) []siteapi.ImageState {
 	return ofKind[siteapi.ImageState](got, siteapi.KindImageCached)
 }
@@ -133,13 +142,13 @@ func TestImageCached(t *testing.T) {
 	im := is.image("/good.raw", content, content)
 	ts := startSite(t, fixture(t, t.TempDir(), newRecorder()))
 
-	if status, _, _ := ts.do(t, "GET", "/images/"+im.SHA256, "", ""); status != http.StatusNotFound {
-		t.Errorf("before any plan: %d, want 404", status)
+	if status, _, _ := ts.do(t, "GET", "/images/"+im.SHA256, "", ""); status != http.StatusUnauthorized {
+		t.Errorf("before any plan, without a boot: %d, want 401", status)
 	}
-	must(t, ts.SetPlan(planWith(im)))
+	token := ts.imageToken(t, planWith(im), im)
 	waitImage(t, ts.up, im.SHA256, siteapi.ImageCached)
 
-	status, body, h := ts.do(t, "GET", "/images/"+im.SHA256, "", "")
+	status, body, h := ts.do(t, "GET", "/images/"+im.SHA256, token, "")
 	if status != http.StatusOK || body != string(content) {
 		t.Fatalf("GET the image: %d, %d bytes; want 200, %d", status, len(body), len(content))
 	}
@@ -148,6 +157,7 @@ func TestImageCached(t *testing.T) {
 	}
 	req, _ := http.NewRequest("GET", ts.base+"/images/"+im.SHA256, nil)
 	req.Header.Set("Range", "bytes=100-199")
+	req.Header.Set("Authorization", "Bearer "+token)
 	c := &http.Client{Transport: &http.Transport{}}
 	defer c.CloseIdleConnections()
 	resp, err := c.Do(req)
@@ -159,7 +169,7 @@ func TestImageCached(t *testing.T) {
 	}
 	other := sha256.Sum256([]byte("other"))
 	for _, path := range []string{"/images/" + hex.EncodeToString(other[:]), "/images/not-a-sha", "/images/" + im.SHA256 + "/x"} {
-		if status, _, _ := ts.do(t, "GET", path, "", ""); status != http.StatusNotFound {
+		if status, _, _ := ts.do(t, "GET", path, token, ""); status != http.StatusNotFound {
 			t.Errorf("GET %s: %d, want 404", path, status)
 		}
 	}
@@ -183,9 +193,9 @@ func TestImagePullToken(t *testing.T) {
 		t.Fatalf("without its token: %+v, want the registry's 401", st)
 	}
 	im.Authorization = "Bearer pull-token"
-	must(t, ts.SetPlan(planWith(im)))
+	token := ts.imageToken(t, planWith(im), im)
 	waitImage(t, ts.up, im.SHA256, siteapi.ImageCached)
-	if status, body, _ := ts.do(t, "GET", "/images/"+im.SHA256, "", ""); status != http.StatusOK || body != string(content) {
+	if status, body, _ := ts.do(t, "GET", "/images/"+im.SHA256, token, ""); status != http.StatusOK || body != string(content) {
 		t.Fatalf("GET the private image: %d, %d bytes", status, len(body))
 	}
 }
@@ -224,7 +234,8 @@ func TestImageRefused(t *testing.T) {
 			t.Errorf("%s: failed with %q, want it to say %q", c.im.ID, st.Error, c.says)
 		}
 		if c.im.ID != "flaky.raw" {
-			if status, _, _ := ts.do(t, "GET", "/images/"+c.im.SHA256, "", ""); status != http.StatusNotFound {
+			token := ts.imageToken(t, planWith(corrupt, short, long, liar, missing, flaky), c.im)
+			if status, _, _ := ts.do(t, "GET", "/images/"+c.im.SHA256, token, ""); status != http.StatusNotFound {
 				t.Errorf("%s: served (%d) though it failed", c.im.ID, status)
 			}
 		}
@@ -272,7 +283,7 @@ func TestImageRemovedAndRestart(t *testing.T) {
 	if slices.Contains(cacheFiles(t, cfg.CacheDir), c.SHA256) {
 		t.Fatal("an image that left the plan is still in the cache")
 	}
-	if status, _, _ := first.do(t, "GET", "/images/"+c.SHA256, "", ""); status != http.StatusNotFound {
+	if status, _, _ := first.do(t, "GET", "/images/"+c.SHA256, first.imageToken(t, planWith(a, b), c), ""); status != http.StatusNotFound {
 		t.Errorf("an image that left the plan is served: %d", status)
 	}
 	must(t, first.stop())
@@ -295,7 +306,7 @@ func TestImageRemovedAndRestart(t *testing.T) {
 	if hits := is.hitsOf("/b.raw"); hits != 2 {
 		t.Errorf("b fetched %d times, want twice: its damaged copy does not verify", hits)
 	}
-	if status, body, _ := second.do(t, "GET", "/images/"+b.SHA256, "", ""); status != http.StatusOK || body != strings.Repeat("b", 5000) {
+	if status, body, _ := second.do(t, "GET", "/images/"+b.SHA256, second.imageToken(t, planWith(a, b), b), ""); status != http.StatusOK || body != strings.Repeat("b", 5000) {
 		t.Errorf("b after the restart: %d, %.10q…", status, body)
 	}
 	want := []string{a.SHA256, b.SHA256, "README"}

@@ -22,11 +22,14 @@ import (
 func withDefaults(cfg Config) (Config, error) {
 	c := cfg
 	c.DHCP.DNS = slices.Clone(cfg.DHCP.DNS)
-	if c.HTTPAddr == "" {
-		c.HTTPAddr = HTTPAddrDefault
+	if c.HTTPAddr == "" && c.Address.IsValid() {
+		c.HTTPAddr = netip.AddrPortFrom(c.Address, HTTPPortDefault).String()
 	}
-	if c.TFTPAddr == "" {
-		c.TFTPAddr = TFTPAddrDefault
+	if c.TFTPAddr == "" && c.Address.IsValid() {
+		c.TFTPAddr = netip.AddrPortFrom(c.Address, TFTPPortDefault).String()
+	}
+	if c.StateDir == "" {
+		c.StateDir = StateDirDefault
 	}
 	if c.IPXEDir == "" {
 		c.IPXEDir = IPXEDirDefault
@@ -59,11 +62,11 @@ func (c *Config) validate() error {
 	if !c.Address.Is4() || c.Address.IsUnspecified() || c.Address.IsMulticast() || c.Address == broadcast4 {
 		return fieldErr("Address", "%v is not the site's IPv4 unicast address on the provisioning network", c.Address)
 	}
-	if err := checkListenAddr("HTTPAddr", c.HTTPAddr); err != nil {
+	if err := c.checkListenAddr("HTTPAddr", c.HTTPAddr); err != nil {
 		return err
 	}
 	if c.TFTPAddr != TFTPOff {
-		if err := checkListenAddr("TFTPAddr", c.TFTPAddr); err != nil {
+		if err := c.checkListenAddr("TFTPAddr", c.TFTPAddr); err != nil {
 			return err
 		}
 	}
@@ -106,13 +109,17 @@ func (c *Config) validate() error {
 
 var broadcast4 = netip.AddrFrom4([4]byte{255, 255, 255, 255})
 
-func checkListenAddr(field, addr string) error {
-	_, port, err := net.SplitHostPort(addr)
+// checkListenAddr checks a listener's host:port: on Address, unless ListenAnywhere.
+func (c *Config) checkListenAddr(field, addr string) error {
+	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
 		return fmt.Errorf("%s: %q is not host:port (%v)", field, addr, err)
 	}
 	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > math.MaxUint16 {
 		return fmt.Errorf("%s: %q has no port number", field, addr)
+	}
+	if ip, err := netip.ParseAddr(host); !c.ListenAnywhere && (err != nil || ip.Unmap() != c.Address) {
+		return fmt.Errorf("%s: %q is not on the site's Address %v: the site listens on its provisioning network only, unless ListenAnywhere is set (bcd site --listen-anywhere)", field, addr, c.Address)
 	}
 	return nil
 }
@@ -136,11 +143,11 @@ func checkCmdline(s string) error {
 	if strings.ContainsFunc(s, func(r rune) bool { return unicode.IsControl(r) || r > unicode.MaxASCII }) {
 		return errors.New("must be printable ASCII on one line")
 	}
-	for _, f := range strings.Fields(s) {
-		key, _, _ := strings.Cut(f, "=")
-		switch key {
+	args, _, _ := siteapi.SplitCmdline(s) // as the ramdisk's kernel will read it
+	for _, a := range args {
+		switch a.Name {
 		case siteapi.CmdlineSite, siteapi.CmdlineMachine, siteapi.CmdlineToken, "initrd":
-			return fmt.Errorf("%s= is set by the site itself", key)
+			return fmt.Errorf("%s= is set by the site itself", a.Name)
 		}
 	}
 	return nil

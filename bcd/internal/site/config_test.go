@@ -19,6 +19,7 @@ import (
 func TestNewValidates(t *testing.T) {
 	dir := t.TempDir()
 	base := fixture(t, dir, newRecorder())
+	base.HTTPAddr, base.TFTPAddr = "", "" // on Address, whichever a case gives
 	full := DHCPConfig{Mode: DHCPFull, Subnet: netip.MustParsePrefix("192.0.2.0/24"),
 		RangeStart: netip.MustParseAddr("192.0.2.100"), RangeEnd: netip.MustParseAddr("192.0.2.199")}
 	cases := []struct {
@@ -30,7 +31,13 @@ func TestNewValidates(t *testing.T) {
 		{"IPv6 address", func(c *Config) { c.Address = netip.MustParseAddr("2001:db8::1") }, "Address:"},
 		{"broadcast address", func(c *Config) { c.Address = netip.MustParseAddr("255.255.255.255") }, "Address:"},
 		{"bad HTTPAddr", func(c *Config) { c.HTTPAddr = "8067" }, "HTTPAddr:"},
-		{"bad TFTPAddr", func(c *Config) { c.TFTPAddr = "localhost:tftp-ish" }, "TFTPAddr:"},
+		{"no address, no HTTPAddr", func(c *Config) { c.Address, c.HTTPAddr = netip.Addr{}, "" }, "Address:"},
+		{"bad TFTPAddr", func(c *Config) { c.TFTPAddr = "127.0.0.1:tftp-ish" }, "TFTPAddr:"},
+		// Elsewhere than the provisioning network only when told to.
+		{"HTTP on every address", func(c *Config) { c.HTTPAddr = ":8067" }, "HTTPAddr: \":8067\" is not on the site's Address 127.0.0.1"},
+		{"HTTP on another address", func(c *Config) { c.HTTPAddr = "127.0.0.2:8067" }, "unless ListenAnywhere"},
+		{"HTTP on a name", func(c *Config) { c.HTTPAddr = "localhost:8067" }, "HTTPAddr:"},
+		{"TFTP on every address", func(c *Config) { c.TFTPAddr = ":69" }, "TFTPAddr: \":69\" is not on the site's Address"},
 		{"DHCP without an interface", func(c *Config) { c.DHCP = DHCPConfig{} }, "Interface:"},
 		{"unknown DHCP mode", func(c *Config) { c.Interface, c.DHCP.Mode = "eth0", "relay" }, "DHCP.Mode:"},
 		{"unknown EFI binary", func(c *Config) { c.DHCP.EFIBinary = "grubx64.efi" }, "DHCP.EFIBinary:"},
@@ -82,8 +89,15 @@ func TestNewValidates(t *testing.T) {
 		})
 	}
 
-	// TFTP off: the iPXE binaries need not be here.
+	// Told to listen anywhere, it does.
 	cfg := base
+	cfg.HTTPAddr, cfg.TFTPAddr, cfg.ListenAnywhere = ":0", "0.0.0.0:0", true
+	if _, err := New(cfg); err != nil {
+		t.Errorf("ListenAnywhere with every address: %v", err)
+	}
+
+	// TFTP off: the iPXE binaries need not be here.
+	cfg = base
 	cfg.TFTPAddr, cfg.IPXEDir = TFTPOff, filepath.Join(dir, "nowhere")
 	if _, err := New(cfg); err != nil {
 		t.Errorf("TFTP off without iPXE binaries: %v", err)
@@ -94,7 +108,7 @@ func TestNewValidates(t *testing.T) {
 // changed.
 func TestNewDefaults(t *testing.T) {
 	cfg := fixture(t, t.TempDir(), newRecorder())
-	cfg.HTTPAddr, cfg.TFTPAddr, cfg.CacheDir = "", "", ""
+	cfg.HTTPAddr, cfg.TFTPAddr, cfg.CacheDir, cfg.StateDir = "", "", "", ""
 	cfg.Interface, cfg.Address = "eth0", netip.MustParseAddr("192.0.2.1")
 	cfg.DHCP = DHCPConfig{Mode: DHCPFull, Subnet: netip.MustParsePrefix("192.0.2.7/24"),
 		RangeStart: netip.MustParseAddr("192.0.2.100"), RangeEnd: netip.MustParseAddr("192.0.2.199"),
@@ -107,7 +121,7 @@ func TestNewDefaults(t *testing.T) {
 		t.Errorf("New changed the caller's config:\n%s", diff)
 	}
 	got := s.cfg
-	if got.HTTPAddr != HTTPAddrDefault || got.TFTPAddr != TFTPAddrDefault || got.CacheDir != CacheDirDefault ||
+	if got.HTTPAddr != "192.0.2.1:8067" || got.TFTPAddr != "192.0.2.1:69" || got.CacheDir != CacheDirDefault || got.StateDir != StateDirDefault ||
 		got.DHCP.EFIBinary != EFIBinaryDefault || got.DHCP.LeaseTime != LeaseTimeDefault ||
 		got.FetchConcurrency != FetchConcurrencyDefault || got.ReportQueue != ReportQueueDefault ||
 		got.DHCP.Subnet != netip.MustParsePrefix("192.0.2.0/24") {
@@ -134,7 +148,10 @@ func TestSetPlanValidates(t *testing.T) {
 		{"MAC twice", func(p *siteapi.Plan) { p.Machines[1].MACs = []string{macRamdisk} }, "machines[1].macs"},
 		{"id twice", func(p *siteapi.Plan) { p.Machines[1].ID = "m-ramdisk" }, "machines[1].id: \"m-ramdisk\" is listed twice"},
 		{"id with a space", func(p *siteapi.Plan) { p.Machines[0].ID = "m 1 bcd.token=x" }, "machines[0].id"},
-		{"token with iPXE's ${", func(p *siteapi.Plan) { p.Machines[0].Token = "${root}" }, "machines[0].token"},
+		{"id with iPXE's ${", func(p *siteapi.Plan) { p.Machines[0].ID = "${root}" }, "machines[0].id"},
+		{"join credential with a space", func(p *siteapi.Plan) {
+			p.Machines[0].Task = &siteapi.Task{ID: "t", Kind: siteapi.TaskWipe, Then: siteapi.ThenKexec, Kernel: "http://k/", JoinCredential: "a b"}
+		}, "machines[0].task.joinCredential"},
 		{"bad image", func(p *siteapi.Plan) { p.Images = []siteapi.Image{{SHA256: "x", SizeBytes: 1, URL: "http://a/"}} }, "images[0].sha256"},
 	}
 	for _, c := range cases {
@@ -144,7 +161,7 @@ func TestSetPlanValidates(t *testing.T) {
 			if err := s.SetPlan(p); err == nil || !strings.Contains(err.Error(), c.says) {
 				t.Errorf("SetPlan: %v, want an error saying %q", err, c.says)
 			}
-			if m := s.currentPlan().byMAC[macRamdisk]; m == nil || m.ID != "m-ramdisk" || m.Token != "tok-ramdisk" {
+			if m := s.currentPlan().byMAC[macRamdisk]; m == nil || m.ID != "m-ramdisk" || m.Task.ID != "task-1" {
 				t.Errorf("the previous plan did not stay: %+v", m)
 			}
 		})
@@ -153,8 +170,8 @@ func TestSetPlanValidates(t *testing.T) {
 	// The site keeps its own copy: the caller's later edits do not reach it.
 	p := testPlan(siteapi.UnknownInspect)
 	must(t, s.SetPlan(p))
-	p.Machines[0].Token, p.Machines[0].Task.ID, p.Machines[0].MACs[0] = "changed", "changed", macUnknown
-	if m := s.currentPlan().byMAC[macRamdisk]; m == nil || m.Token != "tok-ramdisk" || m.Task.ID != "task-1" {
+	p.Machines[0].Task.ID, p.Machines[0].MACs[0] = "changed", macUnknown
+	if m := s.currentPlan().byMAC[macRamdisk]; m == nil || m.Task.ID != "task-1" {
 		t.Errorf("the caller's edit reached the site's plan: %+v", m)
 	}
 }

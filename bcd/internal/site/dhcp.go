@@ -48,11 +48,11 @@ func (s *Server) answerDHCP(req *dhcpv4.DHCPv4, port int, peer *net.UDPAddr, now
 	var resp *dhcpv4.DHCPv4
 	switch {
 	case port == pxePort:
-		resp = s.answerPXEServer(req)
+		resp = s.answerPXEServer(req, peer, now)
 	case s.cfg.DHCP.Mode == DHCPFull:
 		resp = s.answerFull(req, now)
 	default:
-		resp = s.answerProxy(req)
+		resp = s.answerProxy(req, now)
 	}
 	if resp == nil {
 		return nil, nil
@@ -61,8 +61,16 @@ func (s *Server) answerDHCP(req *dhcpv4.DHCPv4, port int, peer *net.UDPAddr, now
 }
 
 // answerProxy is proxy DHCP on port 67: an offer without an address to a PXE client's
-// discover; the client's requests go to the DHCP server that gives it its address.
-func (s *Server) answerProxy(req *dhcpv4.DHCPv4) *dhcpv4.DHCPv4 {
+// discover; the client's requests go to the DHCP server that gives it its address (heard, not
+// answered).
+func (s *Server) answerProxy(req *dhcpv4.DHCPv4, now time.Time) *dhcpv4.DHCPv4 {
+	if req.MessageType() == dhcpv4.MessageTypeRequest {
+		a := addrFromIP(req.RequestedIPAddress())
+		if !a.IsValid() {
+			a = addrFromIP(req.ClientIPAddr) // renewing, or rebinding
+		}
+		s.hear(req.ClientHWAddr.String(), a, now)
+	}
 	if req.MessageType() != dhcpv4.MessageTypeDiscover {
 		return nil
 	}
@@ -74,12 +82,16 @@ func (s *Server) answerProxy(req *dhcpv4.DHCPv4) *dhcpv4.DHCPv4 {
 }
 
 // answerPXEServer is port 4011: a PXE client asks the proxy for its boot file again with a
-// request (or an inform), answered with an ack carrying the same boot file.
-func (s *Server) answerPXEServer(req *dhcpv4.DHCPv4) *dhcpv4.DHCPv4 {
+// request (or an inform), answered with an ack carrying the same boot file. It asks from the
+// address it has, which proxy DHCP hears.
+func (s *Server) answerPXEServer(req *dhcpv4.DHCPv4, peer *net.UDPAddr, now time.Time) *dhcpv4.DHCPv4 {
 	switch req.MessageType() {
 	case dhcpv4.MessageTypeRequest, dhcpv4.MessageTypeInform:
 	default:
 		return nil
+	}
+	if ci := addrFromIP(req.ClientIPAddr); s.heard != nil && peer != nil && ci.IsValid() && ci == addrFromIP(peer.IP) {
+		s.hear(req.ClientHWAddr.String(), ci, now)
 	}
 	file, ok := s.pxeBootFile(req)
 	if !ok {
@@ -126,6 +138,7 @@ func (s *Server) answerFull(req *dhcpv4.DHCPv4, now time.Time) *dhcpv4.DHCPv4 {
 			return s.reply(req, dhcpv4.MessageTypeNak, dhcpv4.WithOption(dhcpv4.OptMessage("address not available")))
 		}
 		s.log.Info("dhcp: lease", "mac", mac, "addr", want, "for", s.cfg.DHCP.LeaseTime)
+		s.sawLease(mac, want)
 		return s.reply(req, dhcpv4.MessageTypeAck, append(mods, s.withLease(want))...)
 	case dhcpv4.MessageTypeInform:
 		return s.reply(req, dhcpv4.MessageTypeAck, append(mods, s.withNetwork())...)
@@ -136,6 +149,35 @@ func (s *Server) answerFull(req *dhcpv4.DHCPv4, now time.Time) *dhcpv4.DHCPv4 {
 		s.log.Warn("dhcp: address declined (in use by something else?)", "mac", mac, "addr", req.RequestedIPAddress())
 	}
 	return nil
+}
+
+// hear records, in proxy mode, the address mac asked its DHCP server for.
+func (s *Server) hear(mac string, a netip.Addr, now time.Time) {
+	if s.heard == nil || !a.IsValid() {
+		return
+	}
+	s.heard.heard(mac, a, now)
+	s.sawLease(mac, a)
+	s.log.Debug("dhcp: heard a machine ask for its address", "mac", mac, "addr", a)
+}
+
+// sawLease binds the boots of mac's machine to an address it was given or asked for, and
+// unbinds any other boot from it.
+func (s *Server) sawLease(mac string, a netip.Addr) {
+	s.boots.sawLease(s.currentPlan().group(mac), a)
+}
+
+// leasedAddr is the address of mac's lease as the site knows it: given by the site (full DHCP)
+// or heard asked for (proxy DHCP). ok is false when the site knows none, or, with DHCP off,
+// cannot know.
+func (s *Server) leasedAddr(mac string, now time.Time) (netip.Addr, bool) {
+	switch s.cfg.DHCP.Mode {
+	case DHCPFull:
+		return s.leases.bound(mac, now)
+	case DHCPProxy:
+		return s.heard.addr(mac)
+	}
+	return netip.Addr{}, false
 }
 
 func (s *Server) reply(req *dhcpv4.DHCPv4, typ dhcpv4.MessageType, mods ...dhcpv4.Modifier) *dhcpv4.DHCPv4 {

@@ -161,6 +161,8 @@ func TestProxyDHCPInNamespaces(t *testing.T) {
 		if b, _ := os.ReadFile(local); !bytes.Equal(b, biosBytes) {
 			t.Errorf("the boot file fetched is %d bytes, want iPXE's %d", len(b), len(biosBytes))
 		}
+		// The site heard the machine's address at its request on 4011 (above): the script it
+		// gives that address boots the ramdisk with a token.
 		ipxe := n.discover(t, macRamdisk, pxeMods(iana.INTEL_X86PC, dhcpv4.WithOption(dhcpv4.OptUserClass("iPXE")))...)
 		if ipxe == nil {
 			t.Fatal("no offer to iPXE")
@@ -173,7 +175,7 @@ func TestProxyDHCPInNamespaces(t *testing.T) {
 		for _, l := range strings.Split(script, "\n") {
 			if f := strings.Fields(l); len(f) > 1 && f[0] == "kernel" {
 				kernel = f[1]
-				if !strings.Contains(l, "bcd.machine=m-ramdisk bcd.token=tok-ramdisk") {
+				if !strings.Contains(l, "bcd.machine=m-ramdisk bcd.token=") {
 					t.Errorf("kernel line %q lacks the machine and its token", l)
 				}
 			}

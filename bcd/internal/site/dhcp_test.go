@@ -26,6 +26,7 @@ func dhcpServer(t *testing.T, dhcp DHCPConfig, plan *siteapi.Plan) *Server {
 	t.Helper()
 	cfg := fixture(t, t.TempDir(), newRecorder())
 	cfg.Interface, cfg.Address, cfg.DHCP = "site0", siteAddr, dhcp
+	cfg.HTTPAddr, cfg.TFTPAddr = "", "" // on Address: never listened on here
 	s, err := New(cfg)
 	must(t, err)
 	s.addrs.BaseURL = siteBase // as Run sets it

@@ -56,6 +56,7 @@ func fixtureConfig(dir string, up Upstream) Config {
 		Initrd:   filepath.Join(dir, "initrd"),
 		Cmdline:  "console=ttyS0,115200",
 		CacheDir: filepath.Join(dir, "cache"),
+		StateDir: filepath.Join(dir, "state"),
 		Upstream: up,
 	}
 }
@@ -251,10 +252,10 @@ func testPlan(unknown string) siteapi.Plan {
 		Site:    "site-1",
 		Unknown: unknown,
 		Machines: []siteapi.PlanMachine{
-			{ID: "m-ramdisk", MACs: []string{macRamdisk, macSecond}, Boot: siteapi.BootRamdisk, Token: "tok-ramdisk",
+			{ID: "m-ramdisk", MACs: []string{macRamdisk, macSecond}, Boot: siteapi.BootRamdisk,
 				Task: &siteapi.Task{ID: "task-1", Kind: siteapi.TaskWipe, Then: siteapi.ThenWait}},
-			{ID: "m-disk", MACs: []string{macDisk}, Boot: siteapi.BootDisk, Token: "tok-disk"},
-			{ID: "m-idle", MACs: []string{macIdle}, Boot: siteapi.BootRamdisk, Token: "tok-idle"},
+			{ID: "m-disk", MACs: []string{macDisk}, Boot: siteapi.BootDisk},
+			{ID: "m-idle", MACs: []string{macIdle}, Boot: siteapi.BootRamdisk},
 		},
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -22,6 +23,7 @@ func (s *Server) httpServer() *http.Server {
 	mux.HandleFunc("POST "+siteapi.PathHello, s.handleHello)
 	mux.HandleFunc("GET "+siteapi.PathTask, s.handleTask)
 	mux.HandleFunc("POST "+siteapi.PathProgress, s.handleProgress)
+	mux.HandleFunc("POST "+siteapi.PathCredential, s.handleCredential)
 	mux.HandleFunc("GET "+siteapi.PathImages+"{sha256}", s.handleImage)
 	return &http.Server{
 		Handler:           mux,
@@ -44,19 +46,33 @@ func (s *Server) handleScript(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
-	io.WriteString(w, s.script(mac))
+	if r.Method == http.MethodHead {
+		return // a script that boots the ramdisk mints a boot: only for a GET
+	}
+	io.WriteString(w, s.script(mac, remoteAddr(r), time.Now()))
 }
 
-// script is the iPXE script of a MAC, by the plan:
+// remoteAddr is the address a request came from.
+func remoteAddr(r *http.Request) netip.Addr {
+	ap, err := netip.ParseAddrPort(r.RemoteAddr)
+	if err != nil {
+		return netip.Addr{}
+	}
+	return ap.Addr().Unmap()
+}
+
+// script is the iPXE script of a MAC asked for from an address, by the plan:
 //   - no plan yet: wait and ask again (the site is starting; the machine must not boot from its
 //     disk by mistake);
-//   - a machine of the plan with BootRamdisk: the ramdisk, with its id and token;
-//   - an unknown machine while the plan says inspect: the ramdisk, without id or token;
+//   - a machine of the plan with BootRamdisk: the ramdisk, with its id and a new boot's token,
+//     if from is the address the site knows the MAC's lease by (else: a new DHCP lease, and
+//     ask again);
+//   - an unknown machine while the plan says inspect: the same, without an id;
 //   - a machine with BootDisk, or an unknown one while the plan says ignore: exit, so that the
 //     firmware boots its next boot device (the disk). Not sanboot: that names a disk by BIOS
 //     drive number, does not exist for UEFI's local disks, and would bypass the boot order the
 //     operator set; exit works the same in BIOS and UEFI.
-func (s *Server) script(mac string) string {
+func (s *Server) script(mac string, from netip.Addr, now time.Time) string {
 	self := s.scriptURL(mac)
 	p := s.currentPlan()
 	if p == nil {
@@ -70,19 +86,38 @@ func (s *Server) script(mac string) string {
 	case !b.ramdisk:
 		return fmt.Sprintf("#!ipxe\n# bcd site: machine %s boots from its disk\nexit\n", b.machine.ID)
 	}
-	base := s.addrs.BaseURL
-	args := []string{"initrd=initrd", siteapi.CmdlineSite + "=" + base}
-	who := "an unknown machine, to be inspected"
+	who, id := "an unknown machine, to be inspected", ""
 	if b.machine != nil {
-		who = "machine " + b.machine.ID
-		args = append(args, siteapi.CmdlineMachine+"="+b.machine.ID)
-		if b.machine.Token != "" {
-			args = append(args, siteapi.CmdlineToken+"="+b.machine.Token)
+		who, id = "machine "+b.machine.ID, b.machine.ID
+	}
+	// The boot's token goes only to the address the MAC's lease is, as the site knows it (with
+	// DHCP off it knows none: the address the script is asked from).
+	if leased, ok := s.leasedAddr(mac, now); s.cfg.DHCP.Mode != DHCPOff && (!ok || leased != from) {
+		known := "none"
+		if ok {
+			known = leased.String()
 		}
+		s.log.Warn("http: a ramdisk script asked from another address than the MAC's lease: refused", "mac", mac, "from", from, "lease", known)
+		return fmt.Sprintf(`#!ipxe
+# bcd site: %s (%s) asked from %v; the site knows this MAC's lease as %s
+echo bcd site: this script is given only to the address the MAC was leased: a new lease, and again in %d s
+sleep %d
+dhcp ||
+chain --replace --autofree %s
+`, who, mac, from, known, scriptRetrySeconds, scriptRetrySeconds, self)
 	}
-	if s.cfg.Cmdline != "" {
-		args = append(args, s.cfg.Cmdline)
+	base := s.addrs.BaseURL
+	params := []siteapi.CmdlineParam{{Name: "initrd", Value: "initrd"}, {Name: siteapi.CmdlineSite, Value: base}}
+	if b.machine != nil {
+		params = append(params, siteapi.CmdlineParam{Name: siteapi.CmdlineMachine, Value: b.machine.ID})
 	}
+	params = append(params, siteapi.CmdlineParam{Name: siteapi.CmdlineToken, Value: s.boots.mint(mac, from, now)})
+	cmdline, err := siteapi.SetCmdline(s.cfg.Cmdline, params...)
+	if err != nil { // the plan's ids and Cmdline were checked: not reached
+		s.log.Error("http: the ramdisk's command line", "err", err)
+		return fmt.Sprintf("#!ipxe\necho bcd site: %s\nexit 1\n", err)
+	}
+	s.log.Info("http: a ramdisk boots", "mac", mac, "machine", id, "from", from)
 	return fmt.Sprintf(`#!ipxe
 # bcd site: %s (%s) boots the ramdisk
 kernel %s/boot/vmlinuz %s || goto failed
@@ -92,7 +127,7 @@ boot || goto failed
 echo bcd site: the ramdisk did not boot: trying again in %d s
 sleep %d
 chain --replace --autofree %s
-`, who, mac, base, strings.Join(args, " "), base, scriptRetrySeconds, scriptRetrySeconds, self)
+`, who, mac, base, cmdline, base, scriptRetrySeconds, scriptRetrySeconds, self)
 }
 
 // serveBootFile serves the ramdisk's kernel or initramfs (ranges and conditional requests work).
@@ -115,9 +150,20 @@ func (s *Server) serveBootFile(path string) http.HandlerFunc {
 	}
 }
 
-// handleImage serves GET /images/<sha256>: an image of the plan that the cache has verified.
+// handleImage serves GET /images/<sha256>: an image of the plan that the cache has verified, to
+// a boot whose machine's task deploys it.
 func (s *Server) handleImage(w http.ResponseWriter, r *http.Request) {
 	sha := r.PathValue("sha256")
+	b, ok := s.authenticate(w, r)
+	if !ok {
+		return
+	}
+	p := s.currentPlan()
+	m := p.machineOf(b)
+	if m == nil || m.Task == nil || m.Task.Image == nil || m.Task.Image.SHA256 != sha {
+		writeError(w, http.StatusNotFound, "not_found", "image "+sha+" is not the image of this machine's task")
+		return
+	}
 	f, ok := s.cache.open(sha)
 	if !ok {
 		writeError(w, http.StatusNotFound, "not_found", "image "+sha+" is not in this site's verified cache")

@@ -13,9 +13,11 @@ import (
 
 // TestIPXEScripts fetches each kind of script over HTTP: before any plan, a machine that boots
 // the ramdisk, an unknown machine under inspect and under ignore, a machine that boots its disk.
+// A script that boots the ramdisk gives it a new boot's token (TOKEN below).
 func TestIPXEScripts(t *testing.T) {
 	ts := startSite(t, fixture(t, t.TempDir(), newRecorder()))
 	b := ts.base
+	seen := map[string]bool{}
 
 	script := func(mac string) string {
 		t.Helper()
@@ -25,6 +27,13 @@ func TestIPXEScripts(t *testing.T) {
 		}
 		if !strings.HasPrefix(body, "#!ipxe\n") {
 			t.Fatalf("not an iPXE script: %q", body)
+		}
+		if m := tokenRE.FindStringSubmatch(body); m != nil {
+			if len(m[1]) != 43 || seen[m[1]] {
+				t.Errorf("the boot token %q is not 32 random bytes, or not new", m[1])
+			}
+			seen[m[1]] = true
+			body = strings.ReplaceAll(body, m[1], "TOKEN")
 		}
 		return body
 	}
@@ -41,19 +50,19 @@ func TestIPXEScripts(t *testing.T) {
 		not                []string // what it must not hold
 	}{
 		{name: "ramdisk", mac: macRamdisk, unknown: siteapi.UnknownInspect, want: []string{
-			"kernel " + b + "/boot/vmlinuz initrd=initrd bcd.site=" + b + " bcd.machine=m-ramdisk bcd.token=tok-ramdisk console=ttyS0,115200 || goto failed",
+			"kernel " + b + "/boot/vmlinuz initrd=initrd bcd.site=" + b + " bcd.machine=m-ramdisk bcd.token=TOKEN console=ttyS0,115200 || goto failed",
 			"initrd --name initrd " + b + "/boot/initrd || goto failed",
 			"boot || goto failed",
 		}},
 		{name: "second NIC, upper case", mac: strings.ToUpper(macSecond), unknown: siteapi.UnknownInspect, want: []string{
-			"kernel " + b + "/boot/vmlinuz initrd=initrd bcd.site=" + b + " bcd.machine=m-ramdisk bcd.token=tok-ramdisk console=ttyS0,115200 || goto failed",
+			"kernel " + b + "/boot/vmlinuz initrd=initrd bcd.site=" + b + " bcd.machine=m-ramdisk bcd.token=TOKEN console=ttyS0,115200 || goto failed",
 		}},
 		{name: "unknown, inspect", mac: macUnknown, unknown: siteapi.UnknownInspect, want: []string{
-			"kernel " + b + "/boot/vmlinuz initrd=initrd bcd.site=" + b + " console=ttyS0,115200 || goto failed",
+			"kernel " + b + "/boot/vmlinuz initrd=initrd bcd.site=" + b + " bcd.token=TOKEN console=ttyS0,115200 || goto failed",
 			"initrd --name initrd " + b + "/boot/initrd || goto failed",
 			"boot || goto failed",
-		}, not: []string{"bcd.machine", "bcd.token"}},
-		{name: "disk", mac: macDisk, unknown: siteapi.UnknownInspect, want: []string{"exit"}, not: []string{"kernel", "tok-disk"}},
+		}, not: []string{"bcd.machine"}},
+		{name: "disk", mac: macDisk, unknown: siteapi.UnknownInspect, want: []string{"exit"}, not: []string{"kernel", "bcd.token"}},
 		{name: "unknown, ignore", mac: macUnknown, unknown: siteapi.UnknownIgnore, want: []string{"exit"}, not: []string{"kernel"}},
 	}
 	for _, c := range cases {

@@ -157,3 +157,55 @@ func (t *leaseTable) drop(l *lease) {
 	delete(t.byMAC, l.mac)
 	delete(t.byAddr, l.addr)
 }
+
+// heardTable is what proxy DHCP knows of the machines' addresses, which another server gives:
+// the address each MAC last asked for (its DHCPREQUEST, broadcast on the provisioning network
+// or relayed to the site, or its request to the proxy on port 4011 from that address). The
+// boots of a MAC are bound to it.
+type heardTable struct {
+	mu    sync.Mutex
+	byMAC map[string]heardAddr
+}
+
+type heardAddr struct {
+	addr netip.Addr
+	at   time.Time
+}
+
+// maxHeard bounds the MACs heard: the oldest are forgotten first.
+const maxHeard = 1 << 16
+
+func newHeardTable() *heardTable { return &heardTable{byMAC: map[string]heardAddr{}} }
+
+func (h *heardTable) heard(mac string, addr netip.Addr, now time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.byMAC[mac] = heardAddr{addr, now}
+	if len(h.byMAC) > maxHeard {
+		oldest := mac
+		for m, a := range h.byMAC {
+			if a.at.Before(h.byMAC[oldest].at) {
+				oldest = m
+			}
+		}
+		delete(h.byMAC, oldest)
+	}
+}
+
+func (h *heardTable) addr(mac string) (netip.Addr, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	a, ok := h.byMAC[mac]
+	return a.addr, ok
+}
+
+// bound is the address mac holds now (requested and acknowledged, not expired).
+func (t *leaseTable) bound(mac string, now time.Time) (netip.Addr, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	l := t.byMAC[mac]
+	if l == nil || !l.bound || l.expires.Before(now) {
+		return netip.Addr{}, false
+	}
+	return addrOf(l.addr), true
+}

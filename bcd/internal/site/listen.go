@@ -1,6 +1,7 @@
 package site
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -29,24 +30,29 @@ type dhcpConn struct {
 	conn *net.UDPConn
 }
 
-func (s *Server) listen() (_ *listeners, err error) {
+func (s *Server) listen(ctx context.Context) (_ *listeners, err error) {
 	l := &listeners{}
 	defer func() {
 		if err != nil {
 			l.close()
 		}
 	}()
-	if l.http, err = net.Listen("tcp", s.cfg.HTTPAddr); err != nil {
+	// HTTP and TFTP listen on the provisioning interface only (unless told to listen anywhere):
+	// bound to Address, a packet for it that another interface received (this host routing a
+	// tenant's network to it) would still reach them.
+	var lc net.ListenConfig
+	if !s.cfg.ListenAnywhere && s.cfg.Interface != "" {
+		lc.Control = bindToDevice(s.cfg.Interface)
+	}
+	if l.http, err = lc.Listen(ctx, "tcp", s.cfg.HTTPAddr); err != nil {
 		return nil, fmt.Errorf("site: http: %w", err)
 	}
 	if s.cfg.TFTPAddr != TFTPOff {
-		a, err := net.ResolveUDPAddr("udp4", s.cfg.TFTPAddr)
+		pc, err := lc.ListenPacket(ctx, "udp4", s.cfg.TFTPAddr)
 		if err != nil {
 			return nil, fmt.Errorf("site: tftp: %w", err)
 		}
-		if l.tftp, err = net.ListenUDP("udp4", a); err != nil {
-			return nil, fmt.Errorf("site: tftp: %w", err)
-		}
+		l.tftp = pc.(*net.UDPConn)
 	}
 	if s.cfg.DHCP.Mode == DHCPOff {
 		return l, nil

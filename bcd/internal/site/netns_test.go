@@ -65,7 +65,8 @@ func runChild(specJSON string) int {
 	}
 	out := &lineWriter{w: os.Stdout}
 	cfg := fixtureConfig(spec.Dir, reportLines{out})
-	cfg.Interface, cfg.Address, cfg.HTTPAddr, cfg.TFTPAddr, cfg.DHCP = "site0", nsSite, ":8067", ":69", spec.DHCP
+	// HTTP and TFTP where they listen by default: the site's address, on site0 only.
+	cfg.Interface, cfg.Address, cfg.HTTPAddr, cfg.TFTPAddr, cfg.DHCP = "site0", nsSite, "", "", spec.DHCP
 	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	s, err := New(cfg)
 	if err != nil {
@@ -216,7 +217,10 @@ func (n *netns) run(t *testing.T, name string, args ...string) (string, error) {
 
 // inMachine runs fn on an OS thread moved into the machine's namespace: the sockets fn creates
 // are that namespace's, and stay so once fn returns.
-func (n *netns) inMachine(fn func() error) error {
+func (n *netns) inMachine(fn func() error) error { return inNetns(n.machine, fn) }
+
+// inNetns runs fn on an OS thread moved into the namespace ns.
+func inNetns(ns string, fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
@@ -227,14 +231,14 @@ func (n *netns) inMachine(fn func() error) error {
 			return
 		}
 		defer home.Close()
-		there, err := os.Open(filepath.Join("/run/netns", n.machine))
+		there, err := os.Open(filepath.Join("/run/netns", ns))
 		if err != nil {
 			errc <- err
 			return
 		}
 		defer there.Close()
 		if err := unix.Setns(int(there.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("setns %s: %w", n.machine, err)
+			errc <- fmt.Errorf("setns %s: %w", ns, err)
 			return
 		}
 		ferr := fn()

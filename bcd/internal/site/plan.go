@@ -15,6 +15,7 @@ type planIndex struct {
 	byMAC   map[string]*siteapi.PlanMachine
 	byID    map[string]*siteapi.PlanMachine
 	images  map[string]siteapi.Image // by SHA-256
+	tasks   map[string]bool          // the machines' task ids
 }
 
 func indexPlan(p siteapi.Plan) (*planIndex, error) {
@@ -26,6 +27,7 @@ func indexPlan(p siteapi.Plan) (*planIndex, error) {
 		byMAC:   map[string]*siteapi.PlanMachine{},
 		byID:    map[string]*siteapi.PlanMachine{},
 		images:  map[string]siteapi.Image{},
+		tasks:   map[string]bool{},
 	}
 	for i := range p.Machines {
 		m := copyMachine(p.Machines[i])
@@ -33,12 +35,12 @@ func indexPlan(p siteapi.Plan) (*planIndex, error) {
 		if _, dup := idx.byID[m.ID]; dup {
 			return nil, &siteapi.FieldError{Field: field + ".id", Problem: fmt.Sprintf("%q is listed twice", m.ID)}
 		}
-		// Both travel on the ramdisk's kernel command line, written into an iPXE script.
+		// It travels on the ramdisk's kernel command line, written into an iPXE script.
 		if !cmdlineSafe(m.ID, 64) {
 			return nil, &siteapi.FieldError{Field: field + ".id", Problem: "at most 64 of A-Z a-z 0-9 . _ - : + / = ~"}
 		}
-		if m.Token != "" && !cmdlineSafe(m.Token, 512) {
-			return nil, &siteapi.FieldError{Field: field + ".token", Problem: "at most 512 of A-Z a-z 0-9 . _ - : + / = ~"}
+		if m.Task != nil {
+			idx.tasks[m.Task.ID] = true
 		}
 		idx.byID[m.ID] = m
 		for _, mac := range m.MACs {
@@ -80,6 +82,17 @@ func cmdlineSafe(s string, max int) bool {
 type boot struct {
 	machine *siteapi.PlanMachine // nil: an unknown machine
 	ramdisk bool                 // the ramdisk (as the machine, or as an unknown one); else its disk
+}
+
+// group is the MACs of mac's machine (mac alone for an unknown one): the NICs its ramdisk may
+// take a lease on.
+func (p *planIndex) group(mac string) []string {
+	if p != nil {
+		if m := p.byMAC[mac]; m != nil {
+			return m.MACs
+		}
+	}
+	return []string{mac}
 }
 
 // bootFor answers for a MAC: ok is false when the site does not answer it at all (no plan yet,

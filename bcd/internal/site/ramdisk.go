@@ -1,12 +1,12 @@
 package site
 
 import (
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -23,10 +23,13 @@ const (
 // A ramdisk told 503 tries again after this many seconds (Retry-After).
 const retryAfterSeconds = 5
 
-// handleHello answers POST /ramdisk/v1/hello: the machine the site takes the ramdisk for (by
-// its MACs) and that machine's token, and reports the facts up as KindMachineSeen. A Hello is
-// not authenticated: the provisioning network is trusted as PXE trusts it.
+// handleHello answers POST /ramdisk/v1/hello from a boot: the machine the site takes the
+// ramdisk for (by the MAC it booted with), and reports the facts up as KindMachineSeen.
 func (s *Server) handleHello(w http.ResponseWriter, r *http.Request) {
+	b, ok := s.authenticate(w, r)
+	if !ok {
+		return
+	}
 	var h siteapi.Hello
 	if !decodeBody(w, r, helloLimit, &h) {
 		return
@@ -35,12 +38,20 @@ func (s *Server) handleHello(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "invalid_argument", err.Error())
 		return
 	}
+	if !slices.Contains(h.Facts.MACs, b.mac) {
+		writeError(w, http.StatusBadRequest, "invalid_argument", fmt.Sprintf("facts.macs: %v does not list %s, the MAC this machine booted with", h.Facts.MACs, b.mac))
+		return
+	}
 	p := s.currentPlan()
 	if p == nil {
 		unavailable(w, "the site has no plan from the control plane yet")
 		return
 	}
-	m, err := p.machineByMACs(h.Facts.MACs)
+	m := p.machineOf(b)
+	other, err := p.machineByMACs(h.Facts.MACs)
+	if err == nil && other != nil && other != m {
+		err = &siteapi.FieldError{Field: "facts.macs", Problem: fmt.Sprintf("name machine %s, which is not the machine of this boot's MAC %s", other.ID, b.mac)}
+	}
 	if err != nil {
 		writeError(w, http.StatusConflict, "conflict", err.Error())
 		return
@@ -48,23 +59,19 @@ func (s *Server) handleHello(w http.ResponseWriter, r *http.Request) {
 	seen := siteapi.MachineSeen{Facts: h.Facts}
 	var answer siteapi.HelloAnswer
 	if m != nil {
-		seen.Machine = m.ID
-		answer = siteapi.HelloAnswer{Machine: m.ID, Token: m.Token}
+		seen.Machine, answer.Machine = m.ID, m.ID
 	}
 	if !s.reports.offer(siteapi.KindMachineSeen, seen) {
 		unavailable(w, "the site's reports to the control plane are backed up")
 		return
 	}
-	s.log.Info("ramdisk: hello", "machine", seen.Machine, "serial", h.Facts.Serial, "macs", h.Facts.MACs, "said_machine", h.Machine)
+	s.log.Info("ramdisk: hello", "machine", seen.Machine, "serial", h.Facts.Serial, "macs", h.Facts.MACs, "said_machine", h.Machine, "boot_mac", b.mac)
 	writeJSON(w, http.StatusOK, answer)
 }
 
 func checkHello(h siteapi.Hello) error {
 	if len(h.Machine) > 64 || !printable(h.Machine) {
 		return &siteapi.FieldError{Field: "machine", Problem: "at most 64 bytes of printable text"}
-	}
-	if len(h.Token) > 512 || !printable(h.Token) {
-		return &siteapi.FieldError{Field: "token", Problem: "at most 512 bytes of printable text"}
 	}
 	return h.Facts.Validate()
 }
@@ -91,21 +98,20 @@ func (p *planIndex) machineByMACs(macs []string) (*siteapi.PlanMachine, error) {
 }
 
 // handleTask answers GET /ramdisk/v1/task?machine=: the machine's task (200) or 204 while it has
-// none, to the bearer of the machine's current token.
+// none, to a boot of the machine. The task goes without what is not the ramdisk's: the image's
+// pull token, the deploy's join credential (PathCredential).
 func (s *Server) handleTask(w http.ResponseWriter, r *http.Request) {
+	b, ok := s.authenticate(w, r)
+	if !ok {
+		return
+	}
 	id := r.URL.Query().Get("machine")
 	if id == "" {
 		writeError(w, http.StatusBadRequest, "invalid_argument", "machine: the query parameter is required")
 		return
 	}
-	p := s.currentPlan()
-	if p == nil {
-		unavailable(w, "the site has no plan from the control plane yet")
-		return
-	}
-	m, ok := authorize(r, p, id)
+	m, ok := s.machineOfBoot(w, b, id)
 	if !ok {
-		unauthorized(w)
 		return
 	}
 	if m.Task == nil {
@@ -114,6 +120,7 @@ func (s *Server) handleTask(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	task := *m.Task
+	task.JoinCredential = ""
 	if task.Image != nil {
 		// A pull token is the site's to fetch with, never a ramdisk's: it reads the cache.
 		im := *task.Image
@@ -121,6 +128,41 @@ func (s *Server) handleTask(w http.ResponseWriter, r *http.Request) {
 		task.Image = &im
 	}
 	writeJSON(w, http.StatusOK, task)
+}
+
+// handleCredential answers POST /ramdisk/v1/credential: the join credential of the machine's
+// task, to the first boot of the machine that asks for it (and to it again), never to another:
+// a boot that took it over from a spoofed MAC leaves the real machine's deploy failing, seen,
+// rather than both holding it.
+func (s *Server) handleCredential(w http.ResponseWriter, r *http.Request) {
+	b, ok := s.authenticate(w, r)
+	if !ok {
+		return
+	}
+	var req siteapi.CredentialRequest
+	if !decodeBody(w, r, progressLimit, &req) {
+		return
+	}
+	m, ok := s.machineOfBoot(w, b, req.Machine)
+	if !ok {
+		return
+	}
+	switch {
+	case m.Task == nil || m.Task.ID != req.Task:
+		writeError(w, http.StatusConflict, "failed_precondition", fmt.Sprintf("task: machine %s has no task %q", m.ID, req.Task))
+		return
+	case m.Task.JoinCredential == "":
+		w.Header().Set("Cache-Control", "no-store")
+		w.WriteHeader(http.StatusNoContent)
+		return
+	case !s.boots.claim(req.Task, b.hash):
+		s.log.Error("ramdisk: the join credential was asked for by a second boot of the machine: refused (a MAC taken over on the provisioning network?)",
+			"machine", m.ID, "task", req.Task, "boot_mac", b.mac)
+		writeError(w, http.StatusGone, "failed_precondition", fmt.Sprintf("task %s: its join credential went to another boot of machine %s; deploy again", req.Task, m.ID))
+		return
+	}
+	s.log.Info("ramdisk: join credential handed over", "machine", m.ID, "task", req.Task, "boot_mac", b.mac)
+	writeJSON(w, http.StatusOK, siteapi.CredentialAnswer{JoinCredential: m.Task.JoinCredential})
 }
 
 // progressWait bounds how long a progress post waits for the control plane to record it.
@@ -132,6 +174,10 @@ const progressWait = 10 * time.Second
 // The site passes on progress of any task id: the control plane's workflows match it to the
 // task they wait on.
 func (s *Server) handleProgress(w http.ResponseWriter, r *http.Request) {
+	b, ok := s.authenticate(w, r)
+	if !ok {
+		return
+	}
 	var prog siteapi.Progress
 	if !decodeBody(w, r, progressLimit, &prog) {
 		return
@@ -140,13 +186,7 @@ func (s *Server) handleProgress(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "invalid_argument", err.Error())
 		return
 	}
-	p := s.currentPlan()
-	if p == nil {
-		unavailable(w, "the site has no plan from the control plane yet")
-		return
-	}
-	if _, ok := authorize(r, p, prog.Machine); !ok {
-		unauthorized(w)
+	if _, ok := s.machineOfBoot(w, b, prog.Machine); !ok {
 		return
 	}
 	switch err := s.reports.deliverWithin(s.progressWait, siteapi.KindTaskProgress, prog); {
@@ -162,14 +202,48 @@ func (s *Server) handleProgress(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// authorize finds the plan's machine id if the request bears its current token.
-func authorize(r *http.Request, p *planIndex, id string) (*siteapi.PlanMachine, bool) {
+// authenticate finds the boot a ramdisk's request is from: it bears the boot's token, from one
+// of the boot's addresses. Otherwise it answers 401 (no such boot: another boot of the MAC
+// ended it, or it never was) or 403 (another address), and returns false.
+func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (ramdiskBoot, bool) {
 	scheme, token, _ := strings.Cut(r.Header.Get("Authorization"), " ")
-	m := p.byID[id]
-	if m == nil || m.Token == "" || !strings.EqualFold(scheme, "Bearer") {
+	if !strings.EqualFold(scheme, "Bearer") || token == "" {
+		unauthorized(w)
+		return ramdiskBoot{}, false
+	}
+	b, err := s.boots.lookup(strings.TrimSpace(token), remoteAddr(r), time.Now())
+	switch {
+	case errors.Is(err, errBootAddress):
+		s.log.Warn("ramdisk: a boot's token from another address than its lease: refused", "err", err)
+		writeError(w, http.StatusForbidden, "permission_denied", err.Error())
+		return ramdiskBoot{}, false
+	case err != nil:
+		unauthorized(w)
+		return ramdiskBoot{}, false
+	}
+	return b, true
+}
+
+// machineOf is the plan's machine of a boot (by the MAC it booted with): nil for an unknown
+// machine, or before the first plan.
+func (p *planIndex) machineOf(b ramdiskBoot) *siteapi.PlanMachine {
+	if p == nil {
+		return nil
+	}
+	return p.byMAC[b.mac]
+}
+
+// machineOfBoot is machine id of the plan, when it is the machine of boot b. Otherwise it
+// answers 503 (no plan yet) or 403 (another machine's, or an unknown one's), and returns false.
+func (s *Server) machineOfBoot(w http.ResponseWriter, b ramdiskBoot, id string) (*siteapi.PlanMachine, bool) {
+	p := s.currentPlan()
+	if p == nil {
+		unavailable(w, "the site has no plan from the control plane yet")
 		return nil, false
 	}
-	if subtle.ConstantTimeCompare([]byte(strings.TrimSpace(token)), []byte(m.Token)) != 1 {
+	m := p.machineOf(b)
+	if m == nil || m.ID != id {
+		writeError(w, http.StatusForbidden, "permission_denied", fmt.Sprintf("machine: this boot (MAC %s) is not machine %q's", b.mac, id))
 		return nil, false
 	}
 	return m, true

@@ -53,10 +53,11 @@ const (
 
 // Defaults of Config's zero fields.
 const (
-	HTTPAddrDefault         = ":8067"
-	TFTPAddrDefault         = ":69"
+	HTTPPortDefault         = 8067            // HTTPAddr is Address:8067
+	TFTPPortDefault         = 69              // TFTPAddr is Address:69
 	IPXEDirDefault          = "/usr/lib/ipxe" // Debian's package ipxe
 	CacheDirDefault         = "/var/cache/bcd/site/images"
+	StateDirDefault         = "/var/lib/bcd/site"
 	EFIBinaryDefault        = EFIBinarySNP
 	LeaseTimeDefault        = time.Hour
 	FetchConcurrencyDefault = 2
@@ -74,12 +75,17 @@ type Config struct {
 	// Address is the site's IPv4 address on Interface: the next-server it gives PXE clients and
 	// the host of every URL it hands out. Required.
 	Address netip.Addr
-	// HTTPAddr is where HTTP listens (default HTTPAddrDefault); its port is the port of the base
-	// URL http://Address:port. Port 0 picks a free port (tests): Addrs reports it.
+	// HTTPAddr is where HTTP listens (default Address:HTTPPortDefault); its port is the port of
+	// the base URL http://Address:port. Port 0 picks a free port (tests): Addrs reports it.
 	HTTPAddr string
-	// TFTPAddr is where TFTP listens (default TFTPAddrDefault); TFTPOff turns it off.
+	// TFTPAddr is where TFTP listens (default Address:TFTPPortDefault); TFTPOff turns it off.
 	TFTPAddr string
-	DHCP     DHCPConfig
+	// ListenAnywhere lets HTTPAddr and TFTPAddr name another address than Address, or none
+	// (":8067": every address). Without it both listen on Address only, and on Interface only
+	// when there is one (SO_BINDTODEVICE), so that no other network reaches them, even through
+	// this host's routes.
+	ListenAnywhere bool
+	DHCP           DHCPConfig
 	// IPXEDir holds the iPXE binaries (default IPXEDirDefault): BIOSBinary and DHCP.EFIBinary
 	// must be there while TFTP is on.
 	IPXEDir string
@@ -91,6 +97,10 @@ type Config struct {
 	// CacheDir is the image cache (default CacheDirDefault), created by Run. bcd site owns it:
 	// files in it that no plan names are removed.
 	CacheDir string
+	// StateDir is where the site keeps, across restarts, the boots of its machines' ramdisks
+	// (their tokens' SHA-256, MACs and addresses) and the join credentials it has handed over
+	// (default StateDirDefault), created by Run.
+	StateDir string
 	// FetchConcurrency bounds the images downloaded at once (default FetchConcurrencyDefault).
 	FetchConcurrency int
 	// ReportQueue bounds the reports waiting for Upstream (default ReportQueueDefault). While it
@@ -145,6 +155,8 @@ type Server struct {
 	plan *planIndex // nil until the first SetPlan
 
 	leases *leaseTable // DHCPFull only
+	heard  *heardTable // DHCPProxy only: the addresses the machines asked their DHCP server for
+	boots  *bootTable
 
 	running atomic.Bool
 	ready   chan struct{}
@@ -168,6 +180,10 @@ func New(cfg Config) (*Server, error) {
 	if c.DHCP.Mode == DHCPFull {
 		s.leases = newLeaseTable(c.DHCP.RangeStart, c.DHCP.RangeEnd, c.DHCP.LeaseTime)
 	}
+	if c.DHCP.Mode == DHCPProxy {
+		s.heard = newHeardTable()
+	}
+	s.boots = newBootTable(log)
 	return s, nil
 }
 
@@ -180,9 +196,10 @@ func (s *Server) SetPlan(p siteapi.Plan) error {
 		return fmt.Errorf("site: plan: %w", err)
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock() // held across both, so that concurrent calls leave one plan everywhere
+	defer s.mu.Unlock() // held across all, so that concurrent calls leave one plan everywhere
 	s.plan = idx
 	s.cache.want(idx.images)
+	s.boots.keepClaims(idx.tasks)
 	s.log.Info("plan", "site", p.Site, "machines", len(p.Machines), "images", len(idx.images), "unknown", p.Unknown)
 	return nil
 }
@@ -220,7 +237,10 @@ func (s *Server) Run(ctx context.Context) error {
 	if err := s.cache.prepare(); err != nil {
 		return err
 	}
-	l, err := s.listen()
+	if err := s.boots.load(s.cfg.StateDir); err != nil {
+		return err
+	}
+	l, err := s.listen(ctx)
 	if err != nil {
 		return err
 	}

@@ -84,7 +84,7 @@ func TestBootInQEMU(t *testing.T) {
 
 	site := newQEMUSite(t)
 	u, _ := url.Parse(site.srv.URL)
-	cmdline := fmt.Sprintf("console=ttyS0 bcd.site=http://10.0.2.2:%s panic=-1", u.Port())
+	cmdline := fmt.Sprintf("console=ttyS0 bcd.site=http://10.0.2.2:%s bcd.token=tok-1 panic=-1", u.Port()) // the boot's token, as a site's script gives it
 	vmCtx, vmCancel := context.WithTimeout(ctx, bootLimit)
 	defer vmCancel()
 	cmd := exec.CommandContext(vmCtx, qemu,
@@ -230,6 +230,10 @@ func newQEMUSite(t *testing.T) *qemuSite {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+siteapi.PathHello, func(w http.ResponseWriter, r *http.Request) {
 		var h siteapi.Hello
+		if r.Header.Get("Authorization") != "Bearer tok-1" {
+			http.Error(w, "not the boot's token", http.StatusUnauthorized)
+			return
+		}
 		if err := json.NewDecoder(r.Body).Decode(&h); err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
@@ -240,7 +244,7 @@ func newQEMUSite(t *testing.T) *qemuSite {
 			s.helloAt = time.Since(s.start)
 		}
 		s.mu.Unlock()
-		_ = json.NewEncoder(w).Encode(siteapi.HelloAnswer{Machine: "m-qemu", Token: "tok-1"})
+		_ = json.NewEncoder(w).Encode(siteapi.HelloAnswer{Machine: "m-qemu"})
 	})
 	mux.HandleFunc("GET "+siteapi.PathTask, func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Authorization") != "Bearer tok-1" || r.URL.Query().Get("machine") != "m-qemu" {
