@@ -53,6 +53,9 @@ func TestJoinFromTheKernelCommandLine(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "joined as rack1-u07") {
 		t.Fatalf("join --cmdline: %v\n%s", err, out)
 	}
+	if next := "now run: bcd node --state-dir " + filepath.Join(dir, "state"); !strings.Contains(string(out), next) {
+		t.Errorf("join's hint is not %q:\n%s", next, out)
+	}
 	b, err := os.ReadFile(authorized)
 	if err != nil || string(b) != keys[0]+"\n" {
 		t.Fatalf("authorized_keys = %q, %v; want the holder's key", b, err)

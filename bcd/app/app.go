@@ -38,7 +38,6 @@ import (
 	"github.com/better-compute/compute/bcd/internal/journal"
 	"github.com/better-compute/compute/bcd/internal/selfupdate"
 	"github.com/better-compute/compute/bcd/internal/sshd"
-	"github.com/better-compute/compute/bcd/internal/tenancy"
 	"github.com/better-compute/compute/internal/nodeagent"
 	"github.com/better-compute/compute/internal/selfstat"
 	"github.com/better-compute/compute/internal/sim"
@@ -49,14 +48,9 @@ import (
 var version = "dev"
 
 // Main runs bcd's command line, with exts carrying out modules' command and desired-state kinds
-// (in bcd node and bcd sim), and exits.
+// (in bcd node and bcd sim), and exits: 0, 1 for a failure, 2 for a mistake in the command line.
 func Main(exts ...ext.Extension) {
-	root := newRoot(exts)
-	root.SetArgs(pid1Args(os.Getpid(), os.Args))
-	if err := root.Execute(); err != nil {
-		fmt.Fprintln(os.Stderr, "bcd:", err)
-		os.Exit(1)
-	}
+	os.Exit(run(exts, pid1Args(os.Getpid(), os.Args), os.Stdout, os.Stderr))
 }
 
 // settings are bcd's configuration: defaults, then the config file, then flags.
@@ -98,6 +92,7 @@ object with stateDir, cdiDir, gateway, transport, logLevel and fake {gpus, model
 	pf.StringVar(&s.StateDir, "state-dir", s.StateDir, "where the journal (identity, desired state, pending results) is kept")
 	pf.StringVar(&s.LogLevel, "log-level", s.LogLevel, "debug, info, warn or error")
 	root.AddCommand(joinCmd(s), nodeCmd(s), statusCmd(s), doctorCmd(s), versionCmd(), superviseCmd(s), simCmd(s), ramdiskCmd(s), siteCmd(s), initCmd(s), cgroupHookCmd(), helperCmd(s))
+	strictUsage(root)
 	return root
 }
 
@@ -172,7 +167,7 @@ token may also come from $BCD_JOIN_TOKEN.`,
 				token = os.Getenv("BCD_JOIN_TOKEN")
 			}
 			if url == "" || token == "" {
-				return errors.New("join needs --url (the control plane's API URL) and --token (or $BCD_JOIN_TOKEN)")
+				return usageError{errors.New("join needs --url (the control plane's API URL) and --token (or $BCD_JOIN_TOKEN)")}
 			}
 			j, err := journal.Open(s.StateDir)
 			if err != nil {
@@ -210,7 +205,7 @@ token may also come from $BCD_JOIN_TOKEN.`,
 			if err := j.SetIdentity(id); err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "joined as %s (%s); certificate valid until %s\nnow run: bcd node\n", id.NodeName, id.NodeID, id.NotAfter.Format(time.RFC3339))
+			fmt.Fprintf(cmd.OutOrStdout(), "joined as %s (%s); certificate valid until %s\nnow run: %s\n", id.NodeName, id.NodeID, id.NotAfter.Format(time.RFC3339), nextStep(cmd))
 			return nil
 		},
 	}
@@ -229,8 +224,8 @@ func nodeCmd(s *settings) *cobra.Command {
 	var fakeGPUs int
 	var fakeModel string
 	var fakeDelay time.Duration
-	var sshdDir, sshUser, helperSocket, home, devRoot string
-	var execOK, hidepid bool
+	var sshdDir, sshUser, helperSocket string
+	var execOK bool
 	var consoles []string
 	var vm vmHostFlags
 	update := selfUpdateFlags{enabled: true, deadline: selfupdate.DefaultDeadline}
@@ -250,24 +245,16 @@ and bcd doctor say why). --fake-gpus runs on simulated hardware instead.`,
 				return err
 			}
 			exts := s.exts
-			ctx, cancel := signals()
-			defer cancel()
-			logger := s.logger(cmd.ErrOrStderr())
-			holders, err := tenants(ctx, s, logger, execOK || sshdDir != "", helperSocket, home, devRoot, hidepid)
-			if err != nil {
-				return err
-			}
 			if sshdDir != "" {
-				var userOf func(string) (string, bool)
-				if holders != nil {
-					userOf = holders.UserOf
-				}
-				conv, err := sshd.New(sshdDir, sshUser, userOf)
+				conv, err := sshd.New(sshdDir, sshUser)
 				if err != nil {
 					return err
 				}
 				exts = append(exts, ext.Extension{Name: "ssh-access", Desired: map[string]ext.Converger{api.SSHAccessKind: conv.Apply}})
 			}
+			ctx, cancel := signals()
+			defer cancel()
+			logger := s.logger(cmd.ErrOrStderr())
 			var reports *nodeagent.Reports
 			if vm.runtime != "" {
 				reports = nodeagent.NewReports()
@@ -285,7 +272,7 @@ and bcd doctor say why). --fake-gpus runs on simulated hardware instead.`,
 			}
 			err = daemon.Run(ctx, daemon.Config{StateDir: s.StateDir, CDIDir: s.CDIDir, Gateway: s.Gateway, Transport: s.Transport, Fake: s.Fake, Extensions: exts,
 				Version: version, Logger: logger, Exec: execOK, Consoles: cons, Reports: reports, Helper: helperSocket, SelfUpdate: su,
-				OnHardware: vm.sawHardware, Tenancy: holders, DeviceRoot: devRoot})
+				OnHardware: vm.sawHardware})
 			var into restartInto
 			if errors.As(context.Cause(ctx), &into) {
 				return selfupdate.Exec(into.path)
@@ -295,8 +282,7 @@ and bcd doctor say why). --fake-gpus runs on simulated hardware instead.`,
 	}
 	update.flags(c)
 	c.Flags().StringVar(&s.CDIDir, "cdi-dir", s.CDIDir, "where CDI specs of held devices are written")
-	c.Flags().BoolVar(&execOK, "exec", false, "run the commands of holders' tunnels (access.exec): a holder of part of the node as its reservation's own user, "+
-		"a holder of the whole node or an operator as the user bcd runs as (docs/access.md)")
+	c.Flags().BoolVar(&execOK, "exec", false, "run the commands of holders' tunnels (access.exec), as the user bcd runs as (docs/access.md)")
 	c.Flags().StringArrayVar(&consoles, "console", nil, "a console holders' tunnels may attach to (access.console), as name=unix:/path/to/socket; the name may be empty (the node's default); repeatable")
 	c.Flags().StringVar(&s.Gateway, "gateway", "", "gateway address host:port (default: what the join gave)")
 	transportFlag(c, s)
@@ -304,12 +290,7 @@ and bcd doctor say why). --fake-gpus runs on simulated hardware instead.`,
 	c.Flags().StringVar(&fakeModel, "fake-model", "NVIDIA H100 80GB HBM3", "the simulated GPUs' name")
 	c.Flags().DurationVar(&fakeDelay, "fake-command-delay", 0, "how long simulated commands take")
 	c.Flags().StringVar(&sshdDir, "sshd-dir", "", "give the host's sshd the holders' SSH certificate access: CAs, principals and revocations are kept in this directory, with an sshd_config to Include (docs/access.md); empty: off")
-	c.Flags().StringVar(&sshUser, "ssh-user", "root", "the operator login: the local user a holder of the whole node, and a break-glass certificate, log in as over SSH "+
-		"(a holder of part of the node logs in as its reservation's own user)")
-	c.Flags().StringVar(&home, "home", tenancy.DefaultHome, "where the homes of holders' own users are made (with --exec or --sshd-dir, as root)")
-	c.Flags().BoolVar(&hidepid, "proc-hidepid", true, "with --exec or --sshd-dir, as root: remount /proc with hidepid=2, so that each holder sees its own processes alone")
-	c.Flags().StringVar(&devRoot, "dev-root", tenancy.DefaultDeviceRoot, "where the GPUs' device nodes are")
-	_ = c.Flags().MarkHidden("dev-root") // for tests with fake GPUs
+	c.Flags().StringVar(&sshUser, "ssh-user", "root", "the local user the holders of reservations log in as over SSH")
 	c.Flags().StringVar(&helperSocket, "helper", "", "run unprivileged: write CDI specs, change MIG and reset GPUs through the root helper listening on this socket (bcd helper; docs/bcd.md)")
 	vm.flags(c)
 	return c
@@ -468,7 +449,7 @@ stopped; it prints how many are connected, and its CPU and memory, every ten sec
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.URL == "" || o.Token == "" || o.Nodes <= 0 {
-				return errors.New("sim needs --nodes, --url and --token")
+				return usageError{errors.New("sim needs --nodes, --url and --token")}
 			}
 			o.Logger = s.logger(cmd.ErrOrStderr())
 			ctx, cancel := signals()

@@ -165,12 +165,28 @@ func (a *Agent) snapshotsOf(instance string) []string {
 // Extension is the agent's part of bcd node: the converger of vps.instances and the instances'
 // consoles.
 func (a *Agent) Extension() ext.Extension {
-	c := &consoles{a: a} // console.go: each instance's console for its own reservation alone
 	return ext.Extension{
 		Name:    "vps",
-		Desired: map[string]ext.Converger{hostapi.KindInstances: c.converge},
-		Console: c.console,
+		Desired: map[string]ext.Converger{hostapi.KindInstances: a.converge},
+		Console: a.console,
 	}
+}
+
+func (a *Agent) console(name string) (string, bool) {
+	path := a.consolePath
+	id, ok := hostapi.InstanceOfConsole(name)
+	if !ok {
+		id, ok = hostapi.InstanceOfAgent(name)
+		path = a.agentPath
+	}
+	if !ok || !validID(id) {
+		return "", false
+	}
+	p := path(id)
+	if _, err := os.Stat(p); err != nil {
+		return "", false
+	}
+	return p, true
 }
 
 // validID keeps an instance id from naming a path outside the agent's directories.
