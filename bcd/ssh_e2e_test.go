@@ -5,12 +5,14 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -85,64 +87,29 @@ func TestSSHCertificatesOpenANodesSSHD(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	state, sshdDir := filepath.Join(dir, "state"), filepath.Join(dir, "sshd")
+	// sshd reads a holder's principals file as the holder's user: the directory, and the
+	// holders' homes, are where it may walk (t.TempDir is root's alone).
+	base, err := os.MkdirTemp("", "bcd-ssh-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	if err := os.Chmod(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	state, sshdDir := filepath.Join(dir, "state"), filepath.Join(base, "sshd")
 	if out, err := exec.Command(bin, "join", "--state-dir", state, "--url", url, "--token", tok.Token, "--hostname", "ssh-node").CombinedOutput(); err != nil {
 		t.Fatalf("join: %v\n%s", err, out)
 	}
 	startNode(t, bin, "--state-dir", state, "--cdi-dir", filepath.Join(dir, "cdi"), "--gateway", gw, "--fake-gpus", "8",
-		"--sshd-dir", sshdDir, "--ssh-user", me.Username, "--log-level", "warn")
+		"--sshd-dir", sshdDir, "--ssh-user", me.Username, "--home", filepath.Join(base, "home"), "--proc-hidepid=false", "--log-level", "warn")
 	eventually(t, "bcd's sshd_config", func() bool {
 		_, err := os.Stat(filepath.Join(sshdDir, "sshd_config"))
 		return err == nil
 	})
 
 	// sshd on a loopback port, including the configuration bcd wrote.
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	addr := ln.Addr().String()
-	ln.Close()
-	_, port, _ := net.SplitHostPort(addr)
-	hostKey := filepath.Join(dir, "host_ed25519")
-	if out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", hostKey).CombinedOutput(); err != nil {
-		t.Fatalf("ssh-keygen: %v\n%s", err, out)
-	}
-	cfg := filepath.Join(dir, "sshd_config")
-	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`Port %s
-ListenAddress 127.0.0.1
-HostKey %s
-PidFile %s
-UsePAM no
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-AuthorizedKeysFile none
-StrictModes no
-Include %s
-`, port, hostKey, filepath.Join(dir, "sshd.pid"), filepath.Join(sshdDir, "sshd_config"))), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.MkdirAll("/run/sshd", 0o755); err != nil { // its privilege-separation directory
-		t.Fatal(err)
-	}
-	var sshdLog bytes.Buffer
-	sshd := exec.Command(sshdBin, "-D", "-e", "-f", cfg)
-	sshd.Stdout, sshd.Stderr = &sshdLog, &sshdLog
-	sshd.WaitDelay = 5 * time.Second // its sessions' processes may hold the output open
-	if err := sshd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = sshd.Process.Signal(syscall.SIGTERM)
-		_ = sshd.Wait()
-		if t.Failed() {
-			t.Logf("sshd:\n%s", sshdLog.String())
-		}
-	})
-	eventually(t, "sshd listening", func() bool {
-		c, err := net.Dial("tcp", addr)
-		if err == nil {
-			c.Close()
-		}
-		return err == nil
-	})
+	addr := startSSHD(t, sshdBin, dir, sshdDir, 0)
 
 	// The reservation below needs the node's GPUs in: bcd writes its sshd_config before its
 	// first inventory is applied.
@@ -172,16 +139,22 @@ Include %s
 		return c
 	}
 	first := cert("10m", false)
-	if len(first.Principals) != 1 || first.Principals[0] != api.ReservationPrincipal(res.ID) {
+	if len(first.Principals) != 1 || first.Principals[0] != api.ReservationPrincipal(res.ID) || first.User != api.ReservationUser(res.ID) {
 		t.Fatalf("certificate = %+v", first)
 	}
-	principals := filepath.Join(sshdDir, "principals", me.Username)
+	// A holder of one GPU of eight logs in as its reservation's own user, not as --ssh-user.
+	login := first.User
+	t.Cleanup(func() { _ = exec.Command("userdel", login).Run() })
+	principals := filepath.Join(sshdDir, "principals", login)
 	eventually(t, "the reservation's principal on the node", func() bool {
 		b, _ := os.ReadFile(principals)
 		return strings.Contains(string(b), api.ReservationPrincipal(res.ID))
 	})
-	if out, err := sshAs(addr, me.Username, userKey, first.Certificate, "echo in as $(id -un)"); err != nil || !strings.Contains(out, "in as "+me.Username) {
+	if out, err := sshAs(addr, login, userKey, first.Certificate, "echo in as $(id -un)"); err != nil || !strings.Contains(out, "in as "+login) {
 		t.Fatalf("ssh with the reservation's certificate: %q, %v", out, err)
+	}
+	if out, err := sshAs(addr, me.Username, userKey, first.Certificate, "id -un"); err == nil {
+		t.Fatalf("a holder of part of the node logged in as the operator login %s: %q", me.Username, out)
 	}
 
 	// A revoked certificate is refused; another one of the same reservation still works.
@@ -190,10 +163,10 @@ Include %s
 		t.Fatal(err)
 	}
 	eventually(t, "the revoked certificate refused", func() bool {
-		_, err := sshAs(addr, me.Username, userKey, second.Certificate, "true")
+		_, err := sshAs(addr, login, userKey, second.Certificate, "true")
 		return err != nil
 	})
-	if _, err := sshAs(addr, me.Username, userKey, first.Certificate, "true"); err != nil {
+	if _, err := sshAs(addr, login, userKey, first.Certificate, "true"); err != nil {
 		t.Fatalf("the first certificate after the second's revocation: %v", err)
 	}
 	// ssh-keygen agrees: the KRL bcd wrote revokes the second's serial, not the first's.
@@ -212,20 +185,25 @@ Include %s
 		}
 	}
 
-	// Break-glass: the reason is an event.
+	// Break-glass, by an operator of the node (the root tenant owns its pool): the operator
+	// login, and the reason is an event.
 	bg := cert("10m", true)
 	var reason string
 	if err := env.DB.Pool.QueryRow(ctx, `SELECT data->>'reason' FROM compute.events WHERE type = 'access.break_glass' AND subject = $1`, res.ID).Scan(&reason); err != nil || reason != "pager: disk full" {
 		t.Fatalf("the break-glass event's reason = %q, %v", reason, err)
 	}
+	eventually(t, "the break-glass certificate's operator login", func() bool {
+		out, err := sshAs(addr, me.Username, userKey, bg.Certificate, "id -un")
+		return err == nil && strings.TrimSpace(out) == me.Username
+	})
 
 	// An expired certificate is refused (the shortest lifetime is 10 s).
 	short := cert("10s", false)
-	if _, err := sshAs(addr, me.Username, userKey, short.Certificate, "true"); err != nil {
+	if _, err := sshAs(addr, login, userKey, short.Certificate, "true"); err != nil {
 		t.Fatalf("a fresh short certificate: %v", err)
 	}
 	time.Sleep(time.Until(short.ValidBefore) + time.Second)
-	if _, err := sshAs(addr, me.Username, userKey, short.Certificate, "true"); err == nil {
+	if _, err := sshAs(addr, login, userKey, short.Certificate, "true"); err == nil {
 		t.Fatal("an expired certificate was let in")
 	}
 
@@ -234,12 +212,72 @@ Include %s
 		t.Fatal(err)
 	}
 	eventually(t, "access gone with the reservation", func() bool {
-		_, err := sshAs(addr, me.Username, userKey, bg.Certificate, "true")
-		return err != nil
+		_, err1 := sshAs(addr, me.Username, userKey, bg.Certificate, "true")
+		_, err2 := sshAs(addr, login, userKey, first.Certificate, "true")
+		return err1 != nil && err2 != nil
 	})
-	// bcd writes the revocation list before the principals file: the refusal above may come first.
+	// bcd writes the revocation list before the principals files: the refusal above may come
+	// first. The holder's file goes with its user.
 	eventually(t, "no principals once the reservation ended", func() bool {
-		b, _ := os.ReadFile(principals)
-		return len(b) == 0
+		b, _ := os.ReadFile(filepath.Join(sshdDir, "principals", me.Username))
+		_, err := os.Stat(principals)
+		return len(b) == 0 && errors.Is(err, os.ErrNotExist)
 	})
+}
+
+// startSSHD starts sshd on a loopback port in the mount namespace of process pid (bcd's), with
+// bcd's configuration included, and returns its address.
+func startSSHD(t *testing.T, sshdBin, dir, sshdDir string, pid int) string {
+	t.Helper()
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := ln.Addr().String()
+	ln.Close()
+	_, port, _ := net.SplitHostPort(addr)
+	hostKey := filepath.Join(dir, "host_ed25519")
+	if out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", hostKey).CombinedOutput(); err != nil {
+		t.Fatalf("ssh-keygen: %v\n%s", err, out)
+	}
+	cfg := filepath.Join(dir, "sshd_config")
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`Port %s
+ListenAddress 127.0.0.1
+HostKey %s
+PidFile %s
+UsePAM no
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+AuthorizedKeysFile none
+StrictModes no
+Include %s
+`, port, hostKey, filepath.Join(dir, "sshd.pid"), filepath.Join(sshdDir, "sshd_config"))), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll("/run/sshd", 0o755); err != nil { // its privilege-separation directory
+		t.Fatal(err)
+	}
+	var log bytes.Buffer
+	args := []string{sshdBin, "-D", "-e", "-f", cfg}
+	if pid > 0 {
+		args = append([]string{"nsenter", "--mount=/proc/" + strconv.Itoa(pid) + "/ns/mnt", "--"}, args...)
+	}
+	sshd := exec.Command(args[0], args[1:]...)
+	sshd.Stdout, sshd.Stderr = &log, &log
+	sshd.WaitDelay = 5 * time.Second // its sessions' processes may hold the output open
+	if err := sshd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = sshd.Process.Signal(syscall.SIGTERM)
+		_ = sshd.Wait()
+		if t.Failed() {
+			t.Logf("sshd:\n%s", log.String())
+		}
+	})
+	eventually(t, "sshd listening", func() bool {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
+	return addr
 }

@@ -85,12 +85,16 @@ func TestTunnelsRunCommandsAndConsolesOnARealNode(t *testing.T) {
 		t.Fatalf("a relative console socket: %v\n%s", err, out)
 	}
 	startNode(t, bin, "--state-dir", state, "--cdi-dir", filepath.Join(dir, "cdi"), "--gateway", gw, "--fake-gpus", "8",
-		"--exec", "--console", "=unix:"+sock, "--console", "vm=unix:"+filepath.Join(dir, "vm.sock"), "--log-level", "warn")
+		"--exec", "--console", "=unix:"+sock, "--console", "vm=unix:"+filepath.Join(dir, "vm.sock"), "--home", filepath.Join(dir, "home"),
+		"--proc-hidepid=false", "--log-level", "warn")
+	// The whole node: its holder runs commands as bcd's user and may attach to the node's own
+	// consoles (a holder of part of it is confined: tenancy_e2e_test.go).
 	var res api.Reservation
 	eventually(t, "a reservation on the node", func() bool {
-		res, err = a.Reservations.Create(ctx, key, api.CreateReservation{Pool: "h100", Shape: api.Shape{GPUs: 1}})
+		res, err = a.Reservations.Create(ctx, key, api.CreateReservation{Pool: "h100", Shape: api.Shape{GPUs: 8}})
 		return err == nil
 	})
+	t.Cleanup(func() { _ = exec.Command("userdel", api.ReservationUser(res.ID)).Run() })
 	cl, err := client.New(url, client.WithAPIKey(key))
 	if err != nil {
 		t.Fatal(err)

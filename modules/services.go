@@ -71,6 +71,11 @@ type Access interface {
 	// its first use: access.sshCertificate signs with it, for a reservation's principal
 	// (api.ReservationPrincipal).
 	SSHCA(ctx context.Context, c *Call) (string, error)
+	// SSHRevoked returns an OpenSSH KRL (what sshd's RevokedKeys reads) of the certificates of
+	// reservation that must not log in now: those revoked (access.revoke), and every one once the
+	// reservation is no longer active; expired ones are left out. A module whose guests trust the
+	// tenant's SSH CA themselves (vps's sandboxes) hands it to them.
+	SSHRevoked(ctx context.Context, q postgres.Querier, reservation string) ([]byte, error)
 }
 
 // Events writes the event outbox.

@@ -90,7 +90,7 @@ func startVMHost(t *testing.T) *vmHost {
 		t.Fatalf("join: %v\n%s", err, out)
 	}
 	node := exec.Command(bin, "node", "--state-dir", state, "--cdi-dir", filepath.Join(state, "cdi"), "--gateway", gw, "--fake-gpus", "1",
-		"--vps-runtime", "libvirt", "--vps-dir", filepath.Join(h.Dir, "vps"), "--libvirt-socket", h.Socket, "--libvirt-uri", "qemu:///session",
+		"--vps-runtime", "libvirt", "--vps-fetch-allow", "127.0.0.0/8", "--vps-dir", filepath.Join(h.Dir, "vps"), "--libvirt-socket", h.Socket, "--libvirt-uri", "qemu:///session",
 		"--libvirt-domain-type", "qemu", "--libvirt-file-owner", h.Owner(), "--log-level", cmp.Or(os.Getenv("BC_TEST_BCD_LOG"), "warn"))
 	node.Stdout, node.Stderr = os.Stderr, os.Stderr
 	if err := node.Start(); err != nil {

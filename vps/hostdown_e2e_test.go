@@ -79,7 +79,7 @@ func TestUnreachableRuntimeOnARealBCDHost(t *testing.T) {
 		t.Fatalf("join: %v\n%s", err, out)
 	}
 	node := exec.Command(bin, "node", "--state-dir", state, "--cdi-dir", filepath.Join(state, "cdi"), "--gateway", gw, "--fake-gpus", "1",
-		"--vps-runtime", "libvirt", "--vps-dir", filepath.Join(dir, "vps"), "--libvirt-socket", sock, "--libvirt-uri", "qemu:///session",
+		"--vps-runtime", "libvirt", "--vps-fetch-allow", "127.0.0.0/8", "--vps-dir", filepath.Join(dir, "vps"), "--libvirt-socket", sock, "--libvirt-uri", "qemu:///session",
 		"--libvirt-domain-type", "qemu", "--libvirt-file-owner", strconv.Itoa(owner)+":"+strconv.Itoa(owner), "--log-level", "warn")
 	node.Stdout, node.Stderr = os.Stderr, os.Stderr
 	if err := node.Start(); err != nil {

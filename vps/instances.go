@@ -416,6 +416,7 @@ func (m *Module) desiredInstances(ctx context.Context, q postgres.Querier, nodeI
 	for _, x := range all {
 		if active[x.reservation] {
 			x.GPUs = holds[x.reservation]
+			x.Reservation = x.reservation // its consoles are its reservation's alone (hostagent's consoles)
 			x.NICs = nics[x.ID]
 			if len(x.NICs) > 0 || x.userData != "" {
 				x.CloudInit = cloudInit(x.ID, x.name, x.userData, x.NICs)

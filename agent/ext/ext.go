@@ -53,8 +53,11 @@ type Extension struct {
 	Commands map[string]Command   // by command kind, e.g. "metal.ping"
 	Desired  map[string]Converger // by desired-state kind, e.g. "vps.instances"
 	// Console, if set, finds a console access.console may attach to (a VM's serial console) by
-	// its name: the Unix socket to dial. The node's own consoles (bcd node --console) come first.
-	Console func(name string) (socket string, ok bool)
+	// its name, for the reservation the ticket was made for ("" for an operator's): the Unix
+	// socket to dial. It finds one only for the reservation that owns it, so that a tenant's
+	// ticket never opens another's console. The node's own consoles (bcd node --console) come
+	// first.
+	Console func(name, reservation string) (socket string, ok bool)
 }
 
 var kindRE = regexp.MustCompile(`^[a-z][a-z0-9]*(\.[a-z][a-z0-9]*)+$`)
@@ -63,7 +66,7 @@ var kindRE = regexp.MustCompile(`^[a-z][a-z0-9]*(\.[a-z][a-z0-9]*)+$`)
 type Set struct {
 	commands map[string]Command
 	desired  map[string]Converger
-	consoles []func(string) (string, bool)
+	consoles []func(string, string) (string, bool)
 }
 
 // NewSet checks exts and indexes their kinds.
@@ -104,13 +107,13 @@ func (s *Set) Command(kind string) (Command, bool) {
 	return c, ok
 }
 
-// Console finds a console the extensions serve.
-func (s *Set) Console(name string) (string, bool) {
+// Console finds a console the extensions serve to reservation.
+func (s *Set) Console(name, reservation string) (string, bool) {
 	if s == nil {
 		return "", false
 	}
 	for _, find := range s.consoles {
-		if p, ok := find(name); ok {
+		if p, ok := find(name, reservation); ok {
 			return p, true
 		}
 	}

@@ -38,6 +38,7 @@ import (
 	"github.com/better-compute/compute/bcd/internal/journal"
 	"github.com/better-compute/compute/bcd/internal/selfupdate"
 	"github.com/better-compute/compute/bcd/internal/sshd"
+	"github.com/better-compute/compute/bcd/internal/tenancy"
 	"github.com/better-compute/compute/internal/nodeagent"
 	"github.com/better-compute/compute/internal/selfstat"
 	"github.com/better-compute/compute/internal/sim"
@@ -224,8 +225,8 @@ func nodeCmd(s *settings) *cobra.Command {
 	var fakeGPUs int
 	var fakeModel string
 	var fakeDelay time.Duration
-	var sshdDir, sshUser, helperSocket string
-	var execOK bool
+	var sshdDir, sshUser, helperSocket, home, devRoot string
+	var execOK, hidepid bool
 	var consoles []string
 	var vm vmHostFlags
 	update := selfUpdateFlags{enabled: true, deadline: selfupdate.DefaultDeadline}
@@ -245,16 +246,24 @@ and bcd doctor say why). --fake-gpus runs on simulated hardware instead.`,
 				return err
 			}
 			exts := s.exts
+			ctx, cancel := signals()
+			defer cancel()
+			logger := s.logger(cmd.ErrOrStderr())
+			holders, err := tenants(ctx, s, logger, execOK || sshdDir != "", helperSocket, home, devRoot, hidepid)
+			if err != nil {
+				return err
+			}
 			if sshdDir != "" {
-				conv, err := sshd.New(sshdDir, sshUser)
+				var userOf func(string) (string, bool)
+				if holders != nil {
+					userOf = holders.UserOf
+				}
+				conv, err := sshd.New(sshdDir, sshUser, userOf)
 				if err != nil {
 					return err
 				}
 				exts = append(exts, ext.Extension{Name: "ssh-access", Desired: map[string]ext.Converger{api.SSHAccessKind: conv.Apply}})
 			}
-			ctx, cancel := signals()
-			defer cancel()
-			logger := s.logger(cmd.ErrOrStderr())
 			var reports *nodeagent.Reports
 			if vm.runtime != "" {
 				reports = nodeagent.NewReports()
@@ -272,7 +281,7 @@ and bcd doctor say why). --fake-gpus runs on simulated hardware instead.`,
 			}
 			err = daemon.Run(ctx, daemon.Config{StateDir: s.StateDir, CDIDir: s.CDIDir, Gateway: s.Gateway, Transport: s.Transport, Fake: s.Fake, Extensions: exts,
 				Version: version, Logger: logger, Exec: execOK, Consoles: cons, Reports: reports, Helper: helperSocket, SelfUpdate: su,
-				OnHardware: vm.sawHardware})
+				OnHardware: vm.sawHardware, Tenancy: holders, DeviceRoot: devRoot})
 			var into restartInto
 			if errors.As(context.Cause(ctx), &into) {
 				return selfupdate.Exec(into.path)
@@ -282,7 +291,8 @@ and bcd doctor say why). --fake-gpus runs on simulated hardware instead.`,
 	}
 	update.flags(c)
 	c.Flags().StringVar(&s.CDIDir, "cdi-dir", s.CDIDir, "where CDI specs of held devices are written")
-	c.Flags().BoolVar(&execOK, "exec", false, "run the commands of holders' tunnels (access.exec), as the user bcd runs as (docs/access.md)")
+	c.Flags().BoolVar(&execOK, "exec", false, "run the commands of holders' tunnels (access.exec): a holder of part of the node as its reservation's own user, "+
+		"a holder of the whole node or an operator as the user bcd runs as (docs/access.md)")
 	c.Flags().StringArrayVar(&consoles, "console", nil, "a console holders' tunnels may attach to (access.console), as name=unix:/path/to/socket; the name may be empty (the node's default); repeatable")
 	c.Flags().StringVar(&s.Gateway, "gateway", "", "gateway address host:port (default: what the join gave)")
 	transportFlag(c, s)
@@ -290,7 +300,12 @@ and bcd doctor say why). --fake-gpus runs on simulated hardware instead.`,
 	c.Flags().StringVar(&fakeModel, "fake-model", "NVIDIA H100 80GB HBM3", "the simulated GPUs' name")
 	c.Flags().DurationVar(&fakeDelay, "fake-command-delay", 0, "how long simulated commands take")
 	c.Flags().StringVar(&sshdDir, "sshd-dir", "", "give the host's sshd the holders' SSH certificate access: CAs, principals and revocations are kept in this directory, with an sshd_config to Include (docs/access.md); empty: off")
-	c.Flags().StringVar(&sshUser, "ssh-user", "root", "the local user the holders of reservations log in as over SSH")
+	c.Flags().StringVar(&sshUser, "ssh-user", "root", "the operator login: the local user a holder of the whole node, and a break-glass certificate, log in as over SSH "+
+		"(a holder of part of the node logs in as its reservation's own user)")
+	c.Flags().StringVar(&home, "home", tenancy.DefaultHome, "where the homes of holders' own users are made (with --exec or --sshd-dir, as root)")
+	c.Flags().BoolVar(&hidepid, "proc-hidepid", true, "with --exec or --sshd-dir, as root: remount /proc with hidepid=2, so that each holder sees its own processes alone")
+	c.Flags().StringVar(&devRoot, "dev-root", tenancy.DefaultDeviceRoot, "where the GPUs' device nodes are")
+	_ = c.Flags().MarkHidden("dev-root") // for tests with fake GPUs
 	c.Flags().StringVar(&helperSocket, "helper", "", "run unprivileged: write CDI specs, change MIG and reset GPUs through the root helper listening on this socket (bcd helper; docs/bcd.md)")
 	vm.flags(c)
 	return c

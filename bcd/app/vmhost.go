@@ -5,14 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"sync/atomic"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/better-compute/compute/agent/ext"
 	"github.com/better-compute/compute/internal/nodeagent"
+	"github.com/better-compute/compute/netpolicy"
 	"github.com/better-compute/compute/vps/hostagent"
 	"github.com/better-compute/compute/vps/hostnet"
 	"github.com/better-compute/compute/vps/runtime"
@@ -31,6 +35,7 @@ type vmHostFlags struct {
 	chvBinary   string
 	chvFirmware string
 	uplink      string
+	fetchAllow  []string     // CIDRs the host may fetch tenants' images from beyond public addresses
 	machine     atomic.Value // nodeagent.Hardware, once bcd node has opened it
 }
 
@@ -54,6 +59,25 @@ func (f *vmHostFlags) gpus(ctx context.Context) (map[string]string, error) {
 	return out, nil
 }
 
+// imageClient is the client that fetches tenants' image URLs: a tenant chose them, so the host
+// connects only where the control plane's outbound policy would (netpolicy), plus the ranges
+// of --vps-fetch-allow.
+func (f *vmHostFlags) imageClient() (*http.Client, error) {
+	var allow []netip.Prefix
+	for _, s := range f.fetchAllow {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return nil, fmt.Errorf("--vps-fetch-allow %q: want a range such as 10.1.0.0/16: %w", s, err)
+		}
+		allow = append(allow, p)
+	}
+	policy, err := netpolicy.New(allow)
+	if err != nil {
+		return nil, fmt.Errorf("--vps-fetch-allow: %w", err)
+	}
+	return policy.Client(10 * time.Minute), nil
+}
+
 func (f *vmHostFlags) flags(c *cobra.Command) {
 	c.Flags().StringVar(&f.runtime, "vps-runtime", "", "run the vps module's instances with this runtime: libvirt (libvirt-kvm) or chv (cloud-hypervisor); empty: not a VM host")
 	c.Flags().StringVar(&f.uplink, "vps-uplink", "", "the host's interface that carries the vps networks' VLANs (eth0, bond0); bridges are made (as root) for instances' NICs")
@@ -63,6 +87,7 @@ func (f *vmHostFlags) flags(c *cobra.Command) {
 	c.Flags().StringVar(&f.domainType, "libvirt-domain-type", "kvm", "kvm, or qemu on a host without /dev/kvm (TCG: slow)")
 	c.Flags().StringVar(&f.fileOwner, "libvirt-file-owner", "", "uid:gid that owns the disks and states the runtime makes (a session-mode libvirtd's user); empty: libvirtd's own")
 	c.Flags().StringVar(&f.chvBinary, "chv-binary", chv.DefaultBinary, "the cloud-hypervisor executable (--vps-runtime chv), a path or a name on PATH")
+	c.Flags().StringSliceVar(&f.fetchAllow, "vps-fetch-allow", nil, "ranges (CIDR, repeated or comma-separated) beyond public addresses that tenants' image URLs may be fetched from, e.g. a local mirror's; the rest are refused, as the control plane refuses them (docs/security.md)")
 	c.Flags().StringVar(&f.chvFirmware, "chv-firmware", "", "the firmware (e.g. CLOUDHV.fd) that boots instances with a disk and no kernel (--vps-runtime chv); empty: such instances are refused")
 }
 
@@ -93,7 +118,12 @@ func (f *vmHostFlags) start(ctx context.Context, s *settings, reports *nodeagent
 	default:
 		return ext.Extension{}, nil, fmt.Errorf("--vps-runtime %q: want libvirt (libvirt-kvm) or chv (cloud-hypervisor)", f.runtime)
 	}
-	opts := hostagent.Options{Runtime: rt, Dir: dir, Reporter: reports, Logger: logger, Uplink: f.uplink, GPUs: f.gpus}
+	images, err := f.imageClient()
+	if err != nil {
+		closeRT()
+		return ext.Extension{}, nil, err
+	}
+	opts := hostagent.Options{Runtime: rt, Dir: dir, Reporter: reports, Logger: logger, Uplink: f.uplink, GPUs: f.gpus, HTTP: images}
 	if os.Geteuid() == 0 { // bridges and VLAN sub-interfaces are made as root; otherwise NICs plug into those that exist
 		links, err := hostnet.New()
 		if err != nil {

@@ -1,10 +1,15 @@
 package app
 
 import (
+	"errors"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/better-compute/compute/netpolicy"
 )
 
 // TestNodeWithTheCloudHypervisorRuntime: bcd node --vps-runtime chv makes the cloud-hypervisor
@@ -37,4 +42,34 @@ func TestNodeWithTheCloudHypervisorRuntime(t *testing.T) {
 		t.Fatalf("the VM host did not start: %v", serr)
 	}
 	t.Logf("without a join: %v", err)
+}
+
+// TestVMHostFetchesImagesUnderTheOutboundPolicy: the VM host fetches tenants' image URLs only
+// from public addresses, as the control plane allows them, unless --vps-fetch-allow names a
+// range (a local mirror): a URL at loopback is refused at the connection, whatever name led there.
+func TestVMHostFetchesImagesUnderTheOutboundPolicy(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("image")) }))
+	defer srv.Close()
+	get := func(allow ...string) error {
+		f := &vmHostFlags{fetchAllow: allow}
+		c, err := f.imageClient()
+		if err != nil {
+			return err
+		}
+		resp, err := c.Get(strings.Replace(srv.URL, "127.0.0.1", "localhost", 1))
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err
+	}
+	var refused *netpolicy.RefusedError
+	if err := get(); !errors.As(err, &refused) {
+		t.Fatalf("an image at loopback with no range allowed: %v, want the outbound policy's refusal", err)
+	}
+	if err := get("127.0.0.0/8", "::1/128"); err != nil {
+		t.Fatalf("an image at loopback with loopback allowed: %v", err)
+	}
+	if err := get("127.0.0.1"); err == nil || !strings.Contains(err.Error(), "--vps-fetch-allow") {
+		t.Fatalf("a range that is not CIDR: %v, want an error naming the flag", err)
+	}
 }

@@ -3,11 +3,13 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -36,6 +38,8 @@ func tunnelFlags(c *cobra.Command, in *api.OpenTunnel) {
 	f.StringVar(&in.Node, "node", "", "the node (its id, or its name with --pool)")
 	f.StringVar(&in.Pool, "pool", "", "the pool of a node named by name")
 	f.StringVar(&in.TenantID, "tenant-id", "", "the tenant (default: the key's)")
+	f.BoolVar(&in.BreakGlass, "break-glass", false, "as an operator of the node, as root over its holders' work (needs --reason; docs/access.md)")
+	f.StringVar(&in.Reason, "reason", "", "why, for break-glass (an access.break_glass event)")
 }
 
 // execCmd runs a command on a node over its session: better-compute exec.
@@ -51,7 +55,7 @@ node). -t runs it in a pseudo-terminal the size of this one.`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			in.Command = args
-			return runTunnel(cmd, p, in, false)
+			return runTunnel(cmd, p, in, false, nil)
 		},
 	}
 	tunnelFlags(c, &in)
@@ -62,22 +66,58 @@ node). -t runs it in a pseudo-terminal the size of this one.`,
 // consoleCmd attaches to a node's console: better-compute console.
 func consoleCmd(p *profile) *cobra.Command {
 	var in api.OpenTunnel
+	var instance, sandbox string
 	c := &cobra.Command{
-		Use:   "console (--reservation R | --node N) [--console NAME]",
-		Short: "Attach to a node's console over its session; Ctrl-] detaches",
+		Use:   "console (--reservation R | --node N) [--console NAME] | --instance I | --sandbox S",
+		Short: "Attach to a node's console, or a VM's, over its session; Ctrl-] detaches",
 		Long: `console asks for a ticket (access.console) and attaches this terminal to the node's console (one
-bcd node --console names): what you type goes to it, what it prints comes here. Ctrl-] detaches.`,
+bcd node --console names): what you type goes to it, what it prints comes here. Ctrl-] detaches.
+With --instance or --sandbox it attaches to that VM's serial console instead, with a ticket of the
+vps module's instances.console or sandboxes.console (which check that the VM is yours).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runTunnel(cmd, p, in, true)
+			switch {
+			case instance != "":
+				return runTunnel(cmd, p, in, true, moduleConsole("instances.console", map[string]string{"instance": instance}))
+			case sandbox != "":
+				return runTunnel(cmd, p, in, true, moduleConsole("sandboxes.console", map[string]string{"sandbox": sandbox}))
+			}
+			return runTunnel(cmd, p, in, true, nil)
 		},
 	}
 	tunnelFlags(c, &in)
 	c.Flags().StringVar(&in.Console, "console", "", "which console (default: the node's)")
+	c.Flags().StringVar(&instance, "instance", "", "a VM's serial console: the vps instance (its name or id)")
+	c.Flags().StringVar(&sandbox, "sandbox", "", "a sandbox's serial console (its name or id)")
 	return c
 }
 
-func runTunnel(cmd *cobra.Command, p *profile, in api.OpenTunnel, console bool) error {
+// moduleConsole opens a console by a module's method that answers a ticket (instances.console).
+func moduleConsole(method string, input any) func(context.Context, *client.Client) (*client.Tunnel, error) {
+	return func(ctx context.Context, cl *client.Client) (*client.Tunnel, error) {
+		ms, err := cl.Methods(ctx)
+		if err != nil {
+			return nil, err
+		}
+		i := slices.IndexFunc(ms, func(m api.MethodDescription) bool { return m.FullName() == method })
+		if i < 0 {
+			return nil, fmt.Errorf("the control plane serves no method %s (is the vps module in?)", method)
+		}
+		out, err := cl.Do(ctx, ms[i].MethodInfo, input)
+		if err != nil {
+			return nil, err
+		}
+		var ticket api.TunnelTicket
+		if err := json.Unmarshal(out, &ticket); err != nil {
+			return nil, fmt.Errorf("%s: %w", method, err)
+		}
+		return cl.OpenTunnel(ctx, ticket)
+	}
+}
+
+// runTunnel opens a tunnel (access.exec or access.console with in, or else by openBy) and carries
+// this terminal over it.
+func runTunnel(cmd *cobra.Command, p *profile, in api.OpenTunnel, console bool, openBy func(context.Context, *client.Client) (*client.Tunnel, error)) error {
 	cl, err := serverClient(p)
 	if err != nil {
 		return err
@@ -98,7 +138,12 @@ func runTunnel(cmd *cobra.Command, p *profile, in api.OpenTunnel, console bool) 
 	if console {
 		open = cl.Console
 	}
-	t, err := open(ctx, in)
+	var t *client.Tunnel
+	if openBy != nil {
+		t, err = openBy(ctx, cl)
+	} else {
+		t, err = open(ctx, in)
+	}
 	if err != nil {
 		return err
 	}

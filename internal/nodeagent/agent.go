@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"os/exec"
 	"sync"
 	"time"
 
@@ -48,6 +49,18 @@ type Config struct {
 	// node's own): Unix sockets, a serial console's (QEMU's -serial unix:…, a console server).
 	Exec     bool
 	Consoles map[string]string
+	// Confine runs the commands of holders of part of the node, each as its reservation's own
+	// user (bcd/internal/tenancy). Nil: only a holder of the whole node, or an operator, may
+	// run commands here; the others are refused.
+	Confine Confiner
+}
+
+// Confiner confines a holder's command to its reservation: its own unprivileged user, cgroup,
+// home and devices.
+type Confiner interface {
+	// Confine sets cmd up to run confined to reservation, or says why it cannot. started is
+	// called once the command started (or failed to), to release what it held for the start.
+	Confine(reservation string, cmd *exec.Cmd) (started func(), err error)
 }
 
 // Agent runs a node's session, reconnecting until stopped.
@@ -440,6 +453,7 @@ func (s *nodeSession) handle(ctx context.Context, m *agentv1.ServerMessage) erro
 		s.mu.Lock()
 		s.applied, s.holds = applied, ds
 		s.mu.Unlock()
+		s.endSharedRoot(ds)
 		a.setStatus(func(st *Status) { st.AppliedGeneration, st.Holds = applied, len(ds.GetHolds()) })
 		return s.classify(s.send(&agentv1.NodeMessage{Body: &agentv1.NodeMessage_Ack{Ack: &agentv1.DesiredStateAck{
 			Generation: ds.GetGeneration(), Error: errString(err)}}}))

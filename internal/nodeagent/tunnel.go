@@ -33,6 +33,11 @@ type tunnel struct {
 	stdin  io.WriteCloser
 	pty    *os.File // set for a tty exec
 
+	// reservation and root are whose tunnel it is (agentv1.TunnelOpen): a root tunnel of a
+	// reservation ends once the reservation no longer holds the whole node.
+	reservation string
+	root        bool
+
 	mu     sync.Mutex
 	cond   *sync.Cond
 	credit int64 // bytes of output it may send now
@@ -109,8 +114,12 @@ func (s *nodeSession) openTunnel(ctx context.Context, o *agentv1.TunnelOpen) {
 		exit(-1, "a tunnel needs an id of its own")
 		return
 	}
+	if why := s.refuseRoot(o.GetReservation(), o.GetRoot()); why != "" {
+		exit(-1, why)
+		return
+	}
 	tctx, cancel := context.WithCancel(ctx)
-	t := &tunnel{id: o.GetId(), cancel: cancel, credit: TunnelWindow}
+	t := &tunnel{id: o.GetId(), cancel: cancel, credit: TunnelWindow, reservation: o.GetReservation(), root: o.GetRoot()}
 	t.cond = sync.NewCond(&t.mu)
 	var outs []io.Reader
 	var wait func() (int32, error)
@@ -134,6 +143,16 @@ func (s *nodeSession) openTunnel(ctx context.Context, o *agentv1.TunnelOpen) {
 			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 		}
 		cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+		started := func() {}
+		if !o.GetRoot() {
+			// A holder of part of the node: its own user, never bcd's.
+			var err error
+			if started, err = s.confine(o.GetReservation(), cmd); err != nil {
+				cancel()
+				exit(-1, err.Error())
+				return
+			}
+		}
 		var err error
 		if o.GetTty() {
 			t.pty, err = pty.StartWithSize(cmd, &pty.Winsize{Cols: uint16(max(o.GetCols(), 1)), Rows: uint16(max(o.GetRows(), 1))})
@@ -149,6 +168,7 @@ func (s *nodeSession) openTunnel(ctx context.Context, o *agentv1.TunnelOpen) {
 				}
 			}
 		}
+		started()
 		if err != nil {
 			cancel()
 			exit(-1, fmt.Sprintf("start %s: %v", o.GetArgv()[0], err))
@@ -163,9 +183,16 @@ func (s *nodeSession) openTunnel(ctx context.Context, o *agentv1.TunnelOpen) {
 			return 0, err
 		}
 	case "console":
+		// The node's own consoles are its whole holder's or its operators'; an extension's (a
+		// VM's) open for the reservation that owns it alone, which the extension checks.
 		path, ok := s.a.cfg.Consoles[o.GetConsole()]
+		if ok && !o.GetRoot() {
+			cancel()
+			exit(-1, fmt.Sprintf("the console %q is the node's own: a holder of part of the node may not attach to it", o.GetConsole()))
+			return
+		}
 		if !ok {
-			path, ok = s.a.exts.Console(o.GetConsole())
+			path, ok = s.a.exts.Console(o.GetConsole(), o.GetReservation())
 		}
 		if !ok {
 			cancel()
@@ -242,6 +269,60 @@ func (s *nodeSession) openTunnel(ctx context.Context, o *agentv1.TunnelOpen) {
 		t.end()
 		exit(code, why)
 	}()
+}
+
+// confine sets a holder's command up to run as its reservation's own user.
+func (s *nodeSession) confine(reservation string, cmd *exec.Cmd) (func(), error) {
+	switch {
+	case reservation == "":
+		return nil, errors.New("the control plane did not say whose command this is (a control plane older than this bcd): only its " +
+			"whole holders' and operators' commands run here")
+	case s.a.cfg.Confine == nil:
+		return nil, errors.New("this node cannot confine a holder of part of it to its own user (bcd node runs unprivileged, or " +
+			"without --exec): only a holder of the whole node, or an operator with break-glass, may run commands here")
+	}
+	return s.a.cfg.Confine.Confine(reservation, cmd)
+}
+
+// refuseRoot says why a root tunnel of reservation may not open: the node's desired state has
+// other holders (the control plane's decision that it holds the whole node is out of date).
+// An operator's (no reservation) is not refused.
+func (s *nodeSession) refuseRoot(reservation string, root bool) string {
+	if !root || reservation == "" {
+		return ""
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if shared(s.holds, reservation) {
+		return fmt.Sprintf("reservation %s does not hold the whole node: other reservations hold part of it", reservation)
+	}
+	return ""
+}
+
+// shared reports whether ds has holders other than reservation.
+func shared(ds *agentv1.DesiredState, reservation string) bool {
+	for _, h := range ds.GetHolds() {
+		if h.GetHolder() != reservation {
+			return true
+		}
+	}
+	return false
+}
+
+// endSharedRoot ends the root tunnels of reservations that no longer hold the whole node as ds
+// says: another reservation came.
+func (s *nodeSession) endSharedRoot(ds *agentv1.DesiredState) {
+	s.mu.Lock()
+	var ends []*tunnel
+	for _, t := range s.tunnels {
+		if t.root && t.reservation != "" && shared(ds, t.reservation) {
+			ends = append(ends, t)
+		}
+	}
+	s.mu.Unlock()
+	for _, t := range ends {
+		t.end()
+	}
 }
 
 // pump sends what r gives as output of stream, within the tunnel's credit.

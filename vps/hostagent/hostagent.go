@@ -165,28 +165,12 @@ func (a *Agent) snapshotsOf(instance string) []string {
 // Extension is the agent's part of bcd node: the converger of vps.instances and the instances'
 // consoles.
 func (a *Agent) Extension() ext.Extension {
+	c := &consoles{a: a} // console.go: each instance's console for its own reservation alone
 	return ext.Extension{
 		Name:    "vps",
-		Desired: map[string]ext.Converger{hostapi.KindInstances: a.converge},
-		Console: a.console,
+		Desired: map[string]ext.Converger{hostapi.KindInstances: c.converge},
+		Console: c.console,
 	}
-}
-
-func (a *Agent) console(name string) (string, bool) {
-	path := a.consolePath
-	id, ok := hostapi.InstanceOfConsole(name)
-	if !ok {
-		id, ok = hostapi.InstanceOfAgent(name)
-		path = a.agentPath
-	}
-	if !ok || !validID(id) {
-		return "", false
-	}
-	p := path(id)
-	if _, err := os.Stat(p); err != nil {
-		return "", false
-	}
-	return p, true
 }
 
 // validID keeps an instance id from naming a path outside the agent's directories.
@@ -510,7 +494,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			} else {
 				switch {
 				case host.Unreachable != "":
-					a.opts.Logger.Warn("vps: the runtime does not answer: this host takes no VMs until it does", "runtime", host.Runtime, "err", err)
+					a.opts.Logger.Warn("vps: the runtime does not answer: this host takes no VMs until it does", "runtime", host.Runtime, "why", host.Unreachable)
 				case told != nil:
 					a.opts.Logger.Info("vps: the runtime answers again", "runtime", host.Runtime)
 				}

@@ -63,6 +63,9 @@ type Instance struct {
 	NICs      []NIC  `json:"nics,omitempty"` // in order: the first is the guest's eth0
 	// CloudInit is the instance's NoCloud seed, when it has one.
 	CloudInit *CloudInit `json:"cloudInit,omitempty"`
+	// Reservation is the instance's reservation: the host serves its consoles to tickets of it
+	// alone (access.console). An instance without one serves its consoles to nobody.
+	Reservation string `json:"reservation,omitempty"`
 }
 
 // Restore asks for an instance to be put back to a snapshot.

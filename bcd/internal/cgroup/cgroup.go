@@ -166,11 +166,26 @@ func (t Tree) Apply(pid int, l Limits) (Applied, error) {
 	if err := l.Validate(); err != nil {
 		return Applied{}, err
 	}
-	available, err := t.Controllers()
-	if err != nil {
+	if _, err := t.Controllers(); err != nil {
 		return Applied{}, err
 	}
 	rel, err := t.CgroupOf(pid)
+	if err != nil {
+		return Applied{}, err
+	}
+	out, err := t.ApplyTo(rel, l)
+	if err != nil {
+		return out, fmt.Errorf("%w (the cgroup of process %d)", err, pid)
+	}
+	return out, nil
+}
+
+// ApplyTo enforces l on the cgroup rel (relative to Root, "/a/b"), as Apply does.
+func (t Tree) ApplyTo(rel string, l Limits) (Applied, error) {
+	if err := l.Validate(); err != nil {
+		return Applied{}, err
+	}
+	available, err := t.Controllers()
 	if err != nil {
 		return Applied{}, err
 	}
@@ -178,7 +193,7 @@ func (t Tree) Apply(pid int, l Limits) (Applied, error) {
 	out := Applied{Cgroup: rel}
 	b, err := os.ReadFile(filepath.Join(dir, "cgroup.controllers"))
 	if err != nil {
-		return out, fmt.Errorf("cgroup: the cgroup %s of process %d: %w", rel, pid, err)
+		return out, fmt.Errorf("cgroup: the cgroup %s: %w", rel, err)
 	}
 	enabled := strings.Fields(string(b))
 	need := func(ctl string) error {

@@ -23,6 +23,7 @@ import (
 	"github.com/better-compute/compute/bcd/internal/journal"
 	"github.com/better-compute/compute/bcd/internal/mig"
 	"github.com/better-compute/compute/bcd/internal/selfupdate"
+	"github.com/better-compute/compute/bcd/internal/tenancy"
 	"github.com/better-compute/compute/internal/nodeagent"
 )
 
@@ -51,6 +52,12 @@ type Config struct {
 	// Exec and Consoles are what holders' tunnels may reach (nodeagent.Config).
 	Exec     bool
 	Consoles map[string]string
+	// Tenancy, if set, confines the holders of part of the node, each to its reservation's own
+	// user (bcd/internal/tenancy): it converges after the CDI specs, and runs their commands.
+	// Nil: only whole holders' and operators' commands run.
+	Tenancy *tenancy.Manager
+	// DeviceRoot is where the GPUs' device nodes are; default /dev.
+	DeviceRoot string
 	// Helper is the socket of the root helper (bcd helper) that writes CDI specs, makes MIG
 	// changes and resets GPUs for this agent, which then runs unprivileged; "" does them here.
 	Helper string
@@ -141,6 +148,11 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		conv = devices
 	}
+	var confine nodeagent.Confiner
+	if cfg.Tenancy != nil {
+		conv = convergers{conv, cfg.Tenancy}
+		confine = cfg.Tenancy
+	}
 	exts := cfg.Extensions
 	var up *selfupdate.Updater
 	if su := cfg.SelfUpdate; su != nil {
@@ -155,7 +167,7 @@ func Run(ctx context.Context, cfg Config) error {
 	a, err := nodeagent.New(nodeagent.Config{
 		Store: j, Hardware: hw, Converger: conv, Logger: cfg.Logger, Version: cfg.Version,
 		Gateway: cfg.Gateway, Transport: cfg.Transport, Facts: &agentv1.MachineFacts{Hostname: host, MachineId: machineID(), Os: "linux", Arch: runtime.GOARCH, AgentVersion: cfg.Version},
-		Extensions: exts, Reports: cfg.Reports, Exec: cfg.Exec, Consoles: cfg.Consoles,
+		Extensions: exts, Reports: cfg.Reports, Exec: cfg.Exec, Consoles: cfg.Consoles, Confine: confine,
 	})
 	if err != nil {
 		return err
@@ -260,7 +272,7 @@ func (h helperReset) ResetGPU(ctx context.Context, index int) error {
 // devicesConverger is the CDI converger with the MIG converger over gpus (if any), its specs'
 // cgroup hook running this bcd.
 func devicesConverger(cfg Config, inv *agentv1.Inventory, gpus hardware.MIG) (*cdi.Converger, error) {
-	c := &cdi.Converger{Dir: cfg.CDIDir, Devices: inv.GetGpus, Logger: cfg.Logger}
+	c := &cdi.Converger{Dir: cfg.CDIDir, DeviceRoot: cfg.DeviceRoot, Devices: inv.GetGpus, Logger: cfg.Logger}
 	if gpus != nil {
 		m, err := mig.New(gpus, cfg.Logger)
 		if err != nil {
@@ -279,6 +291,17 @@ func devicesConverger(cfg Config, inv *agentv1.Inventory, gpus hardware.MIG) (*c
 	}
 	c.Hook = self
 	return c, nil
+}
+
+// convergers apply a desired state in order, each whatever the others met.
+type convergers []nodeagent.Converger
+
+func (cs convergers) Apply(ctx context.Context, ds *agentv1.DesiredState) error {
+	var errs []error
+	for _, c := range cs {
+		errs = append(errs, c.Apply(ctx, ds))
+	}
+	return errors.Join(errs...)
 }
 
 func machineID() string {

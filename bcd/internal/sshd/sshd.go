@@ -1,8 +1,9 @@
 // Package sshd is bcd's SSH access converger: it gives the host's sshd what the control plane's
 // desired state says (the part api.SSHAccessKind): the certificate authorities of the tenants
-// whose reservations hold the node (TrustedUserCAKeys), the principals of those reservations
-// for the login user (AuthorizedPrincipalsFile), and the revoked certificates (RevokedKeys, a
-// KRL). sshd reads these files at every authentication, so nothing is restarted. The sshd
+// whose reservations hold the node (TrustedUserCAKeys), the principals of those reservations,
+// each for the reservation's own user and, for a holder of the whole node or a break-glass
+// certificate, for the operator login as well (AuthorizedPrincipalsFile, one per user), and
+// the revoked certificates (RevokedKeys, a KRL). sshd reads these files at every authentication, so nothing is restarted. The sshd
 // configuration that points at them is written beside them (Config), for the host's sshd_config
 // to Include.
 package sshd
@@ -13,8 +14,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/user"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -36,13 +39,20 @@ var userRE = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`)
 
 // Converger keeps Dir's files as the desired state says.
 type Converger struct {
-	Dir  string // e.g. /etc/ssh/better-compute
-	User string // the local user the holders log in as; default root
+	Dir string // e.g. /etc/ssh/better-compute
+	// User is the node's operator login: a holder of the whole node and a break-glass
+	// certificate log in as it (api.SSHAccess.Principals); default root.
+	User string
+	// Holders finds the user a reservation's certificates log in as (the holder's own, which
+	// bcd makes: bcd/internal/tenancy). Nil, or a reservation it does not know: nobody logs in
+	// for the holder, never as User.
+	Holders func(reservation string) (user string, ok bool)
 }
 
 // New checks the directory and the user, and writes an sshd configuration snippet and files
 // that let nobody in, so that an sshd including it starts before the first desired state.
-func New(dir, user string) (*Converger, error) {
+// holders finds a holder's own user (Converger.Holders).
+func New(dir, user string, holders func(reservation string) (string, bool)) (*Converger, error) {
 	if user == "" {
 		user = defaultUser
 	}
@@ -52,8 +62,13 @@ func New(dir, user string) (*Converger, error) {
 	if !userRE.MatchString(user) {
 		return nil, fmt.Errorf("sshd: %q is not a user name", user)
 	}
-	c := &Converger{Dir: dir, User: user}
-	if err := os.MkdirAll(filepath.Join(dir, PrincipalsDir), 0o755); err != nil {
+	c := &Converger{Dir: dir, User: user, Holders: holders}
+	// sshd reads a user's principals file as that user: the directory is walked through, not
+	// listed.
+	if err := os.MkdirAll(filepath.Join(dir, PrincipalsDir), 0o711); err != nil {
+		return nil, fmt.Errorf("sshd: %w", err)
+	}
+	if err := os.Chmod(filepath.Join(dir, PrincipalsDir), 0o711); err != nil {
 		return nil, fmt.Errorf("sshd: %w", err)
 	}
 	snippet := snippetPreface + fmt.Sprintf("TrustedUserCAKeys %s\nAuthorizedPrincipalsFile %s\nRevokedKeys %s\n",
@@ -94,18 +109,65 @@ func (c *Converger) apply(a api.SSHAccess) error {
 	if len(krl) == 0 {
 		krl = sshkrl.Write(0, time.Unix(0, 0), nil) // sshd refuses every key when RevokedKeys is missing or unreadable
 	}
+	// Each user's principals: the operator login's, and each holder's own. sshd reads a user's
+	// file as that user: a holder's is readable by its own group alone (the others' principals
+	// name the other reservations on the node).
+	principals := map[string][]string{c.User: a.Principals}
+	groups := map[string]int{c.User: -1}
+	for _, h := range a.Holders {
+		for _, p := range h.Principals {
+			if strings.ContainsAny(p, "\n\r") {
+				return fmt.Errorf("sshd: a principal spans lines: %.40q", p)
+			}
+		}
+		if c.Holders == nil {
+			continue
+		}
+		name, ok := c.Holders(h.Reservation)
+		if !ok || !userRE.MatchString(name) || name == c.User {
+			continue
+		}
+		u, err := user.Lookup(name)
+		if err != nil {
+			continue // not made (yet): nobody logs in for it
+		}
+		gid, err := strconv.Atoi(u.Gid)
+		if err != nil {
+			continue
+		}
+		principals[name] = append(principals[name], h.Principals...)
+		groups[name] = gid
+	}
 	// The revocations first and the principals last: a principal is never let in before its
 	// certificates' revocations are in place.
-	for _, f := range []struct {
-		name string
-		body []byte
-	}{
-		{RevokedFile, krl},
-		{CAKeysFile, lines(a.CAKeys)},
-		{filepath.Join(PrincipalsDir, c.User), lines(a.Principals)},
-	} {
-		if err := write(filepath.Join(c.Dir, f.name), f.body); err != nil {
+	if err := write(filepath.Join(c.Dir, RevokedFile), krl); err != nil {
+		return err
+	}
+	if err := write(filepath.Join(c.Dir, CAKeysFile), lines(a.CAKeys)); err != nil {
+		return err
+	}
+	for name, ps := range principals {
+		p := filepath.Join(c.Dir, PrincipalsDir, name)
+		if groups[name] < 0 {
+			if err := write(p, lines(ps)); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := writeFor(p, lines(ps), groups[name]); err != nil {
 			return err
+		}
+	}
+	// A user no longer let in: its file goes.
+	entries, err := os.ReadDir(filepath.Join(c.Dir, PrincipalsDir))
+	if err != nil {
+		return fmt.Errorf("sshd: %w", err)
+	}
+	for _, e := range entries {
+		if _, ok := principals[e.Name()]; !ok {
+			if err := os.Remove(filepath.Join(c.Dir, PrincipalsDir, e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return fmt.Errorf("sshd: %w", err)
+			}
 		}
 	}
 	return nil
@@ -123,6 +185,25 @@ func lines(ls []string) []byte {
 func write(path string, b []byte) error {
 	tmp := path + ".tmp"
 	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return fmt.Errorf("sshd: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("sshd: %w", err)
+	}
+	return nil
+}
+
+// writeFor replaces a file atomically, root's and readable by group gid alone (0640).
+func writeFor(path string, b []byte, gid int) error {
+	tmp := path + ".tmp"
+	os.Remove(tmp)
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("sshd: %w", err)
+	}
+	if err := os.Chown(tmp, 0, gid); err != nil {
+		return fmt.Errorf("sshd: %w", err)
+	}
+	if err := os.Chmod(tmp, 0o640); err != nil {
 		return fmt.Errorf("sshd: %w", err)
 	}
 	if err := os.Rename(tmp, path); err != nil {

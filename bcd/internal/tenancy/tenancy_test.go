@@ -1,0 +1,171 @@
+package tenancy
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	agentv1 "github.com/better-compute/compute/agent/v1"
+	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/bcd/internal/cdi"
+)
+
+// TestHoldersAreConfinedOnTheMachine: on this machine, as root, the Manager makes each hold's
+// user and home, gives each its own GPUs' device nodes alone, runs a command as it, and removes
+// an ended hold's user, processes and home. (The node's whole path, with two tenants, SSH and
+// the control plane, is bcd's TestTenantsSharingANodeAreConfined.)
+func TestHoldersAreConfinedOnTheMachine(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("not root: the Manager makes users and changes device nodes' owners")
+	}
+	for _, tool := range append(slices.Clone(tools), "mount") {
+		if _, err := lookTool(tool); err != nil {
+			t.Skipf("%s is not installed (Debian packages passwd, util-linux)", tool)
+		}
+	}
+	base, err := os.MkdirTemp("", "tenancy-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	if err := os.Chmod(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	home, dev, cdiDir := filepath.Join(base, "home"), filepath.Join(base, "dev"), filepath.Join(base, "cdi")
+	for _, d := range []string{dev, cdiDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// GPUs 90 to 93 (names no other test of this machine uses: their groups are global).
+	for i := 90; i < 94; i++ {
+		p := filepath.Join(dev, fmt.Sprintf("nvidia%d", i))
+		if err := unix.Mknod(p, unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = exec.Command("groupdel", deviceGroup(p)).Run() })
+	}
+	id := func() string {
+		b := make([]byte, 8)
+		rand.Read(b)
+		return "0190" + hex.EncodeToString(b)
+	}
+	r1, r2 := id(), id()
+	t.Cleanup(func() {
+		for _, r := range []string{r1, r2} {
+			_ = exec.Command("userdel", api.ReservationUser(r)).Run()
+		}
+	})
+	spec := func(holder string, gpus ...int) {
+		s := cdi.Spec{CDIVersion: cdi.Version, Kind: cdi.Kind, Devices: []cdi.Device{{Name: holder}}}
+		for _, g := range gpus {
+			s.Devices[0].ContainerEdits.DeviceNodes = append(s.Devices[0].ContainerEdits.DeviceNodes, cdi.DeviceNode{Path: fmt.Sprintf("%s/nvidia%d", dev, g)})
+		}
+		s.Devices[0].ContainerEdits.Env = []string{"NVIDIA_VISIBLE_DEVICES=GPU-" + holder}
+		b, _ := json.Marshal(s)
+		if err := os.WriteFile(filepath.Join(cdiDir, cdi.SpecName(holder)), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	spec(r1, 90, 91)
+	spec(r2, 92)
+	m, err := New(Options{StateDir: base, Home: home, DeviceRoot: dev, CDIDir: cdiDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	both := &agentv1.DesiredState{Holds: []*agentv1.DeviceHold{{Holder: r1}, {Holder: r2}}}
+	if err := m.Apply(ctx, both); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Apply(ctx, both); err != nil { // again: it converges, changes nothing
+		t.Fatal(err)
+	}
+	run := func(res, script string) (string, error) {
+		cmd := exec.Command("sh", "-c", script)
+		started, err := m.Confine(res, cmd)
+		if err != nil {
+			return "", err
+		}
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		err = cmd.Start()
+		started()
+		if err == nil {
+			err = cmd.Wait()
+		}
+		return out.String(), err
+	}
+	probe := fmt.Sprintf(`id -un; pwd; echo $CUDA_VISIBLE_DEVICES; for i in 90 91 92 93; do if (: < %s/nvidia$i) 2>/dev/null; then echo $i; fi; done`, dev)
+	for _, c := range []struct {
+		res  string
+		gpus []string
+	}{{r1, []string{"90", "91"}}, {r2, []string{"92"}}} {
+		out, err := run(c.res, probe)
+		f := strings.Fields(out)
+		want := append([]string{api.ReservationUser(c.res), filepath.Join(home, api.ReservationUser(c.res)), "GPU-" + c.res}, c.gpus...)
+		if err != nil || !slices.Equal(f, want) {
+			t.Fatalf("reservation %s's command: %v\n%s\nwant %v", c.res, err, out, want)
+		}
+	}
+	if _, err := run("not-a-holder", "true"); err == nil {
+		t.Fatal("a command of a reservation the node does not hold ran")
+	}
+
+	// r2 ends: its process is killed, its home and user removed; r1 keeps its own.
+	sleeper := exec.Command("sleep", "300")
+	started, err := m.Confine(r2, sleeper)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = sleeper.Start()
+	started()
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- sleeper.Wait() }()
+	if err := m.Apply(ctx, &agentv1.DesiredState{Holds: []*agentv1.DeviceHold{{Holder: r1}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err == nil {
+		t.Fatal("the ended hold's process exited by itself")
+	}
+	if _, err := user.Lookup(api.ReservationUser(r2)); err == nil {
+		t.Fatal("the ended hold's user is still there")
+	}
+	if _, err := os.Stat(filepath.Join(home, api.ReservationUser(r2))); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the ended hold's home: %v", err)
+	}
+	if out, err := run(r1, probe); err != nil || !strings.HasSuffix(strings.TrimSpace(out), "90\n91") {
+		t.Fatalf("r1 after r2 ended: %v\n%s", err, out)
+	}
+	// A Manager started again knows what it made, and removes it.
+	m, err = New(Options{StateDir: base, Home: home, DeviceRoot: dev, CDIDir: cdiDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Apply(ctx, &agentv1.DesiredState{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := user.Lookup(api.ReservationUser(r1)); err == nil {
+		t.Fatal("a hold's user outlived every hold")
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(filepath.Join(dev, "nvidia90"), &st); err != nil || st.Mode&0o777 != 0o660 {
+		t.Fatalf("an unheld GPU's node: mode %o, %v", st.Mode&0o777, err)
+	}
+}
