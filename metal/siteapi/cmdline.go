@@ -117,14 +117,14 @@ type CmdlineParam struct{ Name, Value string }
 // names (hyphens and underscores alike, with or without a value) is left out, and the rest
 // follows in its order, as it was written, then "--" and init's arguments if cmdline had them.
 // Whatever cmdline holds (an unbalanced quote, a lone "--", a NUL), the kernel reads params as
-// given: they come first, where nothing of cmdline can reach them. A name is lowercase letters,
-// digits, ".", "_" and "-"; a value is printable ASCII without spaces or quotes.
+// given: they come first, where nothing of cmdline can reach them. A name is letters, digits,
+// ".", "_" and "-"; a value is printable ASCII without spaces or quotes.
 func SetCmdline(cmdline string, params ...CmdlineParam) (string, error) {
 	ours := make([]string, 0, len(params))
 	drop := map[string]bool{}
 	for _, p := range params {
 		if !cmdlineName(p.Name) {
-			return "", fmt.Errorf("kernel parameter %q: a name is lowercase letters, digits, '.', '_' and '-'", p.Name)
+			return "", fmt.Errorf("kernel parameter %q: a name is letters, digits, '.', '_' and '-'", p.Name)
 		}
 		if strings.ContainsFunc(p.Value, func(r rune) bool { return r <= ' ' || r > '~' || r == '"' }) {
 			return "", fmt.Errorf("kernel parameter %s: its value must be printable ASCII without spaces or quotes", p.Name)
@@ -152,7 +152,7 @@ func SetCmdline(cmdline string, params ...CmdlineParam) (string, error) {
 
 func cmdlineName(s string) bool {
 	return s != "" && !strings.ContainsFunc(s, func(r rune) bool {
-		return !('a' <= r && r <= 'z' || '0' <= r && r <= '9' || r == '.' || r == '_' || r == '-')
+		return !('a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' || r == '.' || r == '_' || r == '-')
 	})
 }
 

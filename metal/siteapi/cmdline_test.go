@@ -236,7 +236,7 @@ func TestSetCmdlineRefuses(t *testing.T) {
 	}{
 		{[]CmdlineParam{{"bcd.join", "a b"}}, "without spaces or quotes"},
 		{[]CmdlineParam{{"bcd.join", `a"b`}}, "without spaces or quotes"},
-		{[]CmdlineParam{{"BCD", "x"}}, "a name is"},
+		{[]CmdlineParam{{"bcd join", "x"}}, "a name is"},
 		{[]CmdlineParam{{"a=b", "x"}}, "a name is"},
 		{[]CmdlineParam{{"", "x"}}, "a name is"},
 		{[]CmdlineParam{{"bcd.ssh_keys", "x"}, {"bcd.ssh-keys", "y"}}, "given twice"},

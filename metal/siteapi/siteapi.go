@@ -384,7 +384,22 @@ const (
 	CmdlineSite    = "bcd.site"    // the site agent's base URL, http://10.0.0.1:8067
 	CmdlineMachine = "bcd.machine" // the machine's id, absent for an unknown machine
 	CmdlineToken   = "bcd.token"   // this boot's token, which every request of the ramdisk bears
+	// CmdlineBootIF is the MAC the machine PXE-booted with, as pxelinux gives it (01-aa-bb-cc-
+	// dd-ee-ff): the NIC whose lease the site binds the boot's token to, which bcd init asks
+	// for a lease first.
+	CmdlineBootIF = "BOOTIF"
 )
+
+// BootIF is a MAC as CmdlineBootIF writes it.
+func BootIF(mac string) string { return "01-" + strings.ReplaceAll(mac, ":", "-") }
+
+// MACOfBootIF is the MAC of a CmdlineBootIF value (lowercase aa:bb:cc:dd:ee:ff); false when it
+// is not one.
+func MACOfBootIF(v string) (string, bool) {
+	mac, ok := strings.CutPrefix(strings.ToLower(v), "01-")
+	mac = strings.ReplaceAll(mac, "-", ":")
+	return mac, ok && ValidMAC(mac)
+}
 
 // The kernel command line parameters a deploy gives the deployed system (Task.Cmdline, booted
 // by kexec), which bcd join --cmdline reads.

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/better-compute/compute/metal/siteapi"
 )
 
 // linkPoll is how often init looks for NICs while it waits for one.
@@ -38,6 +40,22 @@ func (in *Init) network(ctx context.Context) (Lease, error) {
 		// Else DHCP waits in silence: its transaction ids come from getrandom(2).
 		in.log.Warn("bcd init: the kernel's random number generator is not seeded yet, and DHCP waits for it: a CPU without RDRAND, or a VM without virtio-rng (-device virtio-rng-pci and the virtio_rng module)")
 	}
+	// The NIC the machine PXE-booted from is asked first, alone: the site binds the ramdisk's
+	// token to that NIC's lease, and another network's lease would be a race's choice.
+	if nic := in.bootNIC(links, up); nic != "" {
+		in.log.Info("bcd init: asking for an address by DHCP on the NIC the machine booted from", "link", nic, "for", in.cfg.DHCPTimeout)
+		l, err := in.dhcpAny(ctx, []string{nic})
+		if err == nil {
+			if err := in.configure(l); err != nil {
+				return Lease{}, err
+			}
+			return l, nil
+		}
+		if ctx.Err() != nil {
+			return Lease{}, err
+		}
+		in.log.Warn("bcd init: no lease on the NIC the machine booted from; asking on every NIC", "err", err)
+	}
 	in.log.Info("bcd init: asking for an address by DHCP", "links", up, "for", in.cfg.DHCPTimeout)
 	l, err := in.dhcpAny(ctx, up)
 	if err != nil {
@@ -47,6 +65,26 @@ func (in *Init) network(ctx context.Context) (Lease, error) {
 		return Lease{}, err
 	}
 	return l, nil
+}
+
+// bootNIC is the NIC of up whose MAC the kernel command line names as the one the machine
+// booted from (BOOTIF=, which the site's iPXE script gives, as pxelinux does); "" for none.
+func (in *Init) bootNIC(links []Link, up []string) string {
+	cmdline, err := in.sys.ReadFile(cmdlinePath)
+	if err != nil {
+		return ""
+	}
+	mac, ok := siteapi.MACOfBootIF(siteapi.ParseCmdline(string(cmdline))[siteapi.CmdlineBootIF])
+	if !ok {
+		return ""
+	}
+	for _, l := range links {
+		if l.MAC == mac && slices.Contains(up, l.Name) {
+			return l.Name
+		}
+	}
+	in.log.Warn("bcd init: the NIC the machine booted from is not among its NICs", "mac", mac, "links", up)
+	return ""
 }
 
 // waitLinks returns the physical NICs, sorted by name, waiting up to LinkWait for one to

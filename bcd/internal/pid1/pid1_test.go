@@ -455,3 +455,37 @@ func TestRunRamdisk(t *testing.T) {
 		t.Errorf("runRamdisk without bcd.site= = %v", err)
 	}
 }
+
+// TestDHCPOnTheBootNIC: with BOOTIF= on the command line (the site's script gives it), the NIC
+// the machine booted from is asked alone, though another would answer sooner; when it does not
+// answer, every NIC is asked.
+func TestDHCPOnTheBootNIC(t *testing.T) {
+	f := newFake()
+	f.files["/proc/cmdline"] = []byte("console=ttyS0 bcd.site=http://10.0.2.2:8067 bcd.token=t BOOTIF=01-52-54-00-00-00-02\n")
+	f.dhcp = func(ctx context.Context, link string) (Lease, error) {
+		if link == "eth1" {
+			time.Sleep(20 * time.Millisecond)
+		}
+		return testLease(link, "10.0.2.15/24"), nil
+	}
+	r := start(t, f, Config{}, nil)
+	r.waitRamdisk(t, 1)
+	if calls := f.Calls(); count(calls, "dhcp ") != 1 || !slices.Contains(calls, "dhcp eth1") || !slices.Contains(calls, "configure eth1 10.0.2.15/24 via 10.0.2.2") {
+		t.Errorf("want a lease asked for and configured on eth1 alone, the boot NIC: %q", calls)
+	}
+	r.stop(t)
+
+	f = newFake()
+	f.files["/proc/cmdline"] = []byte("bcd.site=http://10.0.2.2:8067 bcd.token=t BOOTIF=01-52-54-00-00-00-02\n")
+	f.dhcp = func(ctx context.Context, link string) (Lease, error) {
+		if link == "eth1" {
+			return blockDHCP(ctx, link)
+		}
+		return testLease(link, "10.0.2.16/24"), nil
+	}
+	r = start(t, f, Config{DHCPTimeout: 50 * time.Millisecond}, nil)
+	r.waitRamdisk(t, 1)
+	if calls := f.Calls(); !slices.Contains(calls, "configure eth0 10.0.2.16/24 via 10.0.2.2") || !strings.Contains(f.Console(), "no lease on the NIC the machine booted from") {
+		t.Errorf("want eth0's lease after the boot NIC's silence: %q\n%s", calls, f.Console())
+	}
+}

@@ -146,7 +146,7 @@ func checkCmdline(s string) error {
 	args, _, _ := siteapi.SplitCmdline(s) // as the ramdisk's kernel will read it
 	for _, a := range args {
 		switch a.Name {
-		case siteapi.CmdlineSite, siteapi.CmdlineMachine, siteapi.CmdlineToken, "initrd":
+		case siteapi.CmdlineSite, siteapi.CmdlineMachine, siteapi.CmdlineToken, siteapi.CmdlineBootIF, "initrd":
 			return fmt.Errorf("%s= is set by the site itself", a.Name)
 		}
 	}

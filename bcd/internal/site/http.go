@@ -111,7 +111,8 @@ chain --replace --autofree %s
 	if b.machine != nil {
 		params = append(params, siteapi.CmdlineParam{Name: siteapi.CmdlineMachine, Value: b.machine.ID})
 	}
-	params = append(params, siteapi.CmdlineParam{Name: siteapi.CmdlineToken, Value: s.boots.mint(mac, from, now)})
+	params = append(params, siteapi.CmdlineParam{Name: siteapi.CmdlineToken, Value: s.boots.mint(mac, from, now)},
+		siteapi.CmdlineParam{Name: siteapi.CmdlineBootIF, Value: siteapi.BootIF(mac)}) // bcd init leases on that NIC first
 	cmdline, err := siteapi.SetCmdline(s.cfg.Cmdline, params...)
 	if err != nil { // the plan's ids and Cmdline were checked: not reached
 		s.log.Error("http: the ramdisk's command line", "err", err)

@@ -50,15 +50,15 @@ func TestIPXEScripts(t *testing.T) {
 		not                []string // what it must not hold
 	}{
 		{name: "ramdisk", mac: macRamdisk, unknown: siteapi.UnknownInspect, want: []string{
-			"kernel " + b + "/boot/vmlinuz initrd=initrd bcd.site=" + b + " bcd.machine=m-ramdisk bcd.token=TOKEN console=ttyS0,115200 || goto failed",
+			"kernel " + b + "/boot/vmlinuz initrd=initrd bcd.site=" + b + " bcd.machine=m-ramdisk bcd.token=TOKEN BOOTIF=01-52-54-00-00-00-01 console=ttyS0,115200 || goto failed",
 			"initrd --name initrd " + b + "/boot/initrd || goto failed",
 			"boot || goto failed",
 		}},
 		{name: "second NIC, upper case", mac: strings.ToUpper(macSecond), unknown: siteapi.UnknownInspect, want: []string{
-			"kernel " + b + "/boot/vmlinuz initrd=initrd bcd.site=" + b + " bcd.machine=m-ramdisk bcd.token=TOKEN console=ttyS0,115200 || goto failed",
+			"kernel " + b + "/boot/vmlinuz initrd=initrd bcd.site=" + b + " bcd.machine=m-ramdisk bcd.token=TOKEN BOOTIF=01-52-54-00-00-00-03 console=ttyS0,115200 || goto failed",
 		}},
 		{name: "unknown, inspect", mac: macUnknown, unknown: siteapi.UnknownInspect, want: []string{
-			"kernel " + b + "/boot/vmlinuz initrd=initrd bcd.site=" + b + " bcd.token=TOKEN console=ttyS0,115200 || goto failed",
+			"kernel " + b + "/boot/vmlinuz initrd=initrd bcd.site=" + b + " bcd.token=TOKEN BOOTIF=01-52-54-00-00-00-99 console=ttyS0,115200 || goto failed",
 			"initrd --name initrd " + b + "/boot/initrd || goto failed",
 			"boot || goto failed",
 		}, not: []string{"bcd.machine"}},
