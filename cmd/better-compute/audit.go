@@ -60,13 +60,8 @@ may read the audit tree.`,
 				}
 			}
 			out := cmd.OutOrStdout()
-			if p.Output == "json" {
-				b, err := json.MarshalIndent(map[string]any{"verified": true, "saved": saved.Size, "latest": latest}, "", "  ")
-				if err != nil {
-					return err
-				}
-				fmt.Fprintln(out, string(b))
-				return nil
+			if structured(p.Output) {
+				return writeValue(out, p.Output, map[string]any{"verified": true, "saved": saved.Size, "latest": latest})
 			}
 			fmt.Fprintf(out, "OK: the event log holds events 1..%d of the saved checkpoint unchanged, and the latest checkpoint (%d events, %s) extends it\n",
 				saved.Size, latest.Size, latest.CreatedAt.Format(time.RFC3339))

@@ -40,19 +40,15 @@ func methodsCmd(p *profile) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if p.Output == "json" {
-				raw, err := json.Marshal(map[string]any{"methods": ms})
-				if err != nil {
-					return err
-				}
-				return render(cmd.OutOrStdout(), p.Output, raw)
+			if structured(p.Output) {
+				return writeValue(cmd.OutOrStdout(), p.Output, map[string]any{"methods": ms})
 			}
 			for _, m := range ms {
 				kind := "read"
 				if m.Mutating {
 					kind = "change"
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "%-28s %-6s %s\n", m.FullName(), kind, m.Summary)
+				fmt.Fprintf(cmd.OutOrStdout(), "%-28s %-6s %s\n", clean(m.FullName()), kind, clean(m.Summary))
 			}
 			return nil
 		},

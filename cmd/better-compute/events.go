@@ -38,15 +38,13 @@ func eventsWatchCmd(p *profile) *cobra.Command {
 			n := 0
 			enough := errors.New("enough")
 			err = cl.WatchEvents(ctx, o, func(e api.Event) error {
-				if p.Output == "json" {
-					b, err := json.Marshal(e)
-					if err != nil {
+				if structured(p.Output) {
+					if err := writeStream(out, p.Output, e); err != nil {
 						return err
 					}
-					fmt.Fprintln(out, string(b))
 				} else {
 					data, _ := json.Marshal(e.Data)
-					fmt.Fprintf(out, "%-8d %s  %-26s %-36s %s\n", e.ID, e.CreatedAt.Format(time.RFC3339), e.Type, e.Subject, data)
+					fmt.Fprintf(out, "%-8d %s  %-26s %-36s %s\n", e.ID, e.CreatedAt.Format(time.RFC3339), clean(e.Type), clean(e.Subject), clean(string(data)))
 				}
 				if n++; count > 0 && n >= count {
 					return enough

@@ -42,8 +42,8 @@ with the live state's fingerprint.`,
 			if err != nil {
 				return err
 			}
-			if p.Output == "json" {
-				return printJSON(cmd.OutOrStdout(), x)
+			if structured(p.Output) {
+				return writeValue(cmd.OutOrStdout(), p.Output, x)
 			}
 			if file != "" {
 				return writeFileAtomic(file, []byte(x.Document))
@@ -82,8 +82,8 @@ not list are kept, unless --prune.`,
 			if err != nil {
 				return err
 			}
-			if p.Output == "json" {
-				return printJSON(cmd.OutOrStdout(), d)
+			if structured(p.Output) {
+				return writeValue(cmd.OutOrStdout(), p.Output, d)
 			}
 			out := cmd.OutOrStdout()
 			writePlan(out, d.TenantID, d.Changes, d.Kept, d.Summary)
@@ -131,7 +131,7 @@ secrets of webhook endpoints the apply creates are printed once.`,
 				if err != nil {
 					return err
 				}
-				if p.Output != "json" {
+				if !structured(p.Output) {
 					writePlan(out, d.TenantID, d.Changes, d.Kept, d.Summary)
 					fmt.Fprintln(out)
 				}
@@ -141,18 +141,18 @@ secrets of webhook endpoints the apply creates are printed once.`,
 			if err != nil {
 				return err
 			}
-			if p.Output == "json" {
-				return printJSON(out, res)
+			if structured(p.Output) {
+				return writeValue(out, p.Output, res)
 			}
 			fmt.Fprintf(out, "Applied to tenant %s: %d created, %d updated, %d deleted (fingerprint %s).\n",
-				res.TenantID, res.Summary.Create, res.Summary.Update, res.Summary.Delete, res.Fingerprint)
+				clean(res.TenantID), res.Summary.Create, res.Summary.Update, res.Summary.Delete, clean(res.Fingerprint))
 			urls := make([]string, 0, len(res.Secrets))
 			for u := range res.Secrets {
 				urls = append(urls, u)
 			}
 			sort.Strings(urls)
 			for _, u := range urls {
-				fmt.Fprintf(out, "Signing secret of the new webhook endpoint %s (shown once): %s\n", u, res.Secrets[u])
+				fmt.Fprintf(out, "Signing secret of the new webhook endpoint %s (shown once): %s\n", clean(u), clean(res.Secrets[u]))
 			}
 			return nil
 		},
@@ -182,14 +182,14 @@ fleet.drifted once per change of drift; this reads it now.`,
 				return err
 			}
 			out := cmd.OutOrStdout()
-			if p.Output == "json" {
-				return printJSON(out, r)
+			if structured(p.Output) {
+				return writeValue(out, p.Output, r)
 			}
 			if r.Applied == nil {
-				fmt.Fprintf(out, "No FleetConfig has been applied to tenant %s.\n", r.TenantID)
+				fmt.Fprintf(out, "No FleetConfig has been applied to tenant %s.\n", clean(r.TenantID))
 				return nil
 			}
-			fmt.Fprintf(out, "FleetConfig applied to tenant %s by %s at %s.\n", r.TenantID, r.Applied.AppliedBy, r.Applied.AppliedAt.Format(time.RFC3339))
+			fmt.Fprintf(out, "FleetConfig applied to tenant %s by %s at %s.\n", clean(r.TenantID), clean(r.Applied.AppliedBy), r.Applied.AppliedAt.Format(time.RFC3339))
 			if !r.Drifted {
 				fmt.Fprintln(out, "No drift: the live state is that document.")
 				return nil
@@ -229,15 +229,15 @@ func readDocument(cmd *cobra.Command, file string) (string, error) {
 // writePlan prints a plan as terraform plan does: a line per object, its fields indented.
 func writePlan(w io.Writer, tenant string, changes []api.FleetChange, kept []api.FleetObject, s api.FleetSummary) {
 	if len(changes) == 0 {
-		fmt.Fprintf(w, "No changes: tenant %s's live state is the document.\n", tenant)
+		fmt.Fprintf(w, "No changes: tenant %s's live state is the document.\n", clean(tenant))
 	} else {
-		fmt.Fprintf(w, "Changes to tenant %s, in the order an apply makes them:\n\n", tenant)
+		fmt.Fprintf(w, "Changes to tenant %s, in the order an apply makes them:\n\n", clean(tenant))
 		writeChanges(w, changes)
 	}
 	if len(kept) > 0 {
 		fmt.Fprintln(w, "\nKept (not in the document; --prune deletes them):")
 		for _, k := range kept {
-			fmt.Fprintf(w, "    %s %s\n", k.Kind, k.Key)
+			fmt.Fprintf(w, "    %s %s\n", clean(k.Kind), clean(k.Key))
 		}
 	}
 	fmt.Fprintf(w, "\nPlan: %d to create, %d to update, %d to delete.\n", s.Create, s.Update, s.Delete)
@@ -248,17 +248,17 @@ func writeChanges(w io.Writer, changes []api.FleetChange) {
 	for _, c := range changes {
 		where := ""
 		if c.Path != "" {
-			where = "  (" + c.Path + ")"
+			where = "  (" + clean(c.Path) + ")"
 		}
-		fmt.Fprintf(w, "  %s %s %s%s\n", marks[c.Action], c.Kind, c.Key, where)
+		fmt.Fprintf(w, "  %s %s %s%s\n", marks[c.Action], clean(c.Kind), clean(c.Key), where)
 		for _, f := range c.Fields {
 			switch c.Action {
 			case api.FleetCreate:
-				fmt.Fprintf(w, "      %s: %s\n", f.Field, value(f.New))
+				fmt.Fprintf(w, "      %s: %s\n", clean(f.Field), value(f.New))
 			case api.FleetDelete:
-				fmt.Fprintf(w, "      %s: %s\n", f.Field, value(f.Old))
+				fmt.Fprintf(w, "      %s: %s\n", clean(f.Field), value(f.Old))
 			default:
-				fmt.Fprintf(w, "      %s: %s → %s\n", f.Field, value(f.Old), value(f.New))
+				fmt.Fprintf(w, "      %s: %s → %s\n", clean(f.Field), value(f.Old), value(f.New))
 			}
 		}
 	}
@@ -270,16 +270,7 @@ func value(v any) string {
 	if err != nil || string(b) == "null" || string(b) == `""` || string(b) == "{}" || string(b) == "[]" {
 		return "(none)"
 	}
-	return strings.TrimSpace(string(b))
-}
-
-func printJSON(w io.Writer, v any) error {
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return err
-	}
-	_, err = fmt.Fprintln(w, string(b))
-	return err
+	return clean(strings.TrimSpace(string(b)))
 }
 
 // writeFileAtomic replaces file with b through a temporary file and a rename: a crash never

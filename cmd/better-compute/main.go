@@ -32,10 +32,14 @@ const (
 	exitUsage = 2
 )
 
-func run(args []string, stdout, stderr io.Writer) int {
+func run(args []string, stdout, stderr io.Writer) int { return runWith(os.Stdin, args, stdout, stderr) }
+
+// runWith runs the CLI with args and standard input, output and error, and returns its exit code.
+func runWith(stdin io.Reader, args []string, stdout, stderr io.Writer) int {
 	p := &profile{}
 	root := newRoot(p)
 	root.SetArgs(args)
+	root.SetIn(stdin)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	err := root.Execute()
@@ -95,7 +99,7 @@ flags is --input-NAME.`,
 	pf.StringVar(&p.URL, serverFlag, "", "the control plane's URL ($BETTER_COMPUTE_URL)")
 	pf.StringVar(&p.APIKey, "api-key", "", "an API key ($BETTER_COMPUTE_API_KEY)")
 	pf.StringVar(&configPath, "config", "", "config file")
-	pf.StringVarP(&p.Output, "output", "o", "table", "table or json")
+	pf.StringVarP(&p.Output, "output", "o", "table", "table, wide (every column, nothing cut), json or yaml")
 	// --url was the connection flag until a method's own --url (webhooks create's) shadowed it.
 	// It stays as a hidden alias for the command lines written with it, where no method field
 	// takes the name; silent, since a warning on stderr would mix with exec's remote stderr.

@@ -2,38 +2,36 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 
 	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/client"
 )
 
-// report prints a failed command's error and returns its exit code. With -o json the error is
-// the API's envelope, {"error": {"code", "message", "details"}}, on stderr like every error (so
+// report prints a failed command's error and returns its exit code. With -o json (or yaml) the
+// error is the API's envelope, {"error": {"code", "message", "details"}}, on stderr like every error (so
 // stdout holds only answers); a usage error is invalid_argument with details.reason "usage" (or
 // the decoder's details, for --json input the API would refuse too), a call that got no answer
 // is unavailable. As text: "better-compute: code: message", and the
 // field a bad input names.
 func report(w io.Writer, format string, err error) int {
 	e, code := describe(err)
-	if format == "json" {
-		b, merr := json.MarshalIndent(map[string]any{"error": e}, "", "  ")
-		if merr == nil {
-			fmt.Fprintf(w, "%s\n", b)
+	if structured(format) {
+		if werr := writeValue(w, format, map[string]any{"error": e}); werr == nil {
 			return code
 		}
 	}
 	switch {
 	case code == exitUsage && e.Details["field"] == nil:
-		fmt.Fprintf(w, "better-compute: %s\n", e.Message)
+		fmt.Fprintf(w, "better-compute: %s\n", clean(e.Message))
 	default:
-		fmt.Fprintf(w, "better-compute: %s: %s\n", e.Code, e.Message)
+		fmt.Fprintf(w, "better-compute: %s: %s\n", clean(string(e.Code)), clean(e.Message))
 	}
 	if f, ok := e.Details["field"]; ok {
-		fmt.Fprintf(w, "  field: %v\n", f)
+		fmt.Fprintf(w, "  field: %s\n", clean(fmt.Sprint(f)))
 	}
 	if code == exitUsage {
 		fmt.Fprintln(w, "  (add --help for usage)")
@@ -54,7 +52,7 @@ func describe(err error) (*api.Error, int) {
 		return ae, exitError
 	}
 	var ne net.Error
-	if errors.As(err, &ne) || errors.Is(err, context.DeadlineExceeded) {
+	if errors.As(err, &ne) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, client.ErrTunnelLost) {
 		return &api.Error{Code: api.CodeUnavailable, Message: err.Error()}, exitError
 	}
 	return &api.Error{Code: api.CodeInternal, Message: err.Error()}, exitError

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/signal"
@@ -40,15 +39,10 @@ func workflowsWatchCmd(p *profile) *cobra.Command {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
 			defer stop()
 			r, err := watchRun(ctx, cl, run, every, func(r api.WorkflowRun) error {
-				if p.Output == "json" {
-					b, err := json.Marshal(r)
-					if err != nil {
-						return err
-					}
-					_, err = fmt.Fprintln(cmd.OutOrStdout(), string(b))
-					return err
+				if structured(p.Output) {
+					return writeStream(cmd.OutOrStdout(), p.Output, r)
 				}
-				_, err := fmt.Fprintln(cmd.OutOrStdout(), progressLine(r))
+				_, err := fmt.Fprintln(cmd.OutOrStdout(), clean(progressLine(r)))
 				return err
 			})
 			if err != nil {
