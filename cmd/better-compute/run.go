@@ -39,6 +39,15 @@ func logger(w io.Writer, verbose bool) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
 }
 
+// verboseShorthand keeps -v as a deprecated shorthand of --verbose: -v is the version on the
+// root command, and is to mean only that.
+func verboseShorthand(c *cobra.Command, verbose *bool) {
+	f := c.Flags()
+	f.BoolVarP(verbose, "verbose-v", "v", false, "debug logs")
+	_ = f.MarkHidden("verbose-v")
+	_ = f.MarkShorthandDeprecated("verbose-v", "use --verbose")
+}
+
 func devCmd() *cobra.Command {
 	o := devserver.Options{}
 	var verbose bool
@@ -46,9 +55,13 @@ func devCmd() *cobra.Command {
 		Use:   "dev",
 		Short: "Run the development server: the whole control plane on an embedded PostgreSQL",
 		Long: `dev runs every process mode in one process on a private PostgreSQL (or $BETTER_COMPUTE_DATABASE_URL),
-prints the API's URL and an API key with every right, and with --sim N joins N simulated machines with
-8 GPUs each into the pool "gpu"; it prints all this only once their GPUs are counted and schedulable,
-so a first reservation can use them. Ctrl-C stops it.`,
+on loopback addresses, prints the API's URL, an API key with every right and the database's URL, and
+with --sim N joins N simulated machines with 8 GPUs each into the pool "gpu"; it prints all this only
+once their GPUs are counted and schedulable, so a first reservation can use them. With --data-dir the
+database, the secret and the key outlive a restart. Ctrl-C stops it.
+
+Its flags are go run ./examples/devserver's; --listen, --gateway-listen, --verbose and
+--allow-private-webhooks are serve's too.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signals()
@@ -67,9 +80,9 @@ so a first reservation can use them. Ctrl-C stops it.`,
 				return err
 			}
 			out := cmd.OutOrStdout()
-			fmt.Fprintf(out, "Better Compute devserver\n  URL:     %s\n  Console: %s\n  Gateway: %s\n  API key: %s\n", s.URL, s.Console, s.Gateway, s.APIKey)
+			s.Describe(out)
 			if o.Sim > 0 {
-				fmt.Fprintf(out, "  Nodes:   %d simulated machines with %d H100s each, in pool %q, schedulable\n", o.Sim, devserver.SimGPUs, devserver.SimPool)
+				fmt.Fprintf(out, "  Nodes:    %d simulated machines with %d H100s each, in pool %q, schedulable\n", o.Sim, devserver.SimGPUs, devserver.SimPool)
 			}
 			fmt.Fprintf(out, "\nexport BETTER_COMPUTE_URL=%s BETTER_COMPUTE_API_KEY=%s\n", s.URL, s.APIKey)
 			<-ctx.Done()
@@ -78,11 +91,11 @@ so a first reservation can use them. Ctrl-C stops it.`,
 			return s.Stop(sctx)
 		},
 	}
-	c.Flags().IntVar(&o.Sim, "sim", 0, "simulated GPU machines to join")
-	c.Flags().StringVar(&o.Addr, "addr", "127.0.0.1:8080", "the API's address")
-	c.Flags().StringVar(&o.GatewayAddr, "gateway", "127.0.0.1:8443", "the node sessions' address")
-	c.Flags().StringVar(&o.DataDir, "data-dir", "", "keep the database here across restarts")
-	c.Flags().BoolVarP(&verbose, "verbose", "v", false, "debug logs")
+	o.Flags(c.Flags(), &verbose)
+	for old, now := range devserver.Deprecated {
+		_ = c.Flags().MarkDeprecated(old, "use --"+now)
+	}
+	verboseShorthand(c, &verbose)
 	return c
 }
 
@@ -97,10 +110,14 @@ type serveConfig struct {
 	GatewayListen  string   `json:"gatewayListen"`
 	GatewayHosts   []string `json:"gatewayHosts"`
 	GatewayAddress []string `json:"gatewayAddresses"`
+	// AllowPrivateWebhooks is for development only, and taken only with IKnowItIsUnsafe: flags
+	// alone, never a config file a deployment may carry along.
+	AllowPrivateWebhooks bool `json:"-"`
+	IKnowItIsUnsafe      bool `json:"-"`
 }
 
 func serveCmd() *cobra.Command {
-	cfg := serveConfig{Mode: "all", RootTenant: "root", Listen: ":8080", GatewayListen: ":8443"}
+	cfg := serveConfig{Mode: "all", RootTenant: "root", Listen: devserver.DefaultListen, GatewayListen: devserver.DefaultGatewayListen}
 	var configPath string
 	var verbose bool
 	c := &cobra.Command{
@@ -113,9 +130,13 @@ func serveCmd() *cobra.Command {
   --mode worker    reconcilers: reservation lifecycle, billing, command deadlines, offline nodes
   --mode all       all of it
 
-Processes of different modes on one database work together. Every mode serves /healthz (alive),
-/readyz (initialized, database answering) and /metrics (Prometheus) on --listen. SIGTERM stops it
-gracefully.
+Both addresses are loopback ones unless given: --listen :8080 --gateway-listen :8443 listen on every
+interface, for other machines (nodes dial the gateway). Processes of different modes on one database
+work together. Every mode serves /healthz (alive), /readyz (initialized, database answering) and
+/metrics (Prometheus) on --listen. SIGTERM stops it gracefully.
+
+--allow-private-webhooks (webhooks to loopback and private addresses) is for development, as in
+better-compute dev; serve takes it only with --i-know-it-is-unsafe.
 
 Settings: flags, then $BETTER_COMPUTE_DATABASE_URL, $BETTER_COMPUTE_SECRET, $BETTER_COMPUTE_MODE,
 $BETTER_COMPUTE_ROOT_TENANT, $BETTER_COMPUTE_BASE_URL, then --config (JSON: mode, databaseUrl, secret,
@@ -141,7 +162,10 @@ rootTenant, baseUrl, listen, gatewayListen, gatewayHosts, gatewayAddresses).`,
 	f.StringSliceVar(&cfg.GatewayHosts, "gateway-hosts", nil, "names and addresses nodes dial the gateway by, for its certificate (default: this host's name, localhost, 127.0.0.1)")
 	f.StringSliceVar(&cfg.GatewayAddress, "gateway-address", nil, "gateway host:port handed to joining nodes")
 	f.StringVar(&configPath, "config", "", "config file")
-	f.BoolVarP(&verbose, "verbose", "v", false, "debug logs")
+	f.BoolVar(&verbose, "verbose", false, "debug logs")
+	f.BoolVar(&cfg.AllowPrivateWebhooks, "allow-private-webhooks", false, "let webhooks reach loopback and private addresses: for development only, and taken only with --i-know-it-is-unsafe")
+	f.BoolVar(&cfg.IKnowItIsUnsafe, "i-know-it-is-unsafe", false, "take --allow-private-webhooks: any tenant's webhooks may then reach this host and its network")
+	verboseShorthand(c, &verbose)
 	return c
 }
 
@@ -185,6 +209,9 @@ func (cfg *serveConfig) fill(cmd *cobra.Command, path string) error {
 	if cfg.Secret == "" {
 		return usageError{errors.New("serve needs a secret: --secret or $BETTER_COMPUTE_SECRET (32 characters or more)")}
 	}
+	if cfg.AllowPrivateWebhooks && !cfg.IKnowItIsUnsafe {
+		return usageError{errors.New("--allow-private-webhooks lets every tenant's webhooks reach this host and its network (loopback, private addresses, cloud metadata): it is for development (better-compute dev has it); to run serve with it anyway, add --i-know-it-is-unsafe")}
+	}
 	return nil
 }
 
@@ -216,7 +243,8 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, out io.Writer
 		return err
 	}
 	c, err := compute.New(compute.Options{Database: db, Secret: cfg.Secret, BaseURL: cfg.BaseURL, RootTenantID: cfg.RootTenant,
-		IAM: port, Mode: mode, Logger: log, GatewayAddresses: cfg.GatewayAddress, Modules: []compute.Module{mt, vm}})
+		IAM: port, Mode: mode, Logger: log, GatewayAddresses: cfg.GatewayAddress, Modules: []compute.Module{mt, vm},
+		Webhooks: compute.WebhookOptions{AllowPrivateTargets: cfg.AllowPrivateWebhooks}})
 	if err != nil {
 		return err
 	}
@@ -250,6 +278,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, out io.Writer
 		return err
 	}
 	var gw *http.Server
+	var gwAddr net.Addr
 	gwServed := make(chan error, 1)
 	if mode == compute.ModeGateway || mode == compute.ModeAll {
 		hosts := cfg.GatewayHosts
@@ -267,10 +296,17 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, out io.Writer
 		}
 		// Node sessions are long-lived streams: no read or write deadline, only idle connections end.
 		gw = &http.Server{Handler: c.NodeHandler, TLSConfig: tlsCfg, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+		gwAddr = gln.Addr()
 		go func() { gwServed <- gw.ServeTLS(gln, "", "") }()
 		fmt.Fprintf(out, "better-compute: gateway on %s (hosts %s)\n", gln.Addr(), strings.Join(hosts, ", "))
 	}
 	ready.Store(true)
+	if cfg.AllowPrivateWebhooks {
+		fmt.Fprintln(out, "better-compute: webhooks may reach loopback and private addresses (--allow-private-webhooks): for development only")
+	}
+	if local := loopbackOnly(map[string]net.Addr{"--listen": ln.Addr(), "--gateway-listen": gwAddr}); local != "" {
+		fmt.Fprintf(out, "better-compute: loopback only, out of other machines' reach: %s (:PORT listens on every interface)\n", local)
+	}
 	fmt.Fprintf(out, "better-compute: serving, mode %s, on %s\n", mode, ln.Addr())
 	if mode == compute.ModeAPI || mode == compute.ModeAll {
 		fmt.Fprintf(out, "better-compute: console at %s%s\n", strings.TrimSuffix(cfg.BaseURL, "/"), compute.ConsolePath)
@@ -295,16 +331,27 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, out io.Writer
 	return errors.Join(errs...)
 }
 
+// loopbackOnly names the flags whose addresses are loopback ones, as "--listen 127.0.0.1:8080".
+func loopbackOnly(addrs map[string]net.Addr) string {
+	var local []string
+	for _, flag := range []string{"--listen", "--gateway-listen"} {
+		if a, ok := addrs[flag].(*net.TCPAddr); ok && a.IP.IsLoopback() {
+			local = append(local, flag+" "+a.String())
+		}
+	}
+	return strings.Join(local, " and ")
+}
+
 func simCmd(p *profile) *cobra.Command {
 	o := sim.Options{Version: version}
 	c := &cobra.Command{
-		Use:   "sim --nodes N --url URL --token TOKEN",
+		Use:   "sim --nodes N --server URL --token TOKEN",
 		Short: "Join N simulated machines to a running control plane and hold their sessions",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.URL = p.URL
 			if o.URL == "" || o.Token == "" || o.Nodes <= 0 {
-				return usageError{errors.New("sim needs --nodes, --url and --token (a join token with at least N uses)")}
+				return usageError{errors.New("sim needs --nodes, --server (or $BETTER_COMPUTE_URL) and --token (a join token with at least N uses)")}
 			}
 			ctx, stop := signals()
 			defer stop()
