@@ -426,6 +426,32 @@ func TestTenantsSharingANodeAreConfined(t *testing.T) {
 		if _, err := a.Access.Console(ctx, keyA, api.OpenTunnel{Reservation: whole.ID}); err != nil {
 			t.Fatalf("a whole holder's ticket to the node's console: %v", err)
 		}
+		// Another tenant comes (a vCPU): the whole holder's root command ends with its root.
+		tun, err := clA.Exec(ctx, api.OpenTunnel{Reservation: whole.ID, Command: []string{"sh", "-c", "echo started; exec sleep 300"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tun.Close()
+		r, w := io.Pipe()
+		exited := make(chan api.TunnelExit, 1)
+		go func() { e, _ := tun.Wait(ctx, w, nil); w.Close(); exited <- e }()
+		if _, err := bufio.NewReader(r).ReadString('\n'); err != nil {
+			t.Fatal(err)
+		}
+		go io.Copy(io.Discard, r)
+		vcpu, err := a.Reservations.Create(ctx, keyB, api.CreateReservation{Pool: "h100", Shape: api.Shape{VCPUs: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		users = append(users, api.ReservationUser(vcpu.ID))
+		select {
+		case e := <-exited:
+			if e.ExitCode != -1 || !strings.Contains(e.Error, "ended") {
+				t.Fatalf("the root command once another reservation came: %+v", e)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("the whole holder's root command outlived its whole hold")
+		}
 	})
 }
 
