@@ -101,24 +101,25 @@ func (s *Server) adminKey(ctx context.Context, dataDir string) error {
 
 // Describe prints what a user needs to reach the server: its addresses, the API key and where
 // it is kept, the database, the machine CA's pin, and whether webhooks may reach private
-// addresses.
+// addresses. Each "Name: value" line holds the value alone (scripts cut it out), notes on the
+// lines below it.
 func (s *Server) Describe(w io.Writer) {
+	const note = "            " // under the values
 	fmt.Fprintf(w, "Better Compute devserver\n")
 	fmt.Fprintf(w, "  URL:      %s\n  Console:  %s\n  Gateway:  %s\n", s.URL, s.Console, s.Gateway)
+	fmt.Fprintf(w, "  API key:  %s\n", s.APIKey)
 	switch {
 	case s.APIKeyFile != "":
-		fmt.Fprintf(w, "  API key:  %s (kept in %s: the same after a restart)\n", s.APIKey, s.APIKeyFile)
+		fmt.Fprintf(w, note+"(kept in %s: the same after a restart)\n", s.APIKeyFile)
 	case s.DatabaseFromEnv:
-		fmt.Fprintf(w, "  API key:  %s (new at every start; earlier ones stay valid: --data-dir keeps one)\n", s.APIKey)
-	default:
-		fmt.Fprintf(w, "  API key:  %s\n", s.APIKey)
+		fmt.Fprintf(w, note+"(new at every start, and the earlier ones stay valid: --data-dir keeps one)\n")
 	}
 	if s.DatabaseFromEnv {
 		redacted := "(unparsable)"
 		if u, err := url.Parse(s.Database); err == nil {
 			redacted = u.Redacted()
 		}
-		fmt.Fprintf(w, "  Database: %s (from $%s)\n", redacted, postgres.EnvDatabaseURL)
+		fmt.Fprintf(w, "  Database: %s\n"+note+"(from $%s)\n", redacted, postgres.EnvDatabaseURL)
 	} else {
 		fmt.Fprintf(w, "  Database: %s\n", s.Database)
 	}
