@@ -1,8 +1,10 @@
 package webhooks
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 
 	"github.com/jackc/pgx/v5"
@@ -54,33 +56,84 @@ func Fanout(ctx context.Context, db *postgres.DB, jobs modules.Jobs) (int, error
 			from, fanoutBatch).Scan(&to); err != nil || to == nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, `INSERT INTO compute.webhook_deliveries (endpoint_id, event_seq, subject)
+		// Each tenant's backlog before this batch, for the deliveries' priorities (fairShare).
+		backlog := map[string]int{}
+		rows, err := tx.Query(ctx, `SELECT w.tenant_id, count(*) FROM compute.webhook_deliveries d
+			JOIN compute.webhook_endpoints w ON w.id = d.endpoint_id WHERE d.state = 'pending' GROUP BY 1`)
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			var tenant string
+			var n int
+			if err := rows.Scan(&tenant, &n); err != nil {
+				rows.Close()
+				return err
+			}
+			backlog[tenant] = n
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		rows, err = tx.Query(ctx, `WITH made AS (INSERT INTO compute.webhook_deliveries (endpoint_id, event_seq, subject)
 			SELECT w.id, e.seq, e.subject FROM compute.events e JOIN compute.webhook_endpoints w ON w.tenant_id = e.tenant_id AND w.after_seq < e.seq
 			WHERE e.seq > $1 AND e.seq <= $2
 			  AND ((e.type = 'webhook.test' AND e.subject = w.id::text)
 			    OR (NOT starts_with(e.type, 'webhook.') AND (cardinality(w.event_types) = 0 OR e.type = ANY (w.event_types)
 			        OR EXISTS (SELECT 1 FROM unnest(w.event_types) f WHERE right(f, 1) = '.' AND starts_with(e.type, f)))))
 			ORDER BY e.seq
-			ON CONFLICT (endpoint_id, event_seq) DO NOTHING RETURNING id`, from, *to)
+			ON CONFLICT (endpoint_id, event_seq) DO NOTHING RETURNING id, endpoint_id)
+			SELECT made.id, w.tenant_id FROM made JOIN compute.webhook_endpoints w ON w.id = made.endpoint_id ORDER BY made.id`, from, *to)
 		if err != nil {
 			return err
 		}
-		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		made, err := pgx.CollectRows(rows, pgx.RowToStructByPos[madeDelivery])
 		if err != nil {
 			return err
 		}
-		params := make([]river.InsertManyParams, len(ids))
-		for i, id := range ids {
-			params[i] = river.InsertManyParams{Args: deliverArgs{Delivery: id, Generation: 1}}
-		}
-		if err := jobs.InsertManyTx(ctx, tx, params); err != nil {
+		if err := jobs.InsertManyTx(ctx, tx, fairShare(made, backlog)); err != nil {
 			return err
 		}
-		n = len(ids)
+		n = len(made)
 		_, err = tx.Exec(ctx, `UPDATE compute.webhook_fanout SET seq = $1`, *to)
 		return err
 	})
 	return n, err
+}
+
+// FairShare is how many of a tenant's pending deliveries share a priority in the queue that
+// every tenant's deliveries share.
+const FairShare = 100
+
+type madeDelivery struct {
+	ID     int64
+	Tenant string
+}
+
+// fairShare makes the jobs of a fan-out's deliveries (in log order) so that no tenant's flood
+// holds back the others: River works its queue by priority first, and a delivery's priority
+// falls by one (of River's four) for each FairShare of its tenant's deliveries before it,
+// pending ones included. Within a priority the jobs are enqueued a round of each tenant at a
+// time. A delivery's order among its subject's is kept by the worker, whatever the jobs' order.
+func fairShare(made []madeDelivery, backlog map[string]int) []river.InsertManyParams {
+	type ranked struct {
+		madeDelivery
+		rank int // the tenant's deliveries before it, pending ones included
+	}
+	rs := make([]ranked, len(made))
+	seen := map[string]int{}
+	for i, d := range made {
+		rs[i] = ranked{d, backlog[d.Tenant] + seen[d.Tenant]}
+		seen[d.Tenant]++
+	}
+	// Stable: a tenant's deliveries stay in log order within a rank.
+	slices.SortStableFunc(rs, func(a, b ranked) int { return cmp.Compare(a.rank, b.rank) })
+	params := make([]river.InsertManyParams, len(rs))
+	for i, r := range rs {
+		params[i] = river.InsertManyParams{Args: deliverArgs{Delivery: r.ID, Generation: 1},
+			InsertOpts: &river.InsertOpts{Queue: Queue, MaxAttempts: maxAttempts, Priority: 1 + min(3, r.rank/FairShare)}}
+	}
+	return params
 }
 
 var deliveryColumns = `d.id, d.endpoint_id::text, d.event_seq, e.type, d.subject, d.state, d.attempts, d.created_at,
