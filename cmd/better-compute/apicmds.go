@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -19,21 +20,29 @@ import (
 	"github.com/better-compute/compute/modules"
 )
 
-// apiCommands makes a command per group and method of the method table, with flags from the
-// method's input type.
+// apiCommands makes a command per group and method of the method table, the core's and the
+// modules' that dev and serve run (cliModules), with flags from the method's input type.
 func apiCommands(p *profile) []*cobra.Command {
+	mods, err := moduleTable()
+	if err != nil {
+		panic(fmt.Sprintf("better-compute: the modules' methods: %v", err)) // fixed at build time; a test builds them
+	}
 	groups := map[string]*cobra.Command{}
 	var order []*cobra.Command
-	for _, d := range api.Table() {
-		info := d.Info()
-		g, ok := groups[info.Group]
-		if !ok {
-			g = &cobra.Command{Use: kebab(info.Group), Short: "The " + info.Group + " group of the API"}
-			groups[info.Group] = g
-			order = append(order, g)
+	add := func(ds []api.Describer, of string) {
+		for _, d := range ds {
+			info := d.Info()
+			g, ok := groups[info.Group]
+			if !ok {
+				g = &cobra.Command{Use: kebab(info.Group), Short: "The " + info.Group + " group of the API" + of}
+				groups[info.Group] = g
+				order = append(order, g)
+			}
+			g.AddCommand(methodCmd(p, d))
 		}
-		g.AddCommand(methodCmd(p, d))
 	}
+	add(api.Table(), "")
+	add(mods, " (a module's: served where it runs, as by dev and serve)")
 	return order
 }
 
@@ -131,9 +140,18 @@ func (m *methodCommand) input(cmd *cobra.Command, args []string) (reflect.Value,
 		if m.positional == "" {
 			return v, usageError{fmt.Errorf("%s %s takes no argument", group, name)}
 		}
-		v.Elem().FieldByName(m.positional).SetString(args[0])
+		f := v.Elem().FieldByName(m.positional)
+		if f.Kind() == reflect.Int64 {
+			n, err := strconv.ParseInt(args[0], 10, 64)
+			if err != nil {
+				return v, usageError{fmt.Errorf("%s %s: %q is not a %s (a number)", group, name, args[0], kebab(m.positional))}
+			}
+			f.SetInt(n)
+		} else {
+			f.SetString(args[0])
+		}
 	}
-	if m.positional != "" && v.Elem().FieldByName(m.positional).String() == "" {
+	if m.positional != "" && v.Elem().FieldByName(m.positional).IsZero() {
 		// Every method that takes its resource as the argument requires it (a test checks).
 		arg := kebab(m.positional)
 		return v, usageError{fmt.Errorf("%s %s needs a %s: %s %s (or --%s)", group, name, arg, cmd.CommandPath(), strings.ToUpper(arg), arg)}
@@ -159,18 +177,47 @@ func decodeInput(in reflect.Type, raw string) (reflect.Value, error) {
 	return v, nil
 }
 
-// positionalField is the input field a lone argument fills: the resource the method names
-// (pools get h100 fills Pool).
+// positionalField is the input field a lone argument fills: the resource the method acts on,
+// named as its group in the singular (pools get h100 fills Pool, webhooks test W fills Webhook,
+// sandbox-snapshots restore S fills Snapshot), for every method of every group alike but create
+// and list, which act on none yet.
 func positionalField(info api.MethodInfo, in reflect.Type) string {
-	singular := map[string]string{"sites": "Site", "pools": "Pool", "nodes": "Node", "reservations": "Reservation",
-		"commands": "Command", "devices": "Device", "joinTokens": "Token", "capacity": "Pool"}[info.Group]
-	if info.Name == "create" && info.Group != "capacity" || info.Name == "list" || singular == "" {
+	if f, ok := positionalByMethod[info.FullName()]; ok {
+		return f
+	}
+	if info.Name == "create" || info.Name == "list" || info.Name == "register" {
 		return ""
 	}
-	if f, ok := in.FieldByName(singular); ok && f.Type.Kind() == reflect.String {
-		return singular
+	name, ok := positionalByGroup[info.Group]
+	if !ok {
+		name = singular(info.Group)
+	}
+	if f, ok := in.FieldByName(name); ok && (f.Type.Kind() == reflect.String || f.Type == int64Type) {
+		return name
 	}
 	return ""
+}
+
+// The resources named otherwise than as their group in the singular.
+var (
+	positionalByGroup  = map[string]string{"capacity": "Pool", "workflows": "Run", "releases": "Version"}
+	positionalByMethod = map[string]string{"webhooks.redeliver": "Delivery", "access.revoke": "Serial"}
+)
+
+// singular is the last word of a group's name in the singular, as its input field is named:
+// joinTokens → Token, sandboxes → Sandbox, vmImages → Image.
+func singular(group string) string {
+	i := strings.LastIndexFunc(group, unicode.IsUpper)
+	word := group[max(i, 0):]
+	switch {
+	case strings.HasSuffix(word, "xes"):
+		word = strings.TrimSuffix(word, "es")
+	case strings.HasSuffix(word, "ies"):
+		word = strings.TrimSuffix(word, "ies") + "y"
+	default:
+		word = strings.TrimSuffix(word, "s")
+	}
+	return strings.ToUpper(word[:1]) + word[1:]
 }
 
 // bindFields makes a flag for every field a flag can carry, into embedded structs too.

@@ -106,7 +106,11 @@ func TestExitCodesAndOutputs(t *testing.T) {
 // TestPositionalResourcesAreRequired: the CLI refuses a method whose resource argument is missing
 // as a usage error without asking the API; that is right only while every such method requires it.
 func TestPositionalResourcesAreRequired(t *testing.T) {
-	for _, d := range api.Table() {
+	mods, err := moduleTable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range append(api.Table(), mods...) {
 		info := d.Info()
 		in, _ := d.Types()
 		pf := positionalField(info, in)

@@ -108,13 +108,13 @@ func TestPrintedTextIsTerminalSafe(t *testing.T) {
 // TestClean: the escapes a person reads.
 func TestClean(t *testing.T) {
 	for in, want := range map[string]string{
-		"plain name":          "plain name",
-		"\x1b[31mred\x1b[0m":  `\x1b[31mred\x1b[0m`,
-		"a\tb\nc\rd":          `a\tb\nc\rd`,
-		"del\x7f":             `del\x7f`,
-		"c1\u009b2J":          `c1\u009b2J`,
-		"rtl\u202eabc":        `rtl\u202eabc`,
-		"bad\xffbyte":         `bad\xffbyte`,
+		"plain name":           "plain name",
+		"\x1b[31mred\x1b[0m":   `\x1b[31mred\x1b[0m`,
+		"a\tb\nc\rd":           `a\tb\nc\rd`,
+		"del\x7f":              `del\x7f`,
+		"c1\u009b2J":           `c1\u009b2J`,
+		"rtl\u202eabc":         `rtl\u202eabc`,
+		"bad\xffbyte":          `bad\xffbyte`,
 		"ünïcödé ✓ \U0001F600": "ünïcödé ✓ \U0001F600",
 	} {
 		if got := clean(in); got != want {
