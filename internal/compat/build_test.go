@@ -29,14 +29,16 @@ type release struct {
 // at least the two before it; an entry may go once nothing runs it any more
 // (docs/compatibility.md, "Which versions").
 var releases = []release{
-	{"N-1", "826c252dab675e69e348799451fabfa31e5c552e", "TPM evidence in joins (JoinRequest.tpm, JoinResponse.tpm_challenge)", ""},
-	{"N-2", "424a22ed658825f1f3939697f717d29e064bf431", "the node's TunnelAck (input credit), TPM evidence", ""},
+	{"N-1", "018948e9571aebeefff2b30af30253445a1cce16", "a tunnel's reservation and root (TunnelOpen.reservation, .root: holders confined to their own users)", ""},
+	{"N-2", "826c252dab675e69e348799451fabfa31e5c552e", "TPM evidence in joins (JoinRequest.tpm, JoinResponse.tpm_challenge), tunnels' confinement", ""},
+	// Outside the window, and still working.
+	{"N-3", "424a22ed658825f1f3939697f717d29e064bf431", "the node's TunnelAck (input credit), TPM evidence, tunnels' confinement", ""},
 	// Outside the window, and still working: it knows optional desired-state parts.
-	{"N-3", "a2754151c8170e48b414d3405e51732b348cbfb6", "tunnels (TunnelOpen/Input/Ack/Output/Exit), TPM evidence", ""},
+	{"N-4", "a2754151c8170e48b414d3405e51732b348cbfb6", "tunnels (TunnelOpen/Input/Ack/Output/Exit), TPM evidence", ""},
 	// Outside the window: it knows no optional desired-state part, and refuses the state of
 	// every node a reservation holds, which carries the optional access.ssh part. Its devices
 	// converge (the CDI spec is written before the parts) and its commands run.
-	{"N-4", "dbad76c3b4e009ad2d14497a3fcc7393ae16c173", "optional desired-state parts (DesiredPart.optional), SSH access, tunnels, TPM evidence",
+	{"N-5", "dbad76c3b4e009ad2d14497a3fcc7393ae16c173", "optional desired-state parts (DesiredPart.optional), SSH access, tunnels, TPM evidence",
 		`no extension of this node converges desired-state kind "access.ssh"`},
 }
 
