@@ -14,18 +14,24 @@ import (
 	"github.com/better-compute/compute/client"
 )
 
-// workflowsWatchCmd follows a run until it finishes: better-compute workflows watch --run ID.
+// workflowsWatchCmd follows a run until it finishes: better-compute workflows watch RUN.
 func workflowsWatchCmd(p *profile) *cobra.Command {
 	var run string
 	var every time.Duration
 	c := &cobra.Command{
-		Use:   "watch",
+		Use:   "watch [run]",
 		Short: "Follow a workflow run's steps until it finishes, with a progress bar",
 		Long: "Prints a line each time the run's progress changes: a bar of its steps, the current step, its state, " +
 			"attempts and what it waits for. Exits 0 when the run succeeds, 1 when it fails or is cancelled " +
 			"(-o json: the run as JSON, each time it changes).",
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 1 {
+				if run != "" && run != args[0] {
+					return usageError{fmt.Errorf("the run is %s or %s (--run): give one", args[0], run)}
+				}
+				run = args[0]
+			}
 			if err := (api.GetWorkflow{Run: run}).Validate(); err != nil {
 				return usageError{fmt.Errorf("--run: %w", err)}
 			}
@@ -57,7 +63,7 @@ func workflowsWatchCmd(p *profile) *cobra.Command {
 			return nil
 		},
 	}
-	c.Flags().StringVar(&run, "run", "", "the run's id (machines.power and others answer it)")
+	c.Flags().StringVar(&run, "run", "", "the run's id (machines.power and others answer it); or give it as the argument")
 	c.Flags().DurationVar(&every, "every", 500*time.Millisecond, "how often to look")
 	return c
 }

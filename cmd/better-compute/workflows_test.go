@@ -82,7 +82,8 @@ func TestWorkflowsWatchFollowsARunToItsEnd(t *testing.T) {
 
 	stdout.Reset()
 	stderr.Reset()
-	if code := run([]string{"workflows", "watch", "--run", start("test.cli-doomed"), "--every", "20ms"}, &stdout, &stderr); code != 1 || !strings.Contains(stderr.String(), "the disk is gone") {
+	// The run as the argument, as workflows get takes it.
+	if code := run([]string{"workflows", "watch", start("test.cli-doomed"), "--every", "20ms"}, &stdout, &stderr); code != 1 || !strings.Contains(stderr.String(), "the disk is gone") {
 		t.Errorf("watch of a run that fails exited %d: %s %s", code, stdout.String(), stderr.String())
 	}
 	stdout.Reset()
