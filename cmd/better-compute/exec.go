@@ -158,27 +158,30 @@ func runTunnel(cmd *cobra.Command, p *profile, in api.OpenTunnel, console bool, 
 		defer restore()
 		go followSize(ctx, t, int(f.Fd()))
 	}
+	var e api.TunnelExit
 	if console {
 		ctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		go func() {
-			// Ctrl-] detaches: the console goes on without us.
+			// Ctrl-] detaches: the console goes on without us. The end of standard input does
+			// not: the console's output is followed until it ends, Ctrl-] or a signal.
 			_, _ = io.Copy(t, detacher{r: stdin, detach: cancel})
-			cancel()
 		}()
-		_, err := t.Wait(ctx, stdout, nil)
+		e, err = t.Wait(ctx, stdout, nil)
 		if ctx.Err() != nil {
-			return nil
+			return nil // detached, or interrupted
 		}
-		return err
+	} else {
+		e, err = t.Run(ctx, stdin, stdout, cmd.ErrOrStderr())
 	}
-	e, err := t.Run(ctx, stdin, stdout, cmd.ErrOrStderr())
 	switch {
 	case err != nil:
 		return err
 	case e.Error != "":
+		// The tunnel ended without the command's exit, or the console with an error (none
+		// there, the node's session gone): say why, and exit 255 as ssh does.
 		restore()
-		fmt.Fprintf(cmd.ErrOrStderr(), "better-compute: the tunnel ended: %s\n", e.Error)
+		fmt.Fprintf(cmd.ErrOrStderr(), "better-compute: the tunnel ended: %s\n", clean(e.Error))
 		return remoteExit{exitTunnelLost}
 	case e.ExitCode != 0:
 		return remoteExit{e.ExitCode}
