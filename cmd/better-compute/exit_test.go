@@ -62,7 +62,7 @@ func TestExitCodesAndOutputs(t *testing.T) {
 		{name: "an API error", args: []string{"pools", "get", "nope"}, code: 1, stderr: `not_found: pool "nope" not found`},
 		{name: "an API error as JSON", args: []string{"pools", "get", "nope", "-o", "json"}, code: 1, jsonCode: api.CodeNotFound},
 		{name: "a bad input the API refuses", args: []string{"reservations", "create", "--pool", "gpu", "--gpus", "-3", "-o", "json"}, code: 1, jsonCode: api.CodeInvalidArgument, jsonField: "gpus"},
-		{name: "a wrong key", args: []string{"pools", "list", "--api-key", "biam_key_wrong"}, code: 1, stderr: "unauthenticated"},
+		{name: "a wrong key", args: []string{"pools", "list", "--api-key", "biam_key_wrong"}, code: 1, stderr: "better-compute: unauthenticated: malformed token"},
 		{name: "no answer", args: []string{"pools", "list", "--server", "http://127.0.0.1:1", "-o", "json"}, code: 1, jsonCode: api.CodeUnavailable},
 	}
 	for _, c := range cases {
@@ -80,6 +80,12 @@ func TestExitCodesAndOutputs(t *testing.T) {
 			if c.jsonCode == "" {
 				check("stdout", stdout.String(), c.stdout)
 				check("stderr", stderr.String(), c.stderr)
+				for _, code := range []api.Code{api.CodeInvalidArgument, api.CodeUnauthenticated, api.CodePermissionDenied, api.CodeNotFound,
+					api.CodeConflict, api.CodeQuotaExceeded, api.CodeFailedPrecondition, api.CodeConfirmationRequired, api.CodeUnavailable, api.CodeInternal} {
+					if twice := string(code) + ": " + string(code) + ":"; strings.Contains(stderr.String(), twice) {
+						t.Errorf("better-compute %s: stderr says %s twice: %q", strings.Join(c.args, " "), code, &stderr)
+					}
+				}
 				return
 			}
 			check("stdout", stdout.String(), "")

@@ -15,6 +15,7 @@ import (
 	"math/rand/v2"
 	"runtime/debug"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -158,7 +159,13 @@ func (e *Envelope) authenticate(ctx context.Context, credential string) (iam.Pri
 	p, err := e.rt.IAM.Authenticate(ctx, credential)
 	switch {
 	case errors.Is(err, iam.ErrUnauthenticated):
-		return iam.Principal{}, &api.Error{Code: api.CodeUnauthenticated, Message: err.Error(),
+		// The code says unauthenticated: the message is what the port said after it (it was
+		// "unauthenticated: unauthenticated: malformed token" once a client put the code first).
+		msg := strings.TrimPrefix(strings.TrimPrefix(err.Error(), iam.ErrUnauthenticated.Error()), ": ")
+		if msg == "" {
+			msg = "the credential is not valid: malformed, unknown, expired or revoked"
+		}
+		return iam.Principal{}, &api.Error{Code: api.CodeUnauthenticated, Message: msg,
 			Details: map[string]any{"reason": "invalid_credential"}}
 	case err != nil:
 		return iam.Principal{}, e.unavailable(ctx, "authenticate", err)
