@@ -211,3 +211,28 @@ func hasJSONName(t reflect.Type, key string) bool {
 	}
 	return false
 }
+
+// TestNoRoomSaysTheShape: a refused reservation says what was asked in words a person reads
+// ("8 GPUs", "8 h100 GPUs"), not "8 any GPUs".
+func TestNoRoomSaysTheShape(t *testing.T) {
+	env := computetest.New(t, computetest.Options{})
+	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
+	t.Setenv("BETTER_COMPUTE_URL", env.Server(t))
+	t.Setenv("BETTER_COMPUTE_API_KEY", env.RootKey)
+	if _, err := env.Compute.API.Pools.Create(context.Background(), env.RootKey, api.CreatePool{Name: "gpu"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{"reservations", "create", "--pool", "gpu", "--gpus", "8"}, "no room for 8 GPUs"},
+		{[]string{"reservations", "create", "--pool", "gpu", "--gpus", "8", "--model", "h100"}, "no room for 8 h100 GPUs"},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := run(c.args, &stdout, &stderr)
+		if code != exitError || !strings.Contains(stderr.String(), c.says) || strings.Contains(stderr.String(), "any") {
+			t.Errorf("better-compute %s = %d %q, want it to say %q", strings.Join(c.args, " "), code, &stderr, c.says)
+		}
+	}
+}

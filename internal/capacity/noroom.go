@@ -137,7 +137,7 @@ func (r request) diagnose(ctx context.Context, q postgres.Querier) (diagnosis, e
 		counts["withModel"] = len(withModel)
 		if len(withModel) < need {
 			present := sortedKeys(models)
-			why := short(len(withModel), "has "+modelName(model)+" GPUs")
+			why := short(len(withModel), "has "+gpusOf(model))
 			if len(present) > 0 {
 				why += " (the nodes have " + strings.Join(present, ", ") + ")"
 			}
@@ -173,7 +173,7 @@ func (r request) diagnose(ctx context.Context, q postgres.Querier) (diagnosis, e
 	if len(large) < need {
 		counts["maxGPUs"], counts["maxVCPUs"], counts["maxMemoryGiB"] = maxGPUs, maxVCPUs, maxMem
 		why := short(len(large), "is large enough, even empty") +
-			fmt.Sprintf(": the largest have %d %s GPUs, %d vCPUs and %d GiB", maxGPUs, modelName(model), maxVCPUs, maxMem)
+			fmt.Sprintf(": the largest have %d %s, %d vCPUs and %d GiB", maxGPUs, gpusOf(model), maxVCPUs, maxMem)
 		if shape.NVLink {
 			why += " (NVLink asks for all of a member's GPUs in one domain)"
 		}
@@ -203,8 +203,8 @@ func (r request) diagnose(ctx context.Context, q postgres.Querier) (diagnosis, e
 		for _, m := range sortedKeys(boolKeys(modes)) {
 			in = append(in, fmt.Sprintf("%d in %s mode", modes[m], m))
 		}
-		why := fmt.Sprintf("%s: the %s GPUs of the nodes large enough are %s, and the request needs %s mode (devices.setMode changes a GPU's mode while nothing holds it)",
-			short(len(moded), "has its GPUs in "+want+" mode"), modelName(model), strings.Join(in, ", "), want)
+		why := fmt.Sprintf("%s: the %s of the nodes large enough are %s, and the request needs %s mode (devices.setMode changes a GPU's mode while nothing holds it)",
+			short(len(moded), "has its GPUs in "+want+" mode"), gpusOf(model), strings.Join(in, ", "), want)
 		return diagnosis{NoRoomGPUMode, why, counts}, nil
 	}
 
@@ -408,11 +408,13 @@ func wantMode(s api.Shape) string {
 	return api.GPUModeWhole
 }
 
-func modelName(m string) string {
-	if m == "" {
-		return "any"
+// gpusOf names the GPUs of a model, or of any when it is empty: "h100 GPUs", "GPUs" (it was
+// "any GPUs").
+func gpusOf(model string) string {
+	if model == "" {
+		return "GPUs"
 	}
-	return m
+	return model + " GPUs"
 }
 
 func describeLabels(require, avoid map[string]string) string {

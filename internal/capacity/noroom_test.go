@@ -87,7 +87,7 @@ func TestNoRoomNamesTheCause(t *testing.T) {
 	t.Run("no node large enough", func(t *testing.T) {
 		f := newFleet(t, fleetSpec{nodes: 2, gpus: 8, domains: 2})
 		_, err := f.reserve(api.CreateReservation{Shape: api.Shape{GPUs: 16}})
-		if d := noRoom(t, err, capacity.NoRoomTooLarge, "the largest have 8 any GPUs"); d["maxGPUs"] != 8 {
+		if d := noRoom(t, err, capacity.NoRoomTooLarge, "the largest have 8 GPUs,"); d["maxGPUs"] != 8 {
 			t.Fatalf("details %v", d)
 		}
 		_, err = f.reserve(api.CreateReservation{Shape: api.Shape{GPUs: 8, NVLink: true}})

@@ -273,11 +273,11 @@ func describeShape(s api.Shape) string {
 	var parts []string
 	model := s.Model
 	if model == "" {
-		model = "any"
+		model = "GPU" // a MIG slice or a share names its model; whole GPUs may be of any
 	}
 	switch {
 	case s.GPUs > 0:
-		g := fmt.Sprintf("%d %s GPUs", s.GPUs, model)
+		g := fmt.Sprintf("%d %s", s.GPUs, gpusOf(s.Model))
 		if s.NVLink {
 			g += " in one NVLink domain"
 		}
