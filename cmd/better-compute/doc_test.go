@@ -47,11 +47,12 @@ func (c docCommand) String() string { return fmt.Sprintf("%s:%d: %s", c.File, c.
 // it is listed here; an entry no doc holds any more fails the test.
 var docSkipped = map[string]string{
 	// Long-running: they serve or follow until interrupted.
-	"better-compute dev --sim 2":                      "long-running: the test runs its own devserver",
-	"better-compute serve …":                          "long-running: the control plane until SIGTERM",
-	"better-compute events watch --type reservation.": "follows the log until interrupted",
-	"better-compute workflows watch --run <run>":      "follows a run until it ends: the test's power run waits for a site agent that is not there",
-	"better-compute rollouts watch --rollout <id>":    "follows a rollout until it ends: the simulated node never installs the release (bcd/release_e2e_test.go runs one)",
+	"better-compute dev --sim 2":                          "long-running: the test runs its own devserver",
+	"better-compute serve …":                              "long-running: the control plane until SIGTERM",
+	"better-compute events watch --type reservation.":     "follows the log until interrupted",
+	"better-compute events watch --from-now --type node.": "follows the log until interrupted",
+	"better-compute workflows watch --run <run>":          "follows a run until it ends: the test's power run waits for a site agent that is not there",
+	"better-compute rollouts watch --rollout <id>":        "follows a rollout until it ends: the simulated node never installs the release (bcd/release_e2e_test.go runs one)",
 	// Tunnels: simulated nodes run no commands and have no consoles.
 	"better-compute exec --reservation $RES -- nvidia-smi":                                                                "needs a node running bcd node --exec (bcd/tunnel_e2e_test.go)",
 	"better-compute exec --reservation $RES -t -- bash":                                                                   "needs a node running bcd node --exec, and a terminal (bcd/tunnel_e2e_test.go)",
@@ -278,7 +279,7 @@ func eventsSetup(e *docEnv) {
 			return err == nil && cp.Size >= 120
 		})
 	}
-	e.before["better-compute webhooks redeliver --delivery <delivery>"] = func() {
+	e.before["better-compute webhooks redeliver <delivery>"] = func() {
 		eventually(e.t, "the test event's delivery", func() bool {
 			page, err := e.cl.Webhooks.Deliveries(ctx, api.ListWebhookDeliveries{Webhook: e.ids[len(e.ids)-1]})
 			e.must(err)
