@@ -286,8 +286,8 @@ func (a *iamAdmin) command(use, short string, args cobra.PositionalArgs, fn func
 		if err != nil {
 			return err
 		}
-		if s, ok := out.(string); ok {
-			_, err := fmt.Fprintln(cmd.OutOrStdout(), s)
+		if s, ok := out.(string); ok && !structured(a.p.Output) {
+			_, err := fmt.Fprintln(cmd.OutOrStdout(), clean(s)) // a token: the line alone, for $(…)
 			return err
 		}
 		raw, err := json.Marshal(out)

@@ -149,6 +149,16 @@ func TestIAMCommands(t *testing.T) {
 		t.Fatalf("events = %v", types)
 	}
 
+	// A token is the line alone as text, a JSON string with -o json (it was the bare token).
+	if tok := strings.TrimSpace(cliRun(t, "iam", "admin-key", "--tenant", "acme", "--name", "ops", db)); !strings.HasPrefix(tok, "biam_key_") {
+		t.Fatalf("iam admin-key printed %q", tok)
+	}
+	var tok string
+	runJSON(t, &tok, "iam", "admin-key", "--tenant", "acme", "--name", "ops2", db)
+	if !strings.HasPrefix(tok, "biam_key_") {
+		t.Fatalf("iam admin-key -o json printed %q", tok)
+	}
+
 	// Bad input names what is wrong and changes nothing.
 	for _, c := range []struct {
 		args []string
