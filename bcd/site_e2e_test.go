@@ -236,7 +236,7 @@ func TestASiteAgentCommissionsAndDeploysAMachine(t *testing.T) {
 	siteURL := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
 	site := exec.Command(bin, "site", "--state-dir", state, "--gateway", gw, "--address", "127.0.0.1", "--http", strings.TrimPrefix(siteURL, "http://"),
 		"--dhcp", "off", "--tftp", "off", "--kernel", filepath.Join(dir, "vmlinuz"), "--initrd", filepath.Join(dir, "initrd"),
-		"--cache-dir", filepath.Join(dir, "cache"), "--log-level", "warn")
+		"--cache-dir", filepath.Join(dir, "cache"), "--fetch-allow", "127.0.0.0/8", "--log-level", "warn")
 	site.Stdout, site.Stderr = os.Stderr, os.Stderr
 	if err := site.Start(); err != nil {
 		t.Fatal(err)

@@ -20,7 +20,7 @@ import (
 func siteCmd(s *settings) *cobra.Command {
 	var cfg site.Config
 	var address, subnet, dhcpRange, router string
-	var dns []string
+	var dns, fetchAllow []string
 	c := &cobra.Command{
 		Use:   "site --interface IF --address IP --kernel FILE --initrd FILE",
 		Short: "Run a site agent: PXE, iPXE, the image cache and BMC access for the machines of a site",
@@ -37,6 +37,9 @@ operations (IPMI, Redfish), whose passwords reach it sealed in its commands.`,
 				return usageError{fmt.Errorf("--address: %w", err)}
 			}
 			if err := dhcpFlags(&cfg.DHCP, subnet, dhcpRange, router, dns); err != nil {
+				return usageError{err}
+			}
+			if cfg.FetchAllow, err = parseRanges("--fetch-allow", fetchAllow); err != nil {
 				return usageError{err}
 			}
 			cfg.StateDir = filepath.Join(s.StateDir, "site")
@@ -83,6 +86,7 @@ operations (IPMI, Redfish), whose passwords reach it sealed in its commands.`,
 	f.StringVar(&cfg.Initrd, "initrd", "", "the ramdisk's initramfs, holding bcd (go run ./internal/cmd/mkramdisk)")
 	f.StringVar(&cfg.Cmdline, "ramdisk-cmdline", "", "added to the ramdisk's kernel command line, e.g. console=ttyS0,115200")
 	f.StringVar(&cfg.CacheDir, "cache-dir", site.CacheDirDefault, "the image cache, which bcd site owns")
+	f.StringSliceVar(&fetchAllow, "fetch-allow", nil, "ranges (CIDR, repeated or comma-separated) beyond public addresses that images may be fetched from, e.g. a local mirror's; images' URLs are tenants' choices, refused elsewhere as the control plane refuses them (docs/security.md)")
 	f.StringVar(&s.Gateway, "gateway", "", "gateway address host:port (default: what the join gave)")
 	transportFlag(c, s)
 	return c

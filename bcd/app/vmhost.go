@@ -63,19 +63,28 @@ func (f *vmHostFlags) gpus(ctx context.Context) (map[string]string, error) {
 // connects only where the control plane's outbound policy would (netpolicy), plus the ranges
 // of --vps-fetch-allow.
 func (f *vmHostFlags) imageClient() (*http.Client, error) {
-	var allow []netip.Prefix
-	for _, s := range f.fetchAllow {
-		p, err := netip.ParsePrefix(s)
-		if err != nil {
-			return nil, fmt.Errorf("--vps-fetch-allow %q: want a range such as 10.1.0.0/16: %w", s, err)
-		}
-		allow = append(allow, p)
+	allow, err := parseRanges("--vps-fetch-allow", f.fetchAllow)
+	if err != nil {
+		return nil, err
 	}
 	policy, err := netpolicy.New(allow)
 	if err != nil {
 		return nil, fmt.Errorf("--vps-fetch-allow: %w", err)
 	}
 	return policy.Client(10 * time.Minute), nil
+}
+
+// parseRanges reads a flag's CIDR ranges.
+func parseRanges(flag string, ss []string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, s := range ss {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return nil, fmt.Errorf("%s %q: want a range such as 10.1.0.0/16: %w", flag, s, err)
+		}
+		out = append(out, p)
+	}
+	return out, nil
 }
 
 func (f *vmHostFlags) flags(c *cobra.Command) {

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -177,6 +178,8 @@ func commission(t *testing.T) {
 	env := computetest.New(t, computetest.Options{Modules: []compute.Module{m}, Configure: func(o *compute.Options) {
 		o.HeartbeatInterval = time.Second
 		o.GatewayAddresses = []string{gwAddr}
+		// The lab's image registry is on its private bridge: an operator allows its range.
+		o.Outbound.Allow = append(o.Outbound.Allow, netip.MustParsePrefix(bridgeAddr+"/32"))
 	}})
 	env.Serve(t, ln)
 	env.Gateway(t, gwAddr)
@@ -252,7 +255,7 @@ func commission(t *testing.T) {
 		t.Fatalf("bcd join: %v\n%s", err, out)
 	}
 	site := &siteProcess{t: t, args: []string{"site", "--state-dir", state, "--gateway", gwAddr, "--interface", "br0", "--address", bridgeAddr,
-		"--http", siteHTTP, "--tftp", "off", "--dhcp", "full", "--dhcp-subnet", "10.0.0.0/24", "--dhcp-range", "10.0.0.100-10.0.0.150",
+		"--http", siteHTTP, "--tftp", "off", "--fetch-allow", bridgeAddr + "/32", "--dhcp", "full", "--dhcp-subnet", "10.0.0.0/24", "--dhcp-range", "10.0.0.100-10.0.0.150",
 		"--dhcp-router", bridgeAddr, "--kernel", kernel, "--initrd", ramdisk, "--ramdisk-cmdline", "console=ttyS0 panic=-1",
 		"--cache-dir", filepath.Join(dir, "cache"), "--log-level", "warn"}, bin: bcd}
 	site.start()

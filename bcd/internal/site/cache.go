@@ -2,6 +2,7 @@ package site
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/better-compute/compute/metal/siteapi"
+	"github.com/better-compute/compute/netpolicy"
 )
 
 // How the cache retries an image that failed (exponential backoff between these bounds), and
@@ -61,12 +63,12 @@ type entry struct {
 	wait    time.Duration      // the next backoff
 }
 
-func newCache(dir string, slots int, reports *reporter, log *slog.Logger) *cache {
-	tr := http.DefaultTransport.(*http.Transport).Clone()
+func newCache(dir string, slots int, policy *netpolicy.Policy, reports *reporter, log *slog.Logger) *cache {
+	tr := policy.Transport()
 	tr.ResponseHeaderTimeout = 30 * time.Second
 	return &cache{
 		dir: dir, log: log.With("part", "cache"), reports: reports,
-		client: &http.Client{Transport: tr}, slots: slots,
+		client: &http.Client{Transport: tr, CheckRedirect: policy.CheckRedirect}, slots: slots,
 		retryMin: fetchRetryMin, retryMax: fetchRetryMax, stall: fetchStall,
 		entries: map[string]*entry{}, wake: make(chan struct{}, 1),
 	}
@@ -240,6 +242,9 @@ func (c *cache) work(runCtx, ctx context.Context, im siteapi.Image) {
 		e.state, e.retryAt = stateFailed, time.Now().Add(jitter(e.wait))
 		e.wait = min(2*e.wait, c.retryMax)
 		state.State, state.Error = siteapi.ImageFailed, err.Error()
+		if refused := (*netpolicy.RefusedError)(nil); errors.As(err, &refused) {
+			state.Error = netpolicy.Describe(err) // what the site resolved is not the tenant's to read
+		}
 	}
 	retryIn := time.Until(e.retryAt).Round(time.Millisecond)
 	c.mu.Unlock()

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -355,4 +356,30 @@ func TestImageStalled(t *testing.T) {
 	}
 	must(t, ts.SetPlan(planWith())) // no more retries while the server closes
 	must(t, ts.stop())
+}
+
+// TestImagesAreFetchedUnderTheOutboundPolicy: an image's URL is a tenant's choice, so the site
+// fetches it only from public addresses (netpolicy, as the control plane would), or from the
+// ranges Config.FetchAllow names (a local mirror): an image at loopback fails, saying the
+// outbound policy refused it, until loopback is allowed.
+func TestImagesAreFetchedUnderTheOutboundPolicy(t *testing.T) {
+	is := newImageServer(t)
+	im := is.image("/mirror.raw", bytes.Repeat([]byte("m"), 4096), bytes.Repeat([]byte("m"), 4096))
+	dir := t.TempDir()
+	cfg := fixture(t, dir, newRecorder())
+	cfg.FetchAllow = nil // the fixture allows loopback, where its image servers listen
+	ts := startSite(t, cfg)
+	must(t, ts.SetPlan(planWith(im)))
+	if st := waitImage(t, ts.up, im.SHA256, siteapi.ImageFailed); !strings.Contains(st.Error, "outbound policy") || strings.Contains(st.Error, "127.0.0.1") {
+		t.Fatalf("an image at loopback failed with %q, want the outbound policy's refusal, naming no address", st.Error)
+	}
+	if hits := is.hitsOf("/mirror.raw"); hits != 0 {
+		t.Fatalf("the image server was reached %d times", hits)
+	}
+	must(t, ts.stop())
+	cfg = fixture(t, dir, newRecorder())
+	cfg.FetchAllow = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}
+	ts = startSite(t, cfg)
+	must(t, ts.SetPlan(planWith(im)))
+	waitImage(t, ts.up, im.SHA256, siteapi.ImageCached)
 }

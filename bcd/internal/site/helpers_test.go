@@ -57,7 +57,9 @@ func fixtureConfig(dir string, up Upstream) Config {
 		Cmdline:  "console=ttyS0,115200",
 		CacheDir: filepath.Join(dir, "cache"),
 		StateDir: filepath.Join(dir, "state"),
-		Upstream: up,
+		// The tests' image servers listen on loopback, which the outbound policy refuses.
+		FetchAllow: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")},
+		Upstream:   up,
 	}
 }
 

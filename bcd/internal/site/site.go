@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/better-compute/compute/metal/siteapi"
+	"github.com/better-compute/compute/netpolicy"
 )
 
 // Upstream is where the site's reports go: the site agent's session with the control plane.
@@ -103,6 +104,10 @@ type Config struct {
 	StateDir string
 	// FetchConcurrency bounds the images downloaded at once (default FetchConcurrencyDefault).
 	FetchConcurrency int
+	// FetchAllow are the ranges beyond public addresses that images may be fetched from (a
+	// local mirror's). An image's URL is a tenant's choice, so the site connects only where
+	// the control plane's outbound policy would (netpolicy): none by default.
+	FetchAllow []netip.Prefix
 	// ReportQueue bounds the reports waiting for Upstream (default ReportQueueDefault). While it
 	// is full, ramdisks are answered 503 and retry.
 	ReportQueue int
@@ -176,7 +181,11 @@ func New(cfg Config) (*Server, error) {
 	log = log.With("component", "site")
 	s := &Server{cfg: c, log: log, ready: make(chan struct{}), progressWait: progressWait}
 	s.reports = newReporter(c.Upstream, c.ReportQueue, log)
-	s.cache = newCache(c.CacheDir, c.FetchConcurrency, s.reports, log)
+	policy, err := netpolicy.New(c.FetchAllow)
+	if err != nil {
+		return nil, fmt.Errorf("site: FetchAllow: %w", err)
+	}
+	s.cache = newCache(c.CacheDir, c.FetchConcurrency, policy, s.reports, log)
 	if c.DHCP.Mode == DHCPFull {
 		s.leases = newLeaseTable(c.DHCP.RangeStart, c.DHCP.RangeEnd, c.DHCP.LeaseTime)
 	}
