@@ -52,7 +52,7 @@ var docSkipped = map[string]string{
 	"better-compute events watch --type reservation.":     "follows the log until interrupted",
 	"better-compute events watch --from-now --type node.": "follows the log until interrupted",
 	"better-compute workflows watch --run <run>":          "follows a run until it ends: the test's power run waits for a site agent that is not there",
-	"better-compute rollouts watch --rollout <id>":        "follows a rollout until it ends: the simulated node never installs the release (bcd/release_e2e_test.go runs one)",
+	"better-compute rollouts watch <id>":                  "follows a rollout until it ends: the simulated node never installs the release (bcd/release_e2e_test.go runs one)",
 	// Tunnels: simulated nodes run no commands and have no consoles.
 	"better-compute exec --reservation $RES -- nvidia-smi":                                                                "needs a node running bcd node --exec (bcd/tunnel_e2e_test.go)",
 	"better-compute exec --reservation $RES -t -- bash":                                                                   "needs a node running bcd node --exec, and a terminal (bcd/tunnel_e2e_test.go)",

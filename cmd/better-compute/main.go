@@ -80,8 +80,9 @@ func newRoot(p *profile) *cobra.Command {
 		Use:   "better-compute",
 		Short: "The Better Compute CLI: the API, the development server and the control plane",
 		Long: `better-compute calls a Better Compute control plane: one subcommand per group and method of its API
-(better-compute pools list; better-compute reservations create --pool h100 --gpus 8), printing tables for
-people and JSON for scripts (-o json). It also runs the control plane: dev (a development server with
+(better-compute pools list; better-compute reservations create --pool h100 --gpus 8; the metal and vps
+modules' groups too: machines, instances, sandboxes…), printing tables for people (-o wide: every column)
+and JSON or YAML for scripts (-o json, -o yaml). It also runs the control plane: dev (a development server with
 simulated nodes), serve (the real thing, in any process mode) and sim (simulated nodes).
 
 Where calls go: --server and --api-key, else $BETTER_COMPUTE_URL and $BETTER_COMPUTE_API_KEY, else the

@@ -372,13 +372,19 @@ func rolloutsWatchCmd(p *profile) *cobra.Command {
 	var id string
 	var every time.Duration
 	c := &cobra.Command{
-		Use:   "watch",
+		Use:   "watch [rollout]",
 		Short: "Follow a rollout's waves until it succeeds, pauses or is rolled back, with a progress bar",
 		Long: "Prints a line each time the rollout's progress changes: a bar of its nodes on the release, the wave, " +
 			"its state and what it waits for. Exits 0 when the rollout succeeds (or a rollback completes), 1 when it " +
 			"pauses or fails (-o json: the rollout as JSON, each time it changes).",
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 1 { // as rollouts get takes it
+				if id != "" && id != args[0] {
+					return usageError{fmt.Errorf("the rollout is %s or %s (--rollout): give one", args[0], id)}
+				}
+				id = args[0]
+			}
 			if err := (api.RolloutRef{Rollout: id}).Validate(); err != nil {
 				return usageError{fmt.Errorf("--rollout: %w", err)}
 			}
@@ -398,11 +404,13 @@ func rolloutsWatchCmd(p *profile) *cobra.Command {
 				}
 				if line := rolloutLine(r); line != last {
 					last = line
-					if p.Output == "json" {
-						b, _ := json.Marshal(r)
-						line = string(b)
+					if structured(p.Output) {
+						if err := writeStream(cmd.OutOrStdout(), p.Output, r); err != nil {
+							return err
+						}
+					} else {
+						fmt.Fprintln(cmd.OutOrStdout(), clean(line))
 					}
-					fmt.Fprintln(cmd.OutOrStdout(), line)
 				}
 				switch r.State {
 				case api.RolloutSucceeded, api.RolloutRolledBack:

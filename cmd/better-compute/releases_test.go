@@ -118,7 +118,7 @@ func TestRolloutsWatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	var stdout, stderr bytes.Buffer
-	code := run([]string{"rollouts", "watch", "--rollout", r.ID, "--every", "100ms"}, &stdout, &stderr)
+	code := run([]string{"rollouts", "watch", r.ID, "--every", "100ms"}, &stdout, &stderr)
 	if code != 1 || !strings.Contains(stderr.String(), "paused: wave 1 failed: n0 did not come back online on v2.0.0") {
 		t.Fatalf("watch = %d\n%s\n%s", code, stdout.String(), stderr.String())
 	}
