@@ -41,6 +41,7 @@ func TestExitCodesAndOutputs(t *testing.T) {
 		{name: "unknown command", args: []string{"poolz", "list"}, code: 2, stderr: `unknown command "poolz" for "better-compute"; did you mean pools?`},
 		{name: "unknown subcommand", args: []string{"pools", "lst"}, code: 2, stderr: `unknown command "lst" for "better-compute pools"; did you mean`},
 		{name: "unknown subcommand as JSON", args: []string{"-o", "json", "reservations", "craete"}, code: 2, jsonCode: api.CodeInvalidArgument},
+		{name: "an API error as YAML", args: []string{"pools", "get", "nope", "-o", "yaml"}, code: 1, stderr: "error:\n  code: not_found\n  message: pool \"nope\" not found\n"},
 		{name: "unknown iam subcommand", args: []string{"iam", "tenant", "bogus"}, code: 2, stderr: `unknown command "bogus"`},
 		{name: "unknown completion shell", args: []string{"completion", "bsh"}, code: 2, stderr: `unknown command "bsh"`},
 		{name: "unknown help topic", args: []string{"help", "nope"}, code: 2, stderr: `unknown help topic "nope"`},
