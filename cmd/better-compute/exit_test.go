@@ -145,11 +145,15 @@ func TestPositionalResourcesAreRequired(t *testing.T) {
 func FuzzDecodeInput(f *testing.F) {
 	for _, s := range []string{``, `{}`, `null`, `[]`, `{"name":"h100"}`, `{"nme":"h100"}`, `{"Name":"x"}`, `{"pool":7}`,
 		`{"pool":"a"} {}`, `{"pool":"gpu","gpus":8,"gpu":8}`, `{"\u007f":""}`, `{"end":"2030-01-02T15:04:05Z"}`} {
-		for _, i := range []uint8{0, 7, 20, 30} {
+		for _, i := range []uint8{0, 7, 20, 30, 90, 120} {
 			f.Add(i, s)
 		}
 	}
-	table := api.Table()
+	mods, err := moduleTable()
+	if err != nil {
+		f.Fatal(err)
+	}
+	table := append(api.Table(), mods...) // the modules' commands decode --json the same way
 	f.Fuzz(func(t *testing.T, which uint8, raw string) {
 		d := table[int(which)%len(table)]
 		in, _ := d.Types()
