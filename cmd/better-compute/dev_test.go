@@ -201,3 +201,13 @@ func TestDevPrintsItsDatabase(t *testing.T) {
 		t.Errorf("Webhooks: %s", f[1])
 	}
 }
+
+// TestDevChosenDatabaseWithAnother: a PostgreSQL port chosen while $BETTER_COMPUTE_DATABASE_URL
+// names another server is a mistake in the command line: exit 2, naming the variable.
+func TestDevChosenDatabaseWithAnother(t *testing.T) {
+	t.Setenv(postgres.EnvDatabaseURL, "postgres://nobody@127.0.0.1:1/none")
+	var stderr bytes.Buffer
+	if code := run([]string{"dev", "--postgres-port", "5433"}, io.Discard, &stderr); code != exitUsage || !strings.Contains(stderr.String(), postgres.EnvDatabaseURL) {
+		t.Fatalf("dev --postgres-port with $%s set: exit %d, %s", postgres.EnvDatabaseURL, code, stderr.String())
+	}
+}

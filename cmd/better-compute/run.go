@@ -76,6 +76,9 @@ Its flags are go run ./examples/devserver's; --listen, --gateway-listen, --verbo
 				return []compute.Module{m, v}, err
 			}
 			s, err := devserver.Start(ctx, o)
+			if errors.Is(err, devserver.ErrEmbeddedOnly) {
+				return usageError{err}
+			}
 			if err != nil {
 				return err
 			}

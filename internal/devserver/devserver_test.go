@@ -153,7 +153,7 @@ func TestChosenDatabaseNeedsTheEmbeddedOne(t *testing.T) {
 	t.Setenv(postgres.EnvDatabaseURL, "postgres://nobody@127.0.0.1:1/none")
 	for _, o := range []devserver.Options{{PostgresPort: 5433}, {PostgresPassword: "x"}} {
 		_, err := devserver.Start(context.Background(), o)
-		if err == nil || !strings.Contains(err.Error(), "BETTER_COMPUTE_DATABASE_URL") {
+		if !errors.Is(err, devserver.ErrEmbeddedOnly) || !strings.Contains(err.Error(), "BETTER_COMPUTE_DATABASE_URL") {
 			t.Errorf("Start(%+v) with $BETTER_COMPUTE_DATABASE_URL set: %v", o, err)
 		}
 	}

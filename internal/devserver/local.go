@@ -48,11 +48,16 @@ func (o *Options) Flags(fs FlagSet, verbose *bool) {
 	fs.StringVar(&o.GatewayAddr, "gateway", DefaultGatewayListen, "deprecated: --gateway-listen")
 }
 
+// ErrEmbeddedOnly is Start's error (wrapped) for a port or password chosen for the embedded
+// PostgreSQL while BETTER_COMPUTE_DATABASE_URL names another server: a mistake in the command
+// line, for a main.
+var ErrEmbeddedOnly = fmt.Errorf("a PostgreSQL port or password is chosen for the embedded PostgreSQL, but $%s names another server: unset one or the other", postgres.EnvDatabaseURL)
+
 // database chooses the PostgreSQL: BETTER_COMPUTE_DATABASE_URL's, or an embedded one.
 func (s *Server) database(ctx context.Context, o Options) error {
 	if u := os.Getenv(postgres.EnvDatabaseURL); u != "" {
 		if o.PostgresPort != 0 || o.PostgresPassword != "" {
-			return fmt.Errorf("a PostgreSQL port or password is chosen for the embedded PostgreSQL, but $%s names another server: unset one or the other", postgres.EnvDatabaseURL)
+			return ErrEmbeddedOnly
 		}
 		s.Database, s.DatabaseFromEnv, s.stopDB = u, true, func(context.Context) error { return nil }
 		return nil
