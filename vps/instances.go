@@ -418,6 +418,11 @@ func (m *Module) desiredInstances(ctx context.Context, q postgres.Querier, nodeI
 			x.GPUs = holds[x.reservation]
 			x.Reservation = x.reservation // its consoles are its reservation's alone (hostagent's consoles)
 			x.NICs = nics[x.ID]
+			if x.Agent { // a sandbox: its guest refuses its reservation's revoked certificates
+				if x.SSHRevoked, err = m.access.SSHRevoked(ctx, q, x.reservation); err != nil {
+					return nil, err
+				}
+			}
 			if len(x.NICs) > 0 || x.userData != "" {
 				x.CloudInit = cloudInit(x.ID, x.name, x.userData, x.NICs)
 			}

@@ -55,6 +55,21 @@ func (v *vmHost) answers(t *testing.T, sandbox string, within time.Duration) {
 	t.Fatalf("sandbox %s's guest did not answer within %s", sandbox, within)
 }
 
+// applied waits until node has applied the desired state it has now: what a call just changed
+// has reached its host.
+func (v *vmHost) applied(t *testing.T, node string) {
+	t.Helper()
+	var want int64
+	if err := v.env.DB.Pool.QueryRow(v.ctx, `SELECT generation FROM compute.node_desired WHERE node_id = $1`, node).Scan(&want); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Minute, "the host applies its desired state", func() bool {
+		var got int64
+		err := v.env.DB.Pool.QueryRow(v.ctx, `SELECT applied_generation FROM compute.node_desired WHERE node_id = $1`, node).Scan(&got)
+		return err == nil && got >= want
+	})
+}
+
 var tickRE = regexp.MustCompile(`bc-guest: tick (\d+)`)
 
 // nextTick returns the number of the next tick the console shows.
@@ -117,8 +132,12 @@ func TestSandboxesOnARealBCDHost(t *testing.T) {
 	con.tun.Close() // a serial console takes one client at a time
 
 	// Exec over SSH: a short-lived certificate for the sandbox's reservation, over its second
-	// serial port; a certificate for another reservation is refused.
-	run := func(reservation, command string) (string, error) {
+	// serial port; a certificate for another reservation is refused, and so is a revoked one.
+	type certificate struct {
+		signer ssh.Signer
+		serial int64
+	}
+	certFor := func(reservation string) certificate {
 		t.Helper()
 		_, priv, _ := ed25519.GenerateKey(rand.Reader)
 		signer, _ := ssh.NewSignerFromKey(priv)
@@ -135,6 +154,10 @@ func TestSandboxesOnARealBCDHost(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		return certificate{signer: certSigner, serial: issued.Serial}
+	}
+	login := func(reservation string, cert certificate, command string) (string, error) {
+		t.Helper()
 		ticket, err := compute.Invoke(ctx, c, key, vps.SandboxesSSH, vps.SandboxRef{Sandbox: "cold1"})
 		if err != nil {
 			t.Fatal(err)
@@ -150,7 +173,7 @@ func TestSandboxesOnARealBCDHost(t *testing.T) {
 		// The host key is the guest's, made at its boot: what vouches for the far end is the
 		// ticket's path (the API, the node's session, the host's socket).
 		sc, chans, reqs, err := ssh.NewClientConn(conn, "sandbox", &ssh.ClientConfig{User: api.ReservationPrincipal(reservation),
-			Auth: []ssh.AuthMethod{ssh.PublicKeys(certSigner)}, HostKeyCallback: ssh.InsecureIgnoreHostKey(), Timeout: time.Minute})
+			Auth: []ssh.AuthMethod{ssh.PublicKeys(cert.signer)}, HostKeyCallback: ssh.InsecureIgnoreHostKey(), Timeout: time.Minute})
 		if err != nil {
 			return "", err
 		}
@@ -162,6 +185,10 @@ func TestSandboxesOnARealBCDHost(t *testing.T) {
 		}
 		out, err := sess.Output(command)
 		return string(out), err
+	}
+	run := func(reservation, command string) (string, error) {
+		t.Helper()
+		return login(reservation, certFor(reservation), command)
 	}
 	var out string
 	waitFor(t, 3*time.Minute, "SSH to the sandbox", func() bool {
@@ -175,6 +202,22 @@ func TestSandboxesOnARealBCDHost(t *testing.T) {
 	}
 	if _, err := run(cold.ReservationID, "rm -rf /"); err == nil || !strings.Contains(err.Error(), "127") {
 		t.Fatalf("a command the guest does not have: %v", err)
+	}
+	// Revoked: once its host has the state that follows access.revoke, the next login with the
+	// certificate is refused in the guest; another certificate of the reservation logs in still.
+	revoked, kept := certFor(cold.ReservationID), certFor(cold.ReservationID)
+	if out, err := login(cold.ReservationID, revoked, "echo before"); err != nil || out != "before\n" {
+		t.Fatalf("a certificate before its revocation: %q %v", out, err)
+	}
+	if _, err := c.API.Access.Revoke(ctx, key, api.RevokeSSHCertificate{Serial: revoked.serial}); err != nil {
+		t.Fatal(err)
+	}
+	v.applied(t, cold.NodeID)
+	if out, err := login(cold.ReservationID, revoked, "echo after"); err == nil {
+		t.Fatalf("a revoked certificate logged in to the sandbox: %q", out)
+	}
+	if out, err := login(cold.ReservationID, kept, "echo kept"); err != nil || out != "kept\n" {
+		t.Fatalf("another certificate of the reservation after a revocation: %q %v", out, err)
 	}
 
 	// Warm: one waits paused; taken, it answers as soon as it is resumed.

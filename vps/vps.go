@@ -71,6 +71,7 @@ const (
 type Module struct {
 	opts     Options
 	capacity modules.Capacity // the runtime's, from Initialize: desired parts read reservations
+	access   modules.Access   // the runtime's, from Initialize: a sandbox's part has its reservation's KRL
 
 	providers map[string]provider.Provider // provider pools' providers, by name (providers.go)
 }
@@ -126,6 +127,7 @@ func (m *Module) Register(r *modules.Registry) error {
 	)
 	r.OnInitialize(func(_ context.Context, rt *modules.Runtime) error {
 		m.capacity = rt.Capacity
+		m.access = rt.Access
 		return nil
 	})
 	m.registerFlavors(r)

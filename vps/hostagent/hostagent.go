@@ -77,6 +77,7 @@ type Agent struct {
 	snapErrors map[string]map[string]string // instance → snapshot → why it could not be saved or restored
 	watches    map[string]*readyWatch       // warm instances whose console is watched for their ready line
 	ready      map[string]bool              // those whose guest printed it
+	sshPorts   map[string]*sshPort          // sandboxes' second serial ports, served by the agent (sshport.go)
 }
 
 // persisted is what the agent keeps across restarts: the reboots and restores it has done per
@@ -111,7 +112,8 @@ func New(opts Options) (*Agent, error) {
 	}
 	a := &Agent{opts: opts, cache: &cache{dir: filepath.Join(opts.Dir, "cache"), http: opts.HTTP, qemuImg: opts.QemuImg},
 		dirty: make(chan struct{}, 1), state: persisted{Reboots: map[string]int{}, Restores: map[string]int{}},
-		errored: map[string]string{}, snapErrors: map[string]map[string]string{}, watches: map[string]*readyWatch{}, ready: map[string]bool{}}
+		errored: map[string]string{}, snapErrors: map[string]map[string]string{}, watches: map[string]*readyWatch{}, ready: map[string]bool{},
+		sshPorts: map[string]*sshPort{}}
 	b, err := os.ReadFile(a.statePath())
 	switch {
 	case errors.Is(err, os.ErrNotExist):
@@ -252,6 +254,13 @@ func (a *Agent) converge(ctx context.Context, version uint32, payload []byte) er
 		}
 	}
 	a.watchReady(readyLines)
+	ports := map[string][]byte{}
+	for _, in := range want.Instances {
+		if in.Agent && wanted[in.ID] {
+			ports[in.ID] = in.SSHRevoked
+		}
+	}
+	a.serveSSHPorts(ports)
 	for _, st := range have {
 		if wanted[st.ID] {
 			continue
@@ -261,6 +270,7 @@ func (a *Agent) converge(ctx context.Context, version uint32, payload []byte) er
 		}
 		_ = os.Remove(a.consolePath(st.ID))
 		_ = os.Remove(a.agentPath(st.ID))
+		_ = os.Remove(a.guestPortPath(st.ID))
 		_ = os.RemoveAll(filepath.Join(a.opts.Dir, "snapshots", st.ID))
 		_ = os.Remove(a.seedPath(st.ID))
 		_ = os.Remove(a.seedPath(st.ID) + ".sha256")
@@ -292,7 +302,7 @@ func (a *Agent) ensure(ctx context.Context, in hostapi.Instance) error {
 	r := runtime.Instance{ID: in.ID, VCPUs: in.VCPUs, MemoryMiB: in.MemoryMiB, DiskGiB: in.DiskGiB, Cmdline: in.Cmdline, Power: in.Power,
 		Console: a.consolePath(in.ID), GPUs: in.GPUs}
 	if in.Agent {
-		r.Agent = a.agentPath(in.ID)
+		r.Agent = a.guestPortPath(in.ID) // the agent serves agentPath (sshport.go)
 	}
 	for _, f := range []struct {
 		art    *hostapi.Artifact

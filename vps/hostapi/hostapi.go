@@ -57,6 +57,10 @@ type Instance struct {
 	// Agent asks for the instance's second serial port, served to access.console as
 	// AgentName(id): a sandbox's SSH.
 	Agent bool `json:"agent,omitempty"`
+	// SSHRevoked, with Agent, is an OpenSSH KRL of the certificates the guest must refuse (its
+	// reservation's revoked ones): the host hands the guest the latest before each SSH
+	// connection it relays (docs/sandboxes.md).
+	SSHRevoked []byte `json:"sshRevoked,omitempty"`
 	// ReadyLine, on a warm instance, is what its guest prints on its serial console once it is
 	// ready: the host watches the console from its boot and reports Ready when it sees it.
 	ReadyLine string `json:"readyLine,omitempty"`
