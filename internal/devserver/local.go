@@ -2,14 +2,19 @@ package devserver
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
 
+	"github.com/better-compute/compute"
+	"github.com/better-compute/compute/iam"
 	"github.com/better-compute/compute/postgres"
 	"github.com/better-compute/compute/postgres/embedded"
 )
@@ -62,12 +67,60 @@ func (s *Server) database(ctx context.Context, o Options) error {
 		s.Database, s.DatabaseFromEnv, s.stopDB = u, true, func(context.Context) error { return nil }
 		return nil
 	}
-	c, err := embedded.Start(ctx, embedded.Options{DataDir: pgDir(o.DataDir), Port: o.PostgresPort, Password: o.PostgresPassword})
+	sets, key, err := migrations(o)
+	if err != nil {
+		return err
+	}
+	c, err := embedded.Start(ctx, embedded.Options{DataDir: pgDir(o.DataDir), Port: o.PostgresPort, Password: o.PostgresPassword,
+		Prepare: func(ctx context.Context, url string) error {
+			db, err := postgres.Open(ctx, url)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			return postgres.Migrate(ctx, db, sets...)
+		}, PrepareKey: key})
 	if err != nil {
 		return err
 	}
 	s.Database, s.stopDB = c.URL("postgres"), c.Stop
 	return nil
+}
+
+// migrations are what the embedded PostgreSQL's template is prepared with, so that a cold start
+// copies the schema rather than making it (most of a start once initdb was out of it): the
+// control plane's and the modules' migration sets, then IAM's, in Initialize's order; and a key
+// naming them by their files' contents. Initialize then finds them applied.
+func migrations(o Options) ([]postgres.MigrationSet, string, error) {
+	var mods []compute.Module
+	if o.Modules != nil {
+		var err error
+		if mods, err = o.Modules("http://" + DefaultListen); err != nil { // their sets do not depend on the URL
+			return nil, "", err
+		}
+	}
+	sets, err := compute.MigrationSets(mods...)
+	if err != nil {
+		return nil, "", err
+	}
+	sets = append(sets, iam.Migrations)
+	h := sha256.New()
+	for _, set := range sets {
+		fmt.Fprintf(h, "set %s %s\n", set.Name, set.Schema)
+		err := fs.WalkDir(set.FS, ".", func(path string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return err
+			}
+			b, err := fs.ReadFile(set.FS, path)
+			fmt.Fprintf(h, "%s %d\n", path, len(b))
+			h.Write(b)
+			return err
+		})
+		if err != nil {
+			return nil, "", fmt.Errorf("migrations %s: %w", set.Name, err)
+		}
+	}
+	return sets, hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // adminKey gives the server a key with every right in the root tenant: the one kept in dataDir

@@ -55,6 +55,13 @@ type Options struct {
 	TemplateDir string
 	// NoTemplate runs initdb for every new cluster and keeps no template.
 	NoTemplate bool
+	// Prepare, if set, runs once on a cluster initdb made, as the superuser at url, before the
+	// cluster is kept as a template and started for its caller: what it makes (the devserver's
+	// migrations) is then in every cluster copied from the template. PrepareKey names what it
+	// makes (a hash of the migrations): each key has its own template, and a new key's replaces
+	// the last one's. A DataDir that already holds a cluster is not prepared.
+	Prepare    func(ctx context.Context, url string) error
+	PrepareKey string
 }
 
 // validate refuses what the server would take differently from what was asked.
@@ -64,6 +71,9 @@ func (o Options) validate() error {
 	}
 	if o.Password != strings.TrimSpace(o.Password) || strings.ContainsFunc(o.Password, unicode.IsControl) {
 		return errors.New("embedded: Password: no control characters, nor spaces at either end (it is kept in a file of one line)")
+	}
+	if o.Prepare != nil && o.PrepareKey == "" {
+		return errors.New("embedded: PrepareKey: needed with Prepare, to name the template it makes")
 	}
 	return nil
 }
@@ -175,22 +185,50 @@ func bindFailed(err error) bool {
 func (c *Cluster) create(ctx context.Context, bin string, a *account, opts Options) (copied bool, err error) {
 	tpl := ""
 	if dir := cmp.Or(opts.TemplateDir, defaultTemplateDir()); dir != "" && !opts.NoTemplate {
-		key, err := templateKey(bin, a)
+		key, err := templateKey(bin, a, opts.PrepareKey)
 		if err != nil {
 			return false, fmt.Errorf("embedded: %w", err)
 		}
 		tpl = filepath.Join(dir, key)
-		if copied, err := c.fromTemplate(tpl, a); copied || err != nil {
-			return copied, err
+		if c.fromTemplate(tpl, a) {
+			return true, nil
 		}
 	}
 	if err := c.initdb(ctx, bin, a); err != nil {
 		return false, err
 	}
+	if opts.Prepare != nil {
+		if err := c.prepare(ctx, bin, a, opts); err != nil {
+			return false, err
+		}
+	}
 	if tpl != "" {
 		_ = c.keepTemplate(tpl) // a cache: without it, the next cluster runs initdb too
 	}
 	return tpl != "", nil
+}
+
+// prepare starts the server on a free port, runs opts.Prepare and stops the server cleanly (a
+// checkpoint: its files are then whole, to copy).
+func (c *Cluster) prepare(ctx context.Context, bin string, a *account, opts Options) error {
+	opts.Port = 0
+	var err error
+	for attempt := 0; attempt < 4; attempt++ {
+		if err = c.start(ctx, bin, a, opts); err == nil || !bindFailed(err) {
+			break
+		}
+	}
+	if err != nil {
+		return err
+	}
+	err = opts.Prepare(ctx, c.URL("postgres"))
+	if serr := c.stopServer(ctx); err == nil {
+		err = serr
+	}
+	if err != nil {
+		return fmt.Errorf("embedded: prepare the cluster: %w", err)
+	}
+	return nil
 }
 
 // Port is the loopback TCP port the server listens on.
@@ -212,21 +250,26 @@ func (c *Cluster) URL(database string) string {
 // Stop shuts the server down (fast shutdown: open sessions are ended) and, for an ephemeral
 // cluster, removes its files. It waits until ctx is done, then kills the server.
 func (c *Cluster) Stop(ctx context.Context) error {
+	err := c.stopServer(ctx)
+	c.cleanup()
+	return err
+}
+
+// stopServer stops the server (fast shutdown: a checkpoint, then exit), or kills it once ctx is
+// done.
+func (c *Cluster) stopServer(ctx context.Context) error {
 	if c.cmd == nil || c.cmd.Process == nil {
-		c.cleanup()
 		return nil
 	}
 	_ = c.cmd.Process.Signal(syscall.SIGINT)
-	var err error
 	select {
 	case <-c.exited:
+		return nil
 	case <-ctx.Done():
 		_ = c.cmd.Process.Kill()
 		<-c.exited
-		err = fmt.Errorf("embedded: server did not stop in time, killed: %w", ctx.Err())
+		return fmt.Errorf("embedded: server did not stop in time, killed: %w", ctx.Err())
 	}
-	c.cleanup()
-	return err
 }
 
 func (c *Cluster) cleanup() {

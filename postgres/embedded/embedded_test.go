@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -392,5 +393,93 @@ func BenchmarkStart(b *testing.B) {
 			}
 			b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "ms/start")
 		})
+	}
+}
+
+// TestPrepareIsInEveryCopy: what Prepare makes (the devserver's migrations) is made once, kept in
+// the template, and found in every cluster copied from it; another PrepareKey makes another
+// template and replaces the first; a failing Prepare keeps nothing.
+func TestPrepareIsInEveryCopy(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cache := t.TempDir()
+	calls := 0
+	prepare := func(ctx context.Context, url string) error {
+		calls++
+		conn, err := pgx.Connect(ctx, url)
+		if err != nil {
+			return err
+		}
+		defer conn.Close(ctx)
+		_, err = conn.Exec(ctx, "CREATE TABLE prepared (x int); INSERT INTO prepared VALUES (7)")
+		return err
+	}
+	prepared := func(c *embedded.Cluster) {
+		t.Helper()
+		conn, err := pgx.Connect(ctx, c.URL("postgres"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(ctx)
+		var x int
+		if err := conn.QueryRow(ctx, "SELECT x FROM prepared").Scan(&x); err != nil || x != 7 {
+			t.Fatalf("what Prepare made: %d, %v", x, err)
+		}
+	}
+	for i := range 2 {
+		prepared(startIn(t, embedded.Options{TemplateDir: cache, Prepare: prepare, PrepareKey: "v1"}))
+		if calls != 1 {
+			t.Fatalf("after %d starts Prepare ran %d times, want once", i+1, calls)
+		}
+	}
+	first := templates(t, cache)
+	prepared(startIn(t, embedded.Options{TemplateDir: cache, Prepare: prepare, PrepareKey: "v2"}))
+	if now := templates(t, cache); calls != 2 || len(now) != 2 {
+		t.Fatalf("another PrepareKey: Prepare ran %d times, the cache holds %v; want twice and both templates (both in use)", calls, now)
+	}
+	// A template unused for two days goes when another of its family is made.
+	old := time.Now().Add(-48 * time.Hour)
+	if err := os.Chtimes(filepath.Join(cache, first[0]), old, old); err != nil {
+		t.Fatal(err)
+	}
+	prepared(startIn(t, embedded.Options{TemplateDir: cache, Prepare: prepare, PrepareKey: "v3"}))
+	if now := templates(t, cache); calls != 3 || len(now) != 2 || slices.Contains(now, first[0]) {
+		t.Fatalf("a third PrepareKey: Prepare ran %d times, the cache holds %v; want the unused %s gone", calls, now, first[0])
+	}
+	broken := errors.New("broken migration")
+	_, err := embedded.Start(ctx, embedded.Options{TemplateDir: cache, PrepareKey: "v4", Prepare: func(context.Context, string) error { return broken }})
+	if !errors.Is(err, broken) {
+		t.Fatalf("a failing Prepare: %v", err)
+	}
+	if now := templates(t, cache); len(now) != 2 {
+		t.Fatalf("a failing Prepare left %v in the cache", now)
+	}
+	if _, err := embedded.Start(ctx, embedded.Options{Prepare: prepare}); err == nil || !strings.Contains(err.Error(), "PrepareKey") {
+		t.Fatalf("Prepare without PrepareKey: %v, want an error naming PrepareKey", err)
+	}
+}
+
+// TestBrokenTemplateFallsBackToInitdb: a template that cannot be copied (here it holds a
+// symbolic link, which no data directory has) is passed over for initdb, not a failed start.
+func TestBrokenTemplateFallsBackToInitdb(t *testing.T) {
+	t.Parallel()
+	cache := t.TempDir()
+	startIn(t, embedded.Options{TemplateDir: cache})
+	tpl := filepath.Join(cache, templates(t, cache)[0])
+	if err := os.Symlink("/nowhere", filepath.Join(tpl, "a-link")); err != nil {
+		t.Fatal(err)
+	}
+	c := startIn(t, embedded.Options{TemplateDir: cache})
+	conn, err := pgx.Connect(context.Background(), c.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn.Close(context.Background())
+	// The broken template was replaced by the cluster initdb made.
+	if names := templates(t, cache); len(names) != 1 {
+		t.Fatalf("the cache holds %v, want one template", names)
+	}
+	if _, err := os.Lstat(filepath.Join(cache, templates(t, cache)[0], "a-link")); !os.IsNotExist(err) {
+		t.Fatalf("the broken template is still kept: %v", err)
 	}
 }

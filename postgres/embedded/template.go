@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 )
 
 // A cluster template is what initdb made, kept once per machine (per user, PostgreSQL build and
@@ -40,8 +41,8 @@ func defaultTemplateDir() string {
 
 // templateKey names a template by everything that makes it: the format, the binaries (path,
 // size and modification time, so an upgraded PostgreSQL gets a new one), initdb's settings and
-// the account the server runs as.
-func templateKey(bin string, a *account) (string, error) {
+// the account the server runs as; then, after a dash, what Prepare made, if anything.
+func templateKey(bin string, a *account, prepareKey string) (string, error) {
 	h := sha256.New()
 	fmt.Fprintf(h, "format %s\nargs %s\n", templateFormat, strings.Join(initdbArgs, " "))
 	if a != nil {
@@ -54,24 +55,41 @@ func templateKey(bin string, a *account) (string, error) {
 		}
 		fmt.Fprintf(h, "%s %s %d %d\n", name, filepath.Join(bin, name), fi.Size(), fi.ModTime().UnixNano())
 	}
-	return "pg-" + hex.EncodeToString(h.Sum(nil))[:24], nil
+	key := "pg-" + hex.EncodeToString(h.Sum(nil))[:24]
+	if prepareKey != "" {
+		p := sha256.Sum256([]byte(prepareKey))
+		key += "-" + hex.EncodeToString(p[:])[:12]
+	}
+	return key, nil
 }
 
-// fromTemplate fills the cluster's empty data directory from the template, if one is kept. It
-// answers whether it did: false (and no error) means there is none yet.
-func (c *Cluster) fromTemplate(tpl string, a *account) (bool, error) {
+// fromTemplate fills the cluster's empty data directory from the template, and answers whether
+// it did. A template missing, or one that cannot be copied whole (removed meanwhile, a disk
+// full), leaves the directory empty again for initdb: the template is a cache.
+func (c *Cluster) fromTemplate(tpl string, a *account) bool {
 	if _, err := os.Stat(filepath.Join(tpl, "PG_VERSION")); err != nil {
-		return false, nil
+		return false
 	}
-	if err := copyTree(tpl, c.dataDir, a); err != nil {
-		return false, fmt.Errorf("embedded: copy the cluster template %s: %w", tpl, err)
+	pw, err := readPassword(tpl)
+	if err == nil {
+		err = copyTree(tpl, c.dataDir, a)
 	}
-	pw, err := readPassword(c.dataDir)
 	if err != nil {
-		return false, fmt.Errorf("embedded: the cluster template %s: %w", tpl, err)
+		entries, _ := os.ReadDir(c.dataDir)
+		for _, e := range entries {
+			os.RemoveAll(filepath.Join(c.dataDir, e.Name()))
+		}
+		// Out of the way, so that the cluster initdb makes next replaces it.
+		if gone, err := os.MkdirTemp(filepath.Dir(tpl), ".broken-"); err == nil {
+			_ = os.Rename(tpl, filepath.Join(gone, "template"))
+			os.RemoveAll(gone)
+		}
+		return false
 	}
 	c.password = pw
-	return true, nil
+	now := time.Now()
+	_ = os.Chtimes(tpl, now, now) // used: kept (keepTemplate)
+	return true
 }
 
 // keepTemplate copies the cluster initdb just made, before its server first starts, into the
@@ -95,8 +113,22 @@ func (c *Cluster) keepTemplate(tpl string) error {
 		}
 		return err
 	}
+	// Prepared templates of the same binaries and settings that no start has used for a while
+	// (older migrations) go: a start copying one of them meanwhile falls back to initdb.
+	if i := strings.LastIndex(filepath.Base(tpl), "-"); i > len("pg-") {
+		siblings, _ := filepath.Glob(filepath.Join(parent, filepath.Base(tpl)[:i+1]+"*"))
+		for _, s := range siblings {
+			if fi, err := os.Stat(s); err == nil && s != tpl && time.Since(fi.ModTime()) > templateUnused {
+				os.RemoveAll(s)
+			}
+		}
+	}
 	return nil
 }
+
+// templateUnused is how long a prepared template is kept unused while another of its family is
+// made: a day, so that the variants in use (a devserver with modules, tests without) stay.
+const templateUnused = 24 * time.Hour
 
 // copyTree copies the directories and regular files under src into dst (which may exist),
 // keeping their permission bits, and gives them to a when it is not nil. A data directory holds
