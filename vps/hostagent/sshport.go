@@ -76,6 +76,12 @@ func (a *Agent) serveSSHPorts(wanted map[string][]byte) {
 			path := a.agentPath(id)
 			_ = os.Remove(path) // a socket an earlier run of the agent left
 			ln, err := net.Listen("unix", path)
+			if err == nil {
+				err = os.Chmod(path, 0o600) // bcd's alone: a ticket's way in, never a local user's
+				if err != nil {
+					ln.Close()
+				}
+			}
 			if err != nil {
 				a.opts.Logger.Warn("vps: serve a sandbox's SSH port", "instance", id, "err", err)
 				continue
