@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"flag"
 	"io"
 	"net"
 	"net/http"
@@ -195,12 +196,17 @@ func TestDevserverErrorsSayDevserverOnce(t *testing.T) {
 	}
 }
 
+var coldIdle = flag.Duration("coldstart.idle", 0, "BenchmarkColdStart waits this long, untimed, before each start: the disk settles after the last cluster's removal (docs/benchmarks.md)")
+
 // BenchmarkColdStart is the devserver's cold start as a user has it: the built binary on a
 // fresh, temporary database, from exec to the printed banner (docs/benchmarks.md, "Cold start").
 // The first start, which may make the machine's PostgreSQL template, is not timed.
 func BenchmarkColdStart(b *testing.B) {
 	bin := devserverBinary(b)
 	run := func() {
+		b.StopTimer()
+		time.Sleep(*coldIdle) // not a synchronisation: the conditions measured
+		b.StartTimer()
 		cmd, f, stderr := banner(b, bin, "--listen", "127.0.0.1:0", "--gateway-listen", "127.0.0.1:0")
 		go io.Copy(io.Discard, stderr)
 		if f["URL"] == "" {
