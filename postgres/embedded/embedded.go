@@ -221,14 +221,11 @@ func (c *Cluster) prepare(ctx context.Context, bin string, a *account, opts Opti
 	if err != nil {
 		return err
 	}
-	err = opts.Prepare(ctx, c.URL("postgres"))
-	if serr := c.stopServer(ctx); err == nil {
-		err = serr
-	}
-	if err != nil {
+	if err := opts.Prepare(ctx, c.URL("postgres")); err != nil {
+		_ = c.stopServer(ctx)
 		return fmt.Errorf("embedded: prepare the cluster: %w", err)
 	}
-	return nil
+	return c.stopServer(ctx)
 }
 
 // Port is the loopback TCP port the server listens on.
