@@ -133,12 +133,12 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	legacy := false
 	want := opts.Password // the superuser's password once started, when it is not what the files hold
 	if _, err := os.Stat(filepath.Join(c.dataDir, "PG_VERSION")); errors.Is(err, os.ErrNotExist) {
-		copied, err := c.create(ctx, bin, runAs, opts)
+		shared, err := c.create(ctx, bin, runAs, opts)
 		if err != nil {
 			c.cleanup()
 			return nil, err
 		}
-		if copied && want == "" {
+		if shared && want == "" {
 			want = newPassword() // every copy its own, never the template's
 		}
 	} else if c.password, err = readPassword(c.dataDir); errors.Is(err, os.ErrNotExist) {
@@ -180,9 +180,10 @@ func bindFailed(err error) bool {
 	return strings.Contains(err.Error(), "could not bind") || strings.Contains(err.Error(), "Address already in use")
 }
 
-// create makes the cluster's files: a copy of the template when one is kept (copied), or else
-// initdb's, then kept as the template for the next cluster.
-func (c *Cluster) create(ctx context.Context, bin string, a *account, opts Options) (copied bool, err error) {
+// create makes the cluster's files: a copy of the template when one is kept, or else initdb's
+// (prepared), then kept as the template for the next cluster. It answers whether the files'
+// password is a template's, which the cluster must not keep.
+func (c *Cluster) create(ctx context.Context, bin string, a *account, opts Options) (shared bool, err error) {
 	tpl := ""
 	if dir := cmp.Or(opts.TemplateDir, defaultTemplateDir()); dir != "" && !opts.NoTemplate {
 		key, err := templateKey(bin, a, opts.PrepareKey)

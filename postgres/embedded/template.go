@@ -13,9 +13,10 @@ import (
 	"time"
 )
 
-// A cluster template is what initdb made, kept once per machine (per user, PostgreSQL build and
-// initdb settings) and copied into each new cluster's data directory: a copy takes about a
-// tenth of initdb's time, which was most of a cold start. Templates are immutable once made,
+// A cluster template is what initdb made (and Options.Prepare, if set), kept once per machine
+// (per user, PostgreSQL build, initdb settings and PrepareKey) and copied into each new
+// cluster's data directory: a copy takes a fraction of initdb's time, which was most of a cold
+// start (docs/benchmarks.md). Templates are immutable once made,
 // so copies need no lock; a template is made in a temporary directory beside it and renamed
 // into place, so processes that find none at once each make one, one rename wins, and no
 // reader sees a half-made template.
@@ -92,12 +93,20 @@ func (c *Cluster) fromTemplate(tpl string, a *account) bool {
 	return true
 }
 
-// keepTemplate copies the cluster initdb just made, before its server first starts, into the
-// cache as the template tpl. A failure only means the next cluster runs initdb too.
+// keepTemplate copies the cluster initdb made (and prepared), before its server starts for its
+// caller, into the cache as the template tpl. A failure only means the next cluster runs initdb
+// too.
 func (c *Cluster) keepTemplate(tpl string) error {
 	parent := filepath.Dir(tpl)
 	if err := os.MkdirAll(parent, 0o700); err != nil {
 		return err
+	}
+	// What a process that died while making or discarding a template left.
+	left, _ := filepath.Glob(filepath.Join(parent, ".*-*"))
+	for _, l := range left {
+		if fi, err := os.Stat(l); err == nil && time.Since(fi.ModTime()) > time.Hour {
+			os.RemoveAll(l)
+		}
 	}
 	tmp, err := os.MkdirTemp(parent, ".making-")
 	if err != nil {
