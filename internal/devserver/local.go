@@ -37,20 +37,20 @@ const (
 // them still, and a main says so when one is used.
 var Deprecated = map[string]string{"addr": "listen", "gateway": "gateway-listen"}
 
-// Flags defines the devserver's flags on fs, filling o and verbose. `better-compute serve` uses
+// Flags defines the devserver's flags on flags, filling o and verbose. `better-compute serve` uses
 // the same names for what it shares: --listen, --gateway-listen, --verbose,
 // --allow-private-webhooks.
-func (o *Options) Flags(fs FlagSet, verbose *bool) {
-	fs.StringVar(&o.Addr, "listen", DefaultListen, "the API's address (and the JoinService's, the console's, /metrics)")
-	fs.StringVar(&o.GatewayAddr, "gateway-listen", DefaultGatewayListen, "the node sessions' address (mutual TLS)")
-	fs.StringVar(&o.DataDir, "data-dir", "", "keep the database, the secret and the API key here across restarts (default: a temporary database, deleted on exit)")
-	fs.IntVar(&o.Sim, "sim", 0, fmt.Sprintf("join this many simulated GPU machines (%d H100s each) into the pool %q", SimGPUs, SimPool))
-	fs.IntVar(&o.PostgresPort, "postgres-port", 0, "the embedded PostgreSQL's loopback port (default: a free one)")
-	fs.StringVar(&o.PostgresPassword, "postgres-password", "", "the embedded PostgreSQL superuser's password (default: the one kept in --data-dir, or a new one)")
-	fs.BoolVar(&o.AllowPrivateWebhooks, "allow-private-webhooks", false, "let webhooks reach loopback and private addresses, to try them with a local receiver (development only)")
-	fs.BoolVar(verbose, "verbose", false, "debug logs")
-	fs.StringVar(&o.Addr, "addr", DefaultListen, "deprecated: --listen")
-	fs.StringVar(&o.GatewayAddr, "gateway", DefaultGatewayListen, "deprecated: --gateway-listen")
+func (o *Options) Flags(flags FlagSet, verbose *bool) {
+	flags.StringVar(&o.Addr, "listen", DefaultListen, "the API's address (and the JoinService's, the console's, /metrics)")
+	flags.StringVar(&o.GatewayAddr, "gateway-listen", DefaultGatewayListen, "the node sessions' address (mutual TLS)")
+	flags.StringVar(&o.DataDir, "data-dir", "", "keep the database, the secret and the API key here across restarts (default: a temporary database, deleted on exit)")
+	flags.IntVar(&o.Sim, "sim", 0, fmt.Sprintf("join this many simulated GPU machines (%d H100s each) into the pool %q", SimGPUs, SimPool))
+	flags.IntVar(&o.PostgresPort, "postgres-port", 0, "the embedded PostgreSQL's loopback port (default: a free one)")
+	flags.StringVar(&o.PostgresPassword, "postgres-password", "", "the embedded PostgreSQL superuser's password (default: the one kept in --data-dir, or a new one)")
+	flags.BoolVar(&o.AllowPrivateWebhooks, "allow-private-webhooks", false, "let webhooks reach loopback and private addresses, to try them with a local receiver (development only)")
+	flags.BoolVar(verbose, "verbose", false, "debug logs")
+	flags.StringVar(&o.Addr, "addr", DefaultListen, "deprecated: --listen")
+	flags.StringVar(&o.GatewayAddr, "gateway", DefaultGatewayListen, "deprecated: --gateway-listen")
 }
 
 // ErrEmbeddedOnly is Start's error (wrapped) for a port or password chosen for the embedded
