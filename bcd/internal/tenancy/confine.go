@@ -15,22 +15,22 @@ import (
 // Confine implements nodeagent.Confiner: cmd runs as the reservation's user, with no group of
 // root's (only its own and its GPUs'), in its home, with an environment of its own (nothing of
 // bcd's), in its cgroup where there is one.
+//
+// It holds the Manager until started is called: an Apply that ends the hold meanwhile waits,
+// and then finds the command among the user's processes and kills it. Were it not held, the
+// command could start after the user's processes were killed and its user removed, and run on
+// as that uid, with its GPUs' groups, past the hold.
 func (m *Manager) Confine(reservation string, cmd *exec.Cmd) (started func(), err error) {
 	m.mu.Lock()
-	var h holder
-	known := m.state.Users[reservation] != nil
-	if known {
-		h = *m.state.Users[reservation]
-		h.Groups, h.Env = slices.Clone(h.Groups), slices.Clone(h.Env)
-	}
-	m.mu.Unlock()
-	if !known {
+	h := m.state.Users[reservation]
+	if h == nil {
+		m.mu.Unlock()
 		return nil, fmt.Errorf("reservation %s holds nothing on this node yet (its desired state has not reached it): try again in a moment", reservation)
 	}
 	if cmd.SysProcAttr == nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
 	}
-	cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(h.UID), Gid: uint32(h.GID), Groups: h.Groups}
+	cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(h.UID), Gid: uint32(h.GID), Groups: slices.Clone(h.Groups)}
 	cmd.Dir = h.Home
 	shell := "/bin/sh"
 	if _, err := os.Stat("/bin/bash"); err == nil {
@@ -44,15 +44,16 @@ func (m *Manager) Confine(reservation string, cmd *exec.Cmd) (started func(), er
 			cmd.Env = append(cmd.Env, "CUDA_VISIBLE_DEVICES="+v)
 		}
 	}
-	started = func() {}
+	started = m.mu.Unlock
 	if m.cgroup != "" {
 		// Started into its cgroup (clone3's CLONE_INTO_CGROUP): it never runs outside it.
 		fd, err := syscall.Open(filepath.Join(m.cgroup, CgroupParent, h.User), syscall.O_DIRECTORY|syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
 		if err != nil {
+			m.mu.Unlock()
 			return nil, fmt.Errorf("the cgroup of reservation %s: %w", reservation, err)
 		}
 		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, fd
-		started = func() { syscall.Close(fd) }
+		started = func() { syscall.Close(fd); m.mu.Unlock() }
 	}
 	return started, nil
 }

@@ -169,3 +169,67 @@ func TestHoldersAreConfinedOnTheMachine(t *testing.T) {
 		t.Fatalf("an unheld GPU's node: mode %o, %v", st.Mode&0o777, err)
 	}
 }
+
+// TestAHoldEndingWhileItsCommandStartsKillsIt: the hold ends (Apply removes its user) between
+// Confine and the command's start. Apply waits for the start, so the command is one of the
+// user's processes it kills; else it would start as the removed user's uid, with its GPUs'
+// groups, and outlive the hold.
+func TestAHoldEndingWhileItsCommandStartsKillsIt(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("not root: the Manager makes users")
+	}
+	for _, tool := range tools {
+		if _, err := lookTool(tool); err != nil {
+			t.Skipf("%s is not installed (Debian package passwd)", tool)
+		}
+	}
+	base, err := os.MkdirTemp("", "tenancy-") // not t.TempDir: its parent is root's alone
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	if err := os.Chmod(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cdiDir := filepath.Join(base, "cdi")
+	if err := os.Mkdir(cdiDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, 8)
+	rand.Read(b)
+	res := "0190" + hex.EncodeToString(b)
+	t.Cleanup(func() { _ = exec.Command("userdel", api.ReservationUser(res)).Run() })
+	m, err := New(Options{StateDir: base, Home: filepath.Join(base, "home"), DeviceRoot: filepath.Join(base, "dev"), CDIDir: cdiDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := m.Apply(ctx, &agentv1.DesiredState{Holds: []*agentv1.DeviceHold{{Holder: res}}}); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("sleep", "300")
+	started, err := m.Confine(res, cmd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.mu.TryLock() {
+		m.mu.Unlock()
+		started()
+		t.Fatal("Apply may remove the hold's user between Confine and its command's start")
+	}
+	applied := make(chan error, 1)
+	go func() { applied <- m.Apply(ctx, &agentv1.DesiredState{}) }()
+	err = cmd.Start()
+	started()
+	if err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1) // reaped as bcd reaps its commands: a zombie is a process of the uid still
+	go func() { waited <- cmd.Wait() }()
+	if err := <-applied; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-waited; err == nil {
+		t.Fatal("the ended hold's command exited by itself")
+	}
+}
