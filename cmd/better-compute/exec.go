@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -76,13 +77,28 @@ With --instance or --sandbox it attaches to that VM's serial console instead, wi
 vps module's instances.console or sandboxes.console (which check that the VM is yours).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			switch {
-			case instance != "":
-				return runTunnel(cmd, p, in, true, moduleConsole("instances.console", map[string]string{"instance": instance}))
-			case sandbox != "":
-				return runTunnel(cmd, p, in, true, moduleConsole("sandboxes.console", map[string]string{"sandbox": sandbox}))
+			if instance == "" && sandbox == "" {
+				return runTunnel(cmd, p, in, true, nil)
 			}
-			return runTunnel(cmd, p, in, true, nil)
+			// A VM's console is found by the module from the VM alone: a node's flags beside it
+			// would be ignored, so they are refused.
+			var given []string
+			for _, name := range []string{"instance", "sandbox", "reservation", "node", "pool", "console", "break-glass", "reason"} {
+				if cmd.Flags().Changed(name) {
+					given = append(given, "--"+name)
+				}
+			}
+			if len(given) > 1 {
+				return usageError{fmt.Errorf("%s: give one (--instance or --sandbox names a VM alone)", strings.Join(given, ", "))}
+			}
+			method, ref := "instances.console", map[string]string{"instance": instance}
+			if sandbox != "" {
+				method, ref = "sandboxes.console", map[string]string{"sandbox": sandbox}
+			}
+			if in.TenantID != "" {
+				ref["tenantId"] = in.TenantID
+			}
+			return runTunnel(cmd, p, in, true, moduleConsole(method, ref))
 		},
 	}
 	tunnelFlags(c, &in)
