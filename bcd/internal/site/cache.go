@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -241,10 +242,7 @@ func (c *cache) work(runCtx, ctx context.Context, im siteapi.Image) {
 	} else {
 		e.state, e.retryAt = stateFailed, time.Now().Add(jitter(e.wait))
 		e.wait = min(2*e.wait, c.retryMax)
-		state.State, state.Error = siteapi.ImageFailed, err.Error()
-		if refused := (*netpolicy.RefusedError)(nil); errors.As(err, &refused) {
-			state.Error = netpolicy.Describe(err) // what the site resolved is not the tenant's to read
-		}
+		state.State, state.Error = siteapi.ImageFailed, tenantError(err)
 	}
 	retryIn := time.Until(e.retryAt).Round(time.Millisecond)
 	c.mu.Unlock()
@@ -254,6 +252,18 @@ func (c *cache) work(runCtx, ctx context.Context, im siteapi.Image) {
 		c.log.Warn("image not cached", "sha256", im.SHA256, "url", safeURL(im.URL), "retry_in", retryIn, "err", err)
 	}
 	c.reports.send(runCtx, siteapi.KindImageCached, state)
+}
+
+// tenantError is a fetch's error as the image's tenant reads it: a network error (the outbound
+// policy's refusal, a name that did not resolve, a connection that failed) as what failed,
+// never its text, which may name the site's resolver, its own address or the address a name
+// resolved to (netpolicy.Describe); the site's log keeps it whole. The rest (an HTTP status, a
+// size or SHA-256 that is not the plan's) is the tenant's to read.
+func tenantError(err error) string {
+	if errors.As(err, new(*netpolicy.RefusedError)) || errors.As(err, new(*net.OpError)) || errors.As(err, new(*net.DNSError)) {
+		return netpolicy.Describe(err)
+	}
+	return err.Error()
 }
 
 // open opens a verified image of the plan for serving.

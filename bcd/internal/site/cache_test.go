@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -382,4 +383,25 @@ func TestImagesAreFetchedUnderTheOutboundPolicy(t *testing.T) {
 	ts = startSite(t, cfg)
 	must(t, ts.SetPlan(planWith(im)))
 	waitImage(t, ts.up, im.SHA256, siteapi.ImageCached)
+}
+
+// TestImageNetworkErrorsNameNoAddress: an image whose name resolves to an address nothing
+// listens on fails saying what failed (the connection was refused), never the address the
+// site resolved the name to: the image's tenant reads the error (netpolicy.Describe).
+func TestImageNetworkErrorsNameNoAddress(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	must(t, err)
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	ln.Close() // nothing listens there now
+	im := siteapi.Image{ID: "closed", URL: "http://localhost:" + port + "/closed.raw", Format: "raw", SizeBytes: 3, SHA256: strings.Repeat("cd", 32)}
+	cfg := fixture(t, t.TempDir(), newRecorder())
+	cfg.FetchAllow = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}
+	ts := startSite(t, cfg)
+	must(t, ts.SetPlan(planWith(im)))
+	st := waitImage(t, ts.up, im.SHA256, siteapi.ImageFailed)
+	if strings.Contains(st.Error, "127.0.0.1") || strings.Contains(st.Error, "::1") || !strings.Contains(st.Error, "connection refused") {
+		t.Errorf("failed with %q: want what failed (connection refused), naming no address", st.Error)
+	}
+	must(t, ts.SetPlan(planWith()))
+	must(t, ts.stop())
 }
