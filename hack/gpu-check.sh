@@ -245,7 +245,7 @@ case $NVML in ok:*) ;; *) fail "bcd doctor's nvml check: $NVML" ;; esac
 pass "nvml $NVML; mig $(jq -r '.checks[] | select(.name == "mig") | .status + ": " + .detail' "$REPORT/doctor-before.json"); cgroup $(jq -r '.checks[] | select(.name == "cgroup") | .status' "$REPORT/doctor-before.json")"
 
 step devserver "the control plane on 127.0.0.1:$API_PORT (gateway :$GW_PORT)"
-"$DEVSERVER" -addr "127.0.0.1:$API_PORT" -gateway "127.0.0.1:$GW_PORT" >"$WORK/devserver.log" 2>&1 &
+"$DEVSERVER" --listen "127.0.0.1:$API_PORT" --gateway-listen "127.0.0.1:$GW_PORT" >"$WORK/devserver.log" 2>&1 &
 DEVSERVER_PID=$!
 devserver_ready() {
   kill -0 "$DEVSERVER_PID" 2>/dev/null || return 2
