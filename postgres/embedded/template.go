@@ -80,11 +80,7 @@ func (c *Cluster) fromTemplate(tpl string, a *account) bool {
 		for _, e := range entries {
 			os.RemoveAll(filepath.Join(c.dataDir, e.Name()))
 		}
-		// Out of the way, so that the cluster initdb makes next replaces it.
-		if gone, err := os.MkdirTemp(filepath.Dir(tpl), ".broken-"); err == nil {
-			_ = os.Rename(tpl, filepath.Join(gone, "template"))
-			os.RemoveAll(gone)
-		}
+		discard(tpl) // so that the cluster initdb makes next replaces it
 		return false
 	}
 	c.password = pw
@@ -105,7 +101,7 @@ func (c *Cluster) keepTemplate(tpl string) error {
 	left, _ := filepath.Glob(filepath.Join(parent, ".*-*"))
 	for _, l := range left {
 		if fi, err := os.Stat(l); err == nil && time.Since(fi.ModTime()) > time.Hour {
-			os.RemoveAll(l)
+			_ = removeAll(l)
 		}
 	}
 	tmp, err := os.MkdirTemp(parent, ".making-")
@@ -128,12 +124,30 @@ func (c *Cluster) keepTemplate(tpl string) error {
 		siblings, _ := filepath.Glob(filepath.Join(parent, filepath.Base(tpl)[:i+1]+"*"))
 		for _, s := range siblings {
 			if fi, err := os.Stat(s); err == nil && s != tpl && time.Since(fi.ModTime()) > templateUnused {
-				os.RemoveAll(s)
+				discard(s)
 			}
 		}
 	}
 	return nil
 }
+
+// discard removes the template dir, renaming it out of its name first: removed in place, a start
+// copying it meanwhile could copy a tree missing what was already gone, and a process that died
+// removing it would leave half a template that every later start copies.
+func discard(dir string) {
+	gone, err := os.MkdirTemp(filepath.Dir(dir), ".gone-")
+	if err != nil {
+		return
+	}
+	if err := os.Rename(dir, filepath.Join(gone, "template")); err != nil {
+		_ = os.Remove(gone)
+		return
+	}
+	_ = removeAll(gone) // what is left, if this process dies, goes with the next keepTemplate
+}
+
+// removeAll is os.RemoveAll; a test stops it partway, as a process dying would.
+var removeAll = os.RemoveAll
 
 // templateUnused is how long a prepared template is kept unused while another of its family is
 // made: a day, so that the variants in use (a devserver with modules, tests without) stay.
