@@ -84,14 +84,17 @@ func PageOf[T any](items []T, limit int, kind string, key func(T) string) Page[T
 }
 
 // DecodeIDCursor is DecodeCursor for a cursor whose key is a row's id (a UUID): a key that is
-// not one is the same invalid_argument, never a query that fails on its cast.
+// not one is the same invalid_argument, never a query that fails on its cast. The key is
+// returned in the canonical form, which the database reads: the uuid package also accepts
+// forms it does not ("urn:uuid:…").
 func DecodeIDCursor(kind, cursor string) (string, error) {
 	key, err := DecodeCursor(kind, cursor)
 	if err != nil {
 		return "", err
 	}
-	if uuid.Validate(key) != nil {
+	id, err := uuid.Parse(key)
+	if err != nil {
 		return "", InvalidField("cursor", "is not a cursor returned by this API")
 	}
-	return key, nil
+	return id.String(), nil
 }

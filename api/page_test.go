@@ -8,6 +8,8 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/google/uuid"
+
 	"github.com/better-compute/compute/api"
 )
 
@@ -78,4 +80,26 @@ func TestPageOfCutsAtTheLimitWithACursorAfterTheLast(t *testing.T) {
 	if p := api.PageOf[string](nil, 2, "t1", key); p.Items == nil || len(p.Items) != 0 || p.NextCursor != "" {
 		t.Errorf("no rows: %+v, want an empty list (never null)", p)
 	}
+}
+
+// FuzzDecodeIDCursor: an id cursor's key is only ever a UUID in its canonical form, which the
+// database's uuid type reads: a key the uuid package accepts in another form ("urn:uuid:…",
+// braces, no hyphens) is not passed on as written for a query to fail casting it.
+func FuzzDecodeIDCursor(f *testing.F) {
+	id := "0b9f6a4e-1c2d-4e5f-8a9b-0c1d2e3f4a5b"
+	for _, k := range []string{id, "urn:uuid:" + id, "{" + id + "}", strings.ReplaceAll(id, "-", ""), strings.ToUpper(id), "x", ""} {
+		f.Add(api.EncodeCursor("t1", k))
+	}
+	f.Fuzz(func(t *testing.T, cursor string) {
+		key, err := api.DecodeIDCursor("t1", cursor)
+		if err != nil {
+			if api.CodeOf(err) != api.CodeInvalidArgument {
+				t.Fatalf("DecodeIDCursor(%q): %v, want invalid_argument", cursor, err)
+			}
+			return
+		}
+		if u, perr := uuid.Parse(key); perr != nil || u.String() != key {
+			t.Fatalf("DecodeIDCursor(%q) = %q, not a canonical UUID", cursor, key)
+		}
+	})
 }
