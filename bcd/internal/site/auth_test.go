@@ -2,6 +2,8 @@ package site
 
 import (
 	"bytes"
+	"io"
+	"net"
 	"net/http"
 	"regexp"
 	"strings"
@@ -66,5 +68,30 @@ func TestTheRamdiskAPIWantsTheBootsToken(t *testing.T) {
 	}
 	if status, _, _ := ts.do(t, "GET", siteapi.PathImages+im.SHA256, idle, ""); status != http.StatusNotFound {
 		t.Errorf("another machine's boot asks for the image: %d, want 404", status)
+	}
+}
+
+// TestABootsTokenFromAnotherAddressLearnsNothing: a boot's token used from another address than
+// the boot's (a token seen on the wire, replayed) is refused 403, and the answer names neither
+// the boot's addresses nor its MAC: where the real ramdisk is is not the replayer's to learn.
+// The site's log keeps them.
+func TestABootsTokenFromAnotherAddressLearnsNothing(t *testing.T) {
+	ts := startSite(t, fixture(t, t.TempDir(), newRecorder()))
+	must(t, ts.SetPlan(testPlan(siteapi.UnknownInspect)))
+	token := ts.bootToken(t, macRamdisk) // bound to 127.0.0.1, where the script was asked from
+	from := &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}
+	c := &http.Client{Transport: &http.Transport{DialContext: (&net.Dialer{LocalAddr: from}).DialContext}}
+	defer c.CloseIdleConnections()
+	req, err := http.NewRequest("GET", ts.base+siteapi.PathTask+"?machine=m-ramdisk", nil)
+	must(t, err)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Skipf("cannot connect from 127.0.0.2: %v", err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusForbidden || strings.Contains(string(body), "127.0.0.1") || strings.Contains(string(body), macRamdisk) {
+		t.Errorf("the boot's token from 127.0.0.2: %d %s, want 403 naming neither the boot's address nor its MAC", resp.StatusCode, body)
 	}
 }

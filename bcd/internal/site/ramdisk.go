@@ -215,7 +215,8 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (ramdiskBo
 	switch {
 	case errors.Is(err, errBootAddress):
 		s.log.Warn("ramdisk: a boot's token from another address than its lease: refused", "err", err)
-		writeError(w, http.StatusForbidden, "permission_denied", err.Error())
+		// Not err's text: where the boot's ramdisk is, and its MAC, are not a replayer's to learn.
+		writeError(w, http.StatusForbidden, "permission_denied", errBootAddress.Error()+": "+remoteAddr(r).String())
 		return ramdiskBoot{}, false
 	case err != nil:
 		unauthorized(w)
