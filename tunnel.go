@@ -52,8 +52,15 @@ func (c *Compute) serveTunnel(w http.ResponseWriter, r *http.Request) {
 		envelope.WriteError(w, 0, asError(err))
 		return
 	}
+	// An operator's break-glass by a reservation is the operator's root, not the holder's: the
+	// node would refuse it as a whole holder's on the shared node it is for, and end it when
+	// another reservation comes. The gateway still ends it with the reservation's hold.
+	holder := t.Reservation
+	if t.BreakGlass {
+		holder = ""
+	}
 	open := &agentv1.TunnelOpen{Id: uuid.Must(uuid.NewV7()).String(), Kind: t.Kind, Argv: t.Argv, Tty: t.TTY,
-		Cols: uint32(t.Cols), Rows: uint32(t.Rows), Console: t.Console, Reservation: t.Reservation, Root: t.Root}
+		Cols: uint32(t.Cols), Rows: uint32(t.Rows), Console: t.Console, Reservation: holder, Root: t.Root}
 	tun, err := c.gateway.OpenTunnel(r.Context(), t.Node, t.Reservation, open)
 	if errors.Is(err, gateway.ErrNoSession) {
 		envelope.WriteError(w, 0, &api.Error{Code: api.CodeUnavailable,

@@ -349,6 +349,12 @@ func TestTenantsSharingANodeAreConfined(t *testing.T) {
 		if e.ExitCode != 0 || strings.TrimSpace(out) != "0" {
 			t.Fatalf("an operator's break-glass exec: %q %+v", out, e)
 		}
+		// By a tenant's reservation on the shared node: root too, not refused as a whole
+		// holder's root would be.
+		out, e = run(clRoot, api.OpenTunnel{TenantID: tenantA, Reservation: resA.ID, Command: []string{"id", "-u"}, BreakGlass: true, Reason: "pager: GPU 3"})
+		if e.ExitCode != 0 || strings.TrimSpace(out) != "0" {
+			t.Fatalf("an operator's break-glass exec by a tenant's reservation: %q %+v", out, e)
+		}
 		var n int
 		if err := env.DB.Pool.QueryRow(ctx, `SELECT count(*) FROM compute.events WHERE type = 'access.break_glass' AND data->>'reason' = 'pager: disk full'`).Scan(&n); err != nil || n != 1 {
 			t.Fatalf("the break-glass event: %d, %v", n, err)

@@ -184,6 +184,8 @@ type Ticket struct {
 	// holder of the whole node, or an operator); otherwise an exec runs as the reservation's
 	// own user.
 	Root bool
+	// BreakGlass: an operator's root by the reservation, not the holder's own.
+	BreakGlass bool
 }
 
 // ErrTicket is a ticket that opens nothing: unknown, used, expired, or of a reservation that no
@@ -200,11 +202,10 @@ func SpendTicket(ctx context.Context, db *postgres.DB, token string) (Ticket, er
 	h := sha256.Sum256([]byte(token))
 	err := db.Tx(ctx, func(tx pgx.Tx) error {
 		var reservation *string
-		var breakGlass bool
 		err := tx.QueryRow(ctx, `UPDATE compute.access_tickets SET used_at = compute.compute_now()
 			WHERE token_hash = $1 AND used_at IS NULL AND expires_at > compute.compute_now()
 			RETURNING tenant_id, principal, node_id::text, reservation_id::text, kind, argv, tty, cols, rows, console, root, break_glass`, h[:]).
-			Scan(&t.Tenant, &t.Principal, &t.Node, &reservation, &t.Kind, &t.Argv, &t.TTY, &t.Cols, &t.Rows, &t.Console, &t.Root, &breakGlass)
+			Scan(&t.Tenant, &t.Principal, &t.Node, &reservation, &t.Kind, &t.Argv, &t.TTY, &t.Cols, &t.Rows, &t.Console, &t.Root, &t.BreakGlass)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return ErrTicket
 		}
@@ -220,7 +221,7 @@ func SpendTicket(ctx context.Context, db *postgres.DB, token string) (Ticket, er
 		if !held {
 			return fmt.Errorf("%w: reservation %s no longer holds the node", ErrTicket, t.Reservation)
 		}
-		if t.Root && !breakGlass {
+		if t.Root && !t.BreakGlass {
 			// Root was the whole node's: another reservation may have come since the ticket.
 			whole, err := wholeNode(ctx, tx, t.Reservation, t.Node)
 			if err != nil {
