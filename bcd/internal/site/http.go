@@ -98,13 +98,14 @@ func (s *Server) script(mac string, from netip.Addr, now time.Time) string {
 			known = leased.String()
 		}
 		s.log.Warn("http: a ramdisk script asked from another address than the MAC's lease: refused", "mac", mac, "from", from, "lease", known)
+		// The lease stays in the log: whoever knows a MAC must not learn its machine's address.
 		return fmt.Sprintf(`#!ipxe
-# bcd site: %s (%s) asked from %v; the site knows this MAC's lease as %s
+# bcd site: %s (%s) asked from %v, which is not the address the site knows this MAC's lease by
 echo bcd site: this script is given only to the address the MAC was leased: a new lease, and again in %d s
 sleep %d
 dhcp ||
 chain --replace --autofree %s
-`, who, mac, from, known, scriptRetrySeconds, scriptRetrySeconds, self)
+`, who, mac, from, scriptRetrySeconds, scriptRetrySeconds, self)
 	}
 	base := s.addrs.BaseURL
 	params := []siteapi.CmdlineParam{{Name: "initrd", Value: "initrd"}, {Name: siteapi.CmdlineSite, Value: base}}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"io"
 	"net/http"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -116,5 +117,27 @@ func TestRamdiskFiles(t *testing.T) {
 	}
 	if status, _, _ := ts.do(t, "POST", "/boot/vmlinuz", "", "x"); status != http.StatusMethodNotAllowed {
 		t.Errorf("POST /boot/vmlinuz: %d, want 405", status)
+	}
+}
+
+// TestARefusedScriptNamesNoLease: a ramdisk script asked for from another address than the
+// MAC's lease says to ask again, and does not say what the lease is: whoever knows a MAC must
+// not learn the address its machine has (the address to spoof next). The site's log keeps it.
+func TestARefusedScriptNamesNoLease(t *testing.T) {
+	cfg := fixture(t, t.TempDir(), newRecorder())
+	cfg.Logger = testLogger(t)
+	s, err := New(cfg)
+	must(t, err)
+	s.cfg.DHCP.Mode, s.heard = DHCPProxy, newHeardTable() // proxy DHCP, without its listener
+	must(t, s.SetPlan(testPlan(siteapi.UnknownInspect)))
+	now := time.Now()
+	lease := netip.MustParseAddr("10.9.8.7")
+	s.hear(macRamdisk, lease, now)
+	got := s.script(macRamdisk, netip.MustParseAddr("10.9.8.99"), now)
+	if strings.Contains(got, "bcd.token") || !strings.Contains(got, "chain") || strings.Contains(got, lease.String()) {
+		t.Errorf("the script asked from another address than the lease:\n%s\nwant no token, ask again, and no lease address", got)
+	}
+	if got := s.script(macRamdisk, lease, now); !strings.Contains(got, "bcd.token=") {
+		t.Errorf("the script asked from the lease's address has no token:\n%s", got)
 	}
 }
