@@ -190,8 +190,11 @@ type view struct {
 }
 
 func field(k string) column {
-	return column{strings.ToUpper(kebab(k)), func(m map[string]any) string { return cell(m[k], 40) }}
+	return column{header(k), func(m map[string]any) string { return cell(m[k], 40) }}
 }
+
+// header is a field's column header: a key may be a tenant's (a label's), so it is cleaned too.
+func header(k string) string { return clean(strings.ToUpper(kebab(k))) }
 
 var views = []view{
 	{ // events: what happened, to what
@@ -310,7 +313,7 @@ func columnsFor(first map[string]any, wide bool) []column {
 	for _, k := range keys {
 		switch {
 		case wide:
-			cols = append(cols, column{strings.ToUpper(kebab(k)), func(m map[string]any) string { return cell(m[k], 0) }})
+			cols = append(cols, column{header(k), func(m map[string]any) string { return cell(m[k], 0) }})
 		case scalar(first[k]) && (rank(k) < len(preferred) || len(cols) < 6):
 			cols = append(cols, field(k))
 		}
@@ -346,7 +349,7 @@ func object(w io.Writer, m map[string]any, prefix string) {
 			if len(x) == 0 {
 				fmt.Fprintf(w, "%s%s\t\n", prefix, clean(k))
 			}
-			object(w, x, prefix+k+".")
+			object(w, x, prefix+clean(k)+".")
 		case []any:
 			if len(x) > 0 && !scalar(x[0]) {
 				lists = append(lists, k)
@@ -397,11 +400,11 @@ func subTable(w io.Writer, items []any) {
 	byRank(inner)
 	var headers []string
 	for _, k := range outer {
-		headers = append(headers, strings.ToUpper(kebab(k)))
+		headers = append(headers, header(k))
 	}
-	label := strings.ToUpper(strings.TrimSuffix(kebab(nested), "s"))
+	label := header(strings.TrimSuffix(nested, "s"))
 	for _, k := range inner {
-		headers = append(headers, label+" "+strings.ToUpper(kebab(k)))
+		headers = append(headers, label+" "+header(k))
 	}
 	fmt.Fprintln(w, "  "+strings.Join(headers, "\t"))
 	for _, it := range items {

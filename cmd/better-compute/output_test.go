@@ -38,7 +38,9 @@ func TestPrintedTextIsTerminalSafe(t *testing.T) {
 		text := rapid.OneOf(rapid.String(), rapid.StringOf(rapid.OneOf(rapid.Rune(), controls))).Draw(t, "text")
 		other := rapid.String().Draw(t, "other")
 		item := map[string]any{"id": text, "name": text, "state": other, "labels": map[string]string{text: text},
-			"tags": []string{text, other}, "allocations": []any{map[string]any{"node": text, "gpus": []any{map[string]any{"uuid": text, "index": 0}}}}}
+			"tags": []string{text, other}, "allocations": []any{map[string]any{"node": text, "gpus": []any{map[string]any{"uuid": text, "index": 0}}}},
+			// keys of a tenant's making: nested objects under them, and list items' fields
+			"meta": map[string]any{text: map[string]any{"k": text}}, "parts": []any{map[string]any{text: other, "items": []any{map[string]any{text: 1}}}}}
 		event := map[string]any{"id": 7, "type": text, "subject": text, "createdAt": other, "data": map[string]any{"k": text}}
 		answers := []any{item, []any{item, item}, map[string]any{"items": []any{item, item}, "nextCursor": text},
 			map[string]any{"items": []any{event}}, text, []any{text}}
