@@ -35,6 +35,10 @@ const (
 	snippetPreface = "# Written by bcd: SSH access for the holders of this node's reservations. Include this file from sshd_config.\n"
 )
 
+// holderUsers is an sshd pattern of the holders' users (api.ReservationUser: "bc-" and 12 hex
+// digits).
+const holderUsers = "bc-????????????"
+
 var userRE = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`)
 
 // Converger keeps Dir's files as the desired state says.
@@ -72,7 +76,11 @@ func New(dir, user string, holders func(reservation string) (string, bool)) (*Co
 		return nil, fmt.Errorf("sshd: %w", err)
 	}
 	snippet := snippetPreface + fmt.Sprintf("TrustedUserCAKeys %s\nAuthorizedPrincipalsFile %s\nRevokedKeys %s\n",
-		filepath.Join(dir, CAKeysFile), filepath.Join(dir, PrincipalsDir, "%u"), filepath.Join(dir, RevokedFile))
+		filepath.Join(dir, CAKeysFile), filepath.Join(dir, PrincipalsDir, "%u"), filepath.Join(dir, RevokedFile)) +
+		// A holder's user logs in by certificate alone: a key it wrote into its own home's
+		// authorized_keys would let it in past its certificates' revocation. (sshd ends a Match
+		// at the end of the included file; the host's other users keep its settings.)
+		"Match User " + holderUsers + "\n  AuthorizedKeysFile none\n  AuthorizedKeysCommand none\n"
 	if err := write(filepath.Join(dir, ConfigSnippet), []byte(snippet)); err != nil {
 		return nil, err
 	}
