@@ -133,19 +133,20 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	legacy := false
 	want := opts.Password // the superuser's password once started, when it is not what the files hold
 	if _, err := os.Stat(filepath.Join(c.dataDir, "PG_VERSION")); errors.Is(err, os.ErrNotExist) {
-		shared, err := c.create(ctx, bin, runAs, opts)
-		if err != nil {
+		if err := c.create(ctx, bin, runAs, opts); err != nil {
 			c.cleanup()
 			return nil, err
-		}
-		if shared && want == "" {
-			want = newPassword() // every copy its own, never the template's
 		}
 	} else if c.password, err = readPassword(c.dataDir); errors.Is(err, os.ErrNotExist) {
 		legacy = true // made before clusters had a password: it trusts loopback until secured below
 	} else if err != nil {
 		c.cleanup()
 		return nil, err
+	}
+	// Files whose password is a template's, even from a start that failed before it gave them
+	// their own: every copy its own, never the template's.
+	if _, err := os.Stat(filepath.Join(c.dataDir, templatePasswordMark)); err == nil && want == "" {
+		want = newPassword()
 	}
 	// A free port can be taken between our check and the server's bind; try a few.
 	for attempt := 0; ; attempt++ {
@@ -181,32 +182,44 @@ func bindFailed(err error) bool {
 }
 
 // create makes the cluster's files: a copy of the template when one is kept, or else initdb's
-// (prepared), then kept as the template for the next cluster. It answers whether the files'
-// password is a template's, which the cluster must not keep.
-func (c *Cluster) create(ctx context.Context, bin string, a *account, opts Options) (shared bool, err error) {
+// (prepared), then kept as the template for the next cluster. Files whose password is a
+// template's are marked (templatePasswordMark): the cluster must not keep it.
+func (c *Cluster) create(ctx context.Context, bin string, a *account, opts Options) error {
 	tpl := ""
 	if dir := cmp.Or(opts.TemplateDir, defaultTemplateDir()); dir != "" && !opts.NoTemplate {
 		key, err := templateKey(bin, a, opts.PrepareKey)
 		if err != nil {
-			return false, fmt.Errorf("embedded: %w", err)
+			return fmt.Errorf("embedded: %w", err)
 		}
 		tpl = filepath.Join(dir, key)
 		if c.fromTemplate(tpl, a) {
-			return true, nil
+			return c.markTemplatePassword()
 		}
 	}
 	if err := c.initdb(ctx, bin, a); err != nil {
-		return false, err
+		return err
 	}
 	if opts.Prepare != nil {
 		if err := c.prepare(ctx, bin, a, opts); err != nil {
-			return false, err
+			return err
 		}
 	}
-	if tpl != "" {
-		_ = c.keepTemplate(tpl) // a cache: without it, the next cluster runs initdb too
+	if tpl == "" {
+		return nil
 	}
-	return tpl != "", nil
+	_ = c.keepTemplate(tpl) // a cache: without it, the next cluster runs initdb too
+	return c.markTemplatePassword()
+}
+
+// templatePasswordMark, in a data directory, says that its password is a template's, until
+// setPassword gives it its own: a start that fails before then leaves it for the next.
+const templatePasswordMark = "better-compute.password-is-shared"
+
+func (c *Cluster) markTemplatePassword() error {
+	if err := os.WriteFile(filepath.Join(c.dataDir, templatePasswordMark), nil, 0o600); err != nil {
+		return fmt.Errorf("embedded: %w", err)
+	}
+	return nil
 }
 
 // prepare starts the server on a free port, runs opts.Prepare and stops the server cleanly (a
@@ -428,6 +441,9 @@ func (c *Cluster) setPassword(ctx context.Context, pw string) error {
 	}
 	if err := writePassword(c.dataDir, pw); err != nil {
 		return err
+	}
+	if err := os.Remove(filepath.Join(c.dataDir, templatePasswordMark)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("embedded: %w", err)
 	}
 	c.password = pw
 	return nil

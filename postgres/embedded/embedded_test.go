@@ -483,3 +483,40 @@ func TestBrokenTemplateFallsBackToInitdb(t *testing.T) {
 		t.Fatalf("the broken template is still kept: %v", err)
 	}
 }
+
+// TestFailedFirstStartKeepsNoTemplatePassword: a DataDir copied from the template whose first
+// start failed (its port taken) holds the template's password until a start gives it its own;
+// the next start must, rather than keep the password the template, and every other copy that
+// failed the same way, shares.
+func TestFailedFirstStartKeepsNoTemplatePassword(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cache := t.TempDir()
+	startIn(t, embedded.Options{TemplateDir: cache}) // makes the template
+	tplPassword, err := os.ReadFile(filepath.Join(cache, templates(t, cache)[0], "better-compute.password"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	parent, err := os.MkdirTemp("", "embedded-test-") // not t.TempDir: see TestDataDirSurvivesRestart
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(parent) })
+	if err := os.Chmod(parent, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(parent, "pg")
+	if _, err := embedded.Start(ctx, embedded.Options{TemplateDir: cache, DataDir: dir, Port: taken.Addr().(*net.TCPAddr).Port,
+		StartTimeout: 3 * time.Second}); err == nil {
+		t.Fatal("a start on a taken port succeeded")
+	}
+	c := startIn(t, embedded.Options{TemplateDir: cache, DataDir: dir})
+	if got := password(t, c); got == strings.TrimSpace(string(tplPassword)) {
+		t.Fatalf("the cluster in %s kept the template's password", dir)
+	}
+}
