@@ -164,7 +164,11 @@ func (w *deliverer) wakeNext(ctx context.Context, tx pgx.Tx, d delivery) error {
 	if err != nil {
 		return err
 	}
-	_, err = w.rt.Jobs.InsertTx(ctx, tx, next, nil)
+	opts, err := fairOpts(ctx, tx, next.Delivery)
+	if err != nil {
+		return err
+	}
+	_, err = w.rt.Jobs.InsertTx(ctx, tx, next, opts)
 	return err
 }
 

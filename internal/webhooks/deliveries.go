@@ -136,6 +136,20 @@ func fairShare(made []madeDelivery, backlog map[string]int) []river.InsertManyPa
 	return params
 }
 
+// fairOpts is the insert options of a lone job of a delivery (a wake-up, a redelivery): the
+// priority fairShare would give it, its tenant's other pending deliveries all ahead of it (they
+// were enqueued before), so that no way of enqueueing skips the queue's fairness.
+func fairOpts(ctx context.Context, tx pgx.Tx, delivery int64) (*river.InsertOpts, error) {
+	var ahead int
+	err := tx.QueryRow(ctx, `SELECT count(*) FROM compute.webhook_deliveries d JOIN compute.webhook_endpoints w ON w.id = d.endpoint_id
+		WHERE d.state = 'pending' AND d.id <> $1 AND w.tenant_id = (SELECT w2.tenant_id FROM compute.webhook_deliveries d2
+			JOIN compute.webhook_endpoints w2 ON w2.id = d2.endpoint_id WHERE d2.id = $1)`, delivery).Scan(&ahead)
+	if err != nil {
+		return nil, err
+	}
+	return &river.InsertOpts{Queue: Queue, MaxAttempts: maxAttempts, Priority: 1 + min(3, ahead/FairShare)}, nil
+}
+
 var deliveryColumns = `d.id, d.endpoint_id::text, d.event_seq, e.type, d.subject, d.state, d.attempts, d.created_at,
 	CASE WHEN d.state = 'pending' THEN d.next_attempt_at END, d.delivered_at,
 	coalesce((SELECT jsonb_agg(jsonb_build_object('at', a.at, 'status', a.status, 'error', a.error, 'seconds', a.seconds) ORDER BY a.n DESC)
@@ -202,7 +216,11 @@ func redeliver(ctx context.Context, c *modules.Call, in api.RedeliverWebhook) (a
 	if err != nil {
 		return api.WebhookDelivery{}, err
 	}
-	if _, err := c.Runtime.Jobs.InsertTx(ctx, c.Tx, deliverArgs{Delivery: in.Delivery, Generation: gen}, nil); err != nil {
+	opts, err := fairOpts(ctx, c.Tx, in.Delivery)
+	if err != nil {
+		return api.WebhookDelivery{}, err
+	}
+	if _, err := c.Runtime.Jobs.InsertTx(ctx, c.Tx, deliverArgs{Delivery: in.Delivery, Generation: gen}, opts); err != nil {
 		return api.WebhookDelivery{}, err
 	}
 	return scanDelivery(c.Tx.QueryRow(ctx, `SELECT `+deliveryColumns+` FROM compute.webhook_deliveries d JOIN compute.events e ON e.seq = d.event_seq WHERE d.id = $1`, in.Delivery))

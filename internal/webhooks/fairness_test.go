@@ -118,6 +118,21 @@ func TestDeliveriesOfATenantWithABacklogQueueBehindOthers(t *testing.T) {
 	if j := q[newest[loud]]; j.priority < 3 {
 		t.Fatalf("the loud tenant's new delivery, behind %d pending, has priority %d, want at least 3", 3*webhooks.FairShare, j.priority)
 	}
+	// A redelivery (as a wake-up of the next of a subject) is a lone job: it queues by its
+	// tenant's backlog too, not at the first priority.
+	var first int64
+	if err := env.DB.Pool.QueryRow(ctx, `SELECT min(d.id) FROM compute.webhook_deliveries d JOIN compute.webhook_endpoints w ON w.id = d.endpoint_id
+		WHERE w.tenant_id = $1`, loud).Scan(&first); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.Compute.API.Webhooks.Redeliver(ctx, loudKey, api.RedeliverWebhook{Delivery: first}); err != nil {
+		t.Fatal(err)
+	}
+	var priority int
+	if err := env.DB.Pool.QueryRow(ctx, `SELECT priority FROM compute.river_job WHERE (args->>'delivery')::bigint = $1 ORDER BY id DESC LIMIT 1`,
+		first).Scan(&priority); err != nil || priority < 3 {
+		t.Fatalf("the loud tenant's redelivery has priority %d (%v), want at least 3 behind its backlog", priority, err)
+	}
 }
 
 // queuedJob is a delivery's job as River will take it.
