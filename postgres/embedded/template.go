@@ -71,9 +71,12 @@ func (c *Cluster) fromTemplate(tpl string, a *account) bool {
 	if _, err := os.Stat(filepath.Join(tpl, "PG_VERSION")); err != nil {
 		return false
 	}
-	pw, err := readPassword(tpl)
+	// The password is read from the copy: the template may be replaced meanwhile (discarded,
+	// then made again by another process), and the files and their password must be one's.
+	err := copyTree(tpl, c.dataDir, a)
+	var pw string
 	if err == nil {
-		err = copyTree(tpl, c.dataDir, a)
+		pw, err = readPassword(c.dataDir)
 	}
 	if err != nil {
 		entries, _ := os.ReadDir(c.dataDir)
