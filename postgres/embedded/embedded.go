@@ -52,6 +52,7 @@ type Options struct {
 	Password string
 	// TemplateDir keeps the cluster template (what initdb makes, once per machine, copied into
 	// each new cluster: docs/benchmarks.md); empty: $XDG_CACHE_HOME/better-compute/postgres.
+	// A template is copied only when this user made it and no one else may write to it.
 	TemplateDir string
 	// NoTemplate runs initdb for every new cluster and keeps no template.
 	NoTemplate bool

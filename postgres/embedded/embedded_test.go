@@ -520,3 +520,23 @@ func TestFailedFirstStartKeepsNoTemplatePassword(t *testing.T) {
 		t.Fatalf("the cluster in %s kept the template's password", dir)
 	}
 }
+
+// TestTemplateOthersCanWriteIsNotCopied: a template that others may write to (in a TemplateDir
+// shared between users, one could be planted) is not copied: its roles and data would be in the
+// cluster. A cluster is then made by initdb.
+func TestTemplateOthersCanWriteIsNotCopied(t *testing.T) {
+	t.Parallel()
+	cache := t.TempDir()
+	startIn(t, embedded.Options{TemplateDir: cache})
+	tpl := filepath.Join(cache, templates(t, cache)[0])
+	if err := os.WriteFile(filepath.Join(tpl, "planted"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(tpl, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	c := startIn(t, embedded.Options{TemplateDir: cache})
+	if _, err := os.Stat(filepath.Join(c.DataDir(), "planted")); err == nil {
+		t.Fatal("the cluster was copied from a template others may write to")
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -68,6 +69,9 @@ func templateKey(bin string, a *account, prepareKey string) (string, error) {
 // it did. A template missing, or one that cannot be copied whole (removed meanwhile, a disk
 // full), leaves the directory empty again for initdb: the template is a cache.
 func (c *Cluster) fromTemplate(tpl string, a *account) bool {
+	if !ours(tpl) {
+		return false // not one this user made: left alone, and initdb makes the cluster
+	}
 	if _, err := os.Stat(filepath.Join(tpl, "PG_VERSION")); err != nil {
 		return false
 	}
@@ -90,6 +94,18 @@ func (c *Cluster) fromTemplate(tpl string, a *account) bool {
 	now := time.Now()
 	_ = os.Chtimes(tpl, now, now) // used: kept (keepTemplate)
 	return true
+}
+
+// ours reports whether dir is a directory this user made and no one else may write to, as
+// keepTemplate makes every template: a TemplateDir others can write to (one shared between
+// users) may hold a template planted there, whose roles and data would be in every copy.
+func ours(dir string) bool {
+	fi, err := os.Lstat(dir)
+	if err != nil || !fi.IsDir() || fi.Mode().Perm()&0o022 != 0 {
+		return false
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	return ok && st.Uid == uint32(os.Geteuid())
 }
 
 // keepTemplate copies the cluster initdb made (and prepared), before its server starts for its
