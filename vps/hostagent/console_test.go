@@ -93,3 +93,42 @@ func TestConsolesServeTheirOwnersAlone(t *testing.T) {
 		}
 	})
 }
+
+// TestHypervisorSocketsAreTheAgentsAlone: the hypervisor makes an instance's console and second
+// port as it likes (a Unix socket's mode follows its umask); whoever can connect to one has the
+// guest's console, or answers the guest's SSH challenge with no revocations. A local user of
+// the host (a holder's confined user) must not: once the instance is converged, both are 0600,
+// bcd's (root) and the hypervisor's own.
+func TestHypervisorSocketsAreTheAgentsAlone(t *testing.T) {
+	rt := openRuntime{consoleRuntime{made: map[string]runtime.Instance{}}}
+	a, err := New(Options{Runtime: rt, Dir: t.TempDir(), Reporter: noReports{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	payload, _ := json.Marshal(hostapi.Instances{Instances: []hostapi.Instance{{ID: "i-1", Reservation: "res-a", Power: runtime.PowerRunning, Agent: true}}})
+	if err := a.Extension().Desired[hostapi.KindInstances](context.Background(), hostapi.InstancesVersion, payload); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{a.consolePath("i-1"), a.guestPortPath("i-1")} {
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s is %v once converged, want 0600", p, fi.Mode().Perm())
+		}
+	}
+}
+
+// openRuntime makes the instances' sockets as a hypervisor with umask 0 would: open to all.
+type openRuntime struct{ consoleRuntime }
+
+func (r openRuntime) Ensure(ctx context.Context, in runtime.Instance) (runtime.Status, error) {
+	st, err := r.consoleRuntime.Ensure(ctx, in)
+	for _, p := range []string{in.Console, in.Agent} {
+		if p != "" && err == nil {
+			err = os.Chmod(p, 0o666)
+		}
+	}
+	return st, err
+}

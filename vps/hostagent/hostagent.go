@@ -16,6 +16,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"maps"
 	"net/http"
@@ -351,6 +352,17 @@ func (a *Agent) ensure(ctx context.Context, in hostapi.Instance) error {
 	st, err := a.opts.Runtime.Ensure(ctx, r)
 	if err != nil {
 		return err
+	}
+	// The hypervisor makes the console and the second port with its own umask: whoever
+	// connects has the guest's console, or answers its SSH challenge with no revocations, so
+	// they are bcd's and the hypervisor's alone, never a local user's (a holder's confined user).
+	for _, p := range []string{r.Console, r.Agent} {
+		if p == "" {
+			continue
+		}
+		if err := os.Chmod(p, 0o600); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			a.opts.Logger.Warn("vps: an instance's socket stays as the hypervisor made it", "instance", in.ID, "path", p, "err", err)
+		}
 	}
 	if in.Reboots > a.state.Reboots[in.ID] && st.State == runtime.StateRunning {
 		if err := a.opts.Runtime.Reboot(ctx, in.ID); err != nil {
