@@ -60,7 +60,7 @@ func hostReported(ctx context.Context, r *modules.Report) error {
 			Data: map[string]any{"runtime": h.Runtime, "detail": why}}); err != nil {
 			return err
 		}
-		return markUnreachable(ctx, r, why)
+		return markUnreachable(ctx, r)
 	case !down && wasDown:
 		if err := r.Runtime.Events.Emit(ctx, r.Tx, modules.Event{Type: EventVMHostRuntimeUp, TenantID: r.TenantID, Subject: r.NodeID,
 			Data: map[string]any{"runtime": h.Runtime}}); err != nil {
@@ -74,8 +74,10 @@ func hostReported(ctx context.Context, r *modules.Report) error {
 // markUnreachable says, in the status of the live instances and sandboxes of the reporting host,
 // that it cannot reach its runtime, with an event each: their owners hear of it before the grace
 // runs out. Warm VMs are no one's: they wait for their own grace.
-func markUnreachable(ctx context.Context, r *modules.Report, why string) error {
-	detail := clip("its host cannot reach its VM runtime: "+why, 1024)
+func markUnreachable(ctx context.Context, r *modules.Report) error {
+	// Why is the host's (socket paths, its runtime's words): its operator's event has it, and its
+	// tenants hear what happened.
+	const detail = "its host cannot reach its VM runtime"
 	rows, err := r.Tx.Query(ctx, `UPDATE compute.vps_instances SET status = 'error', status_detail = $2, status_at = compute.compute_now()
 		WHERE node_id = $1 AND deleted_at IS NULL AND kind <> 'warm' AND (status <> 'error' OR status_detail <> $2)
 		RETURNING id::text, tenant_id, name, kind`, r.NodeID, detail)
