@@ -13,6 +13,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
+	"time"
 
 	"github.com/better-compute/compute/bcd/internal/cdi"
 )
@@ -87,9 +89,28 @@ func (m *Manager) devices(ctx context.Context) error {
 			continue // not a character device: not a GPU's node, never chowned
 		}
 		name := deviceGroup(node)
+		want := slices.Clone(members[node])
+		slices.Sort(want)
+		want = slices.Compact(want)
 		g, ok := groups[name]
+		// A holder that leaves the device leaves its group for good: the group is made again
+		// with a gid never given before, so a setgid file of the old one opens nothing, and
+		// whatever still holds the device open without being one of its holders is killed (a
+		// descriptor passed to another process).
+		left := ok && slices.ContainsFunc(m.state.Members[name], func(u string) bool { return !slices.Contains(want, u) })
+		if left {
+			if err := run(ctx, "groupdel", name); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			ok = false
+		}
 		if !ok {
-			if err := run(ctx, "groupadd", name); err != nil {
+			id, err := m.freshID()
+			if err != nil {
+				return err
+			}
+			if err := run(ctx, "groupadd", "--gid", strconv.Itoa(id), name); err != nil {
 				errs = append(errs, err)
 				continue
 			}
@@ -101,9 +122,6 @@ func (m *Manager) devices(ctx context.Context) error {
 			}
 			g = groups[name]
 		}
-		want := slices.Clone(members[node])
-		slices.Sort(want)
-		want = slices.Compact(want)
 		if !slices.Equal(want, g.members) {
 			if err := run(ctx, "gpasswd", "-M", strings.Join(want, ","), name); err != nil {
 				errs = append(errs, err)
@@ -118,6 +136,13 @@ func (m *Manager) devices(ctx context.Context) error {
 			errs = append(errs, err)
 			continue
 		}
+		if left {
+			m.killOpeners(node, want)
+		}
+		if m.state.Members == nil {
+			m.state.Members = map[string][]string{}
+		}
+		m.state.Members[name] = want
 		gids[node] = g.gid
 	}
 	for _, h := range m.state.Users {
@@ -165,4 +190,49 @@ func readGroups() (map[string]group, error) {
 		out[parts[0]] = group{gid: uint32(gid), members: mem}
 	}
 	return out, sc.Err()
+}
+
+// killOpeners kills the processes that hold node open and are not root's nor one of users'.
+func (m *Manager) killOpeners(node string, users []string) {
+	allowed := map[int]bool{0: true}
+	for _, h := range m.state.Users {
+		if slices.Contains(users, h.User) {
+			allowed[h.UID] = true
+		}
+	}
+	for round := 0; round < 100; round++ {
+		pids := openersOf(node, allowed)
+		if len(pids) == 0 {
+			return
+		}
+		for _, pid := range pids {
+			m.log.Warn("tenancy: killed a process holding a GPU it does not hold", "pid", pid, "device", node)
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// openersOf lists the processes with a descriptor of node open whose real uid is not allowed.
+func openersOf(node string, allowed map[int]bool) []int {
+	entries, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		var st syscall.Stat_t
+		if syscall.Stat(filepath.Join("/proc", e.Name()), &st) != nil || allowed[int(st.Uid)] {
+			continue
+		}
+		fds, _ := os.ReadDir(filepath.Join("/proc", e.Name(), "fd"))
+		for _, fd := range fds {
+			if target, err := os.Readlink(filepath.Join("/proc", e.Name(), "fd", fd.Name())); err == nil && target == node {
+				out = append(out, pid)
+				break
+			}
+		}
+	}
+	return out
 }

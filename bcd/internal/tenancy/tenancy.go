@@ -26,9 +26,11 @@ import (
 	"log/slog"
 	"maps"
 	"os"
+	"os/user"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"sync"
 
 	agentv1 "github.com/better-compute/compute/agent/v1"
@@ -77,6 +79,30 @@ type Manager struct {
 type state struct {
 	Users  map[string]*holder `json:"users"`  // by reservation
 	Groups []string           `json:"groups"` // the device groups it made
+	// NextID is the next uid or gid to give a holder's user or a device's group: ids are never
+	// given twice, so nothing a holder left (a file it owns, a setgid file of a GPU's group) is
+	// ever anyone else's.
+	NextID int `json:"nextId,omitempty"`
+	// Members are each device group's members as last set (userdel takes a removed user out of
+	// /etc/group, so the file cannot say who left).
+	Members map[string][]string `json:"members,omitempty"`
+}
+
+// FirstID is where the ids of holders' users and devices' groups start: far above the ids a
+// distribution gives its users, below 2^31 (which some tools take for negative).
+const FirstID = 1_500_000_000
+
+// freshID is an id (uid and gid) never given before by this Manager, and free now.
+func (m *Manager) freshID() (int, error) {
+	for id := max(m.state.NextID, FirstID); id < 1<<31-1; id++ {
+		_, uerr := user.LookupId(strconv.Itoa(id))
+		_, gerr := user.LookupGroupId(strconv.Itoa(id))
+		if uerr != nil && gerr != nil {
+			m.state.NextID = id + 1
+			return id, m.save()
+		}
+	}
+	return 0, errors.New("tenancy: no free id left")
 }
 
 // holder is a reservation's confinement.

@@ -14,7 +14,9 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -125,6 +127,28 @@ func TestHoldersAreConfinedOnTheMachine(t *testing.T) {
 		t.Fatal("a command of a reservation the node does not hold ran")
 	}
 
+	// What r2 could leave to keep its GPU: a setgid file of nvidia92's group (made here by root
+	// as r2 would), and an open descriptor of nvidia92 passed to a process of another uid (r1's).
+	var before unix.Stat_t
+	if err := unix.Stat(filepath.Join(dev, "nvidia92"), &before); err != nil {
+		t.Fatal(err)
+	}
+	r2UID := m.state.Users[r2].UID
+	node92, err := os.Open(filepath.Join(dev, "nvidia92"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	passed := exec.Command("sleep", "300")
+	passed.ExtraFiles = []*os.File{node92}
+	passed.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(m.state.Users[r1].UID), Gid: uint32(m.state.Users[r1].GID)}}
+	if err := passed.Start(); err != nil {
+		t.Fatal(err)
+	}
+	node92.Close()
+	passedDone := make(chan error, 1)
+	go func() { passedDone <- passed.Wait() }()
+	t.Cleanup(func() { _ = passed.Process.Kill() })
+
 	// r2 ends: its process is killed, its home and user removed; r1 keeps its own.
 	sleeper := exec.Command("sleep", "300")
 	started, err := m.Confine(r2, sleeper)
@@ -153,6 +177,32 @@ func TestHoldersAreConfinedOnTheMachine(t *testing.T) {
 	if out, err := run(r1, probe); err != nil || !strings.HasSuffix(strings.TrimSpace(out), "90\n91") {
 		t.Fatalf("r1 after r2 ended: %v\n%s", err, out)
 	}
+	// Nothing r2 left reaches nvidia92 now: the process holding it open under another uid is
+	// killed, and a new hold of it has a group (and its user a uid) that were never r2's.
+	select {
+	case <-passedDone:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a process of another uid holding the ended hold's GPU open still runs")
+	}
+	r3 := id()
+	t.Cleanup(func() { _ = exec.Command("userdel", api.ReservationUser(r3)).Run() })
+	spec(r3, 92)
+	if err := m.Apply(ctx, &agentv1.DesiredState{Holds: []*agentv1.DeviceHold{{Holder: r1}, {Holder: r3}}}); err != nil {
+		t.Fatal(err)
+	}
+	var after unix.Stat_t
+	if err := unix.Stat(filepath.Join(dev, "nvidia92"), &after); err != nil {
+		t.Fatal(err)
+	}
+	if after.Gid == before.Gid {
+		t.Fatalf("nvidia92's group kept gid %d from r2's hold to r3's: a setgid file r2 left would open it", after.Gid)
+	}
+	if got := m.state.Users[r3].UID; got == r2UID {
+		t.Fatalf("r3's user was given r2's uid %d: what r2 left would be r3's", got)
+	}
+	if out, err := run(r3, probe); err != nil || !strings.HasSuffix(strings.TrimSpace(out), "92") {
+		t.Fatalf("r3's command: %v\n%s", err, out)
+	}
 	// A Manager started again knows what it made, and removes it.
 	m, err = New(Options{StateDir: base, Home: home, DeviceRoot: dev, CDIDir: cdiDir})
 	if err != nil {
@@ -160,6 +210,9 @@ func TestHoldersAreConfinedOnTheMachine(t *testing.T) {
 	}
 	if err := m.Apply(ctx, &agentv1.DesiredState{}); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := user.Lookup(api.ReservationUser(r3)); err == nil {
+		t.Fatal("a hold's user outlived every hold")
 	}
 	if _, err := user.Lookup(api.ReservationUser(r1)); err == nil {
 		t.Fatal("a hold's user outlived every hold")

@@ -22,7 +22,7 @@ import (
 
 // The system's own tools make and remove users and groups (shadow's useradd and the rest):
 // they lock /etc/passwd and /etc/group as every other writer does.
-var tools = []string{"useradd", "userdel", "groupadd", "gpasswd"}
+var tools = []string{"useradd", "userdel", "groupadd", "groupdel", "gpasswd"}
 
 // lookTool finds a tool on PATH or in the sbin directories (a daemon's PATH may lack them).
 func lookTool(name string) (string, error) {
@@ -78,7 +78,14 @@ func (m *Manager) ensure(ctx context.Context, res string, hold *agentv1.DeviceHo
 		}
 		// The password "*" matches nothing and is not "locked" ("!"), which sshd would refuse
 		// before any certificate is looked at.
-		if err := run(ctx, "useradd", "--no-log-init", "--user-group", "--no-create-home", "--home-dir", home, "--shell", shell,
+		id, err := m.freshID()
+		if err != nil {
+			return err
+		}
+		if err := run(ctx, "groupadd", "--gid", strconv.Itoa(id), name); err != nil {
+			return fmt.Errorf("tenancy: make the group of reservation %s: %w", res, err)
+		}
+		if err := run(ctx, "useradd", "--no-log-init", "--uid", strconv.Itoa(id), "--gid", strconv.Itoa(id), "--no-create-home", "--home-dir", home, "--shell", shell,
 			"--password", "*", "--comment", "better-compute reservation "+res, name); err != nil {
 			return fmt.Errorf("tenancy: make the user of reservation %s: %w", res, err)
 		}
