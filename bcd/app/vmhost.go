@@ -35,7 +35,8 @@ type vmHostFlags struct {
 	chvBinary   string
 	chvFirmware string
 	uplink      string
-	fetchAllow  []string     // CIDRs the host may fetch tenants' images from beyond public addresses
+	fetchAllow  []string // CIDRs the host may fetch tenants' images from beyond public addresses
+	imageMaxGiB int
 	machine     atomic.Value // nodeagent.Hardware, once bcd node has opened it
 }
 
@@ -96,6 +97,7 @@ func (f *vmHostFlags) flags(c *cobra.Command) {
 	c.Flags().StringVar(&f.domainType, "libvirt-domain-type", "kvm", "kvm, or qemu on a host without /dev/kvm (TCG: slow)")
 	c.Flags().StringVar(&f.fileOwner, "libvirt-file-owner", "", "uid:gid that owns the disks and states the runtime makes (a session-mode libvirtd's user); empty: libvirtd's own")
 	c.Flags().StringVar(&f.chvBinary, "chv-binary", chv.DefaultBinary, "the cloud-hypervisor executable (--vps-runtime chv), a path or a name on PATH")
+	c.Flags().IntVar(&f.imageMaxGiB, "vps-image-max-gib", hostagent.DefaultMaxImageBytes>>30, "the largest image (kernel, initramfs or disk) fetched for a tenant, in GiB: a URL could serve bytes without end")
 	c.Flags().StringSliceVar(&f.fetchAllow, "vps-fetch-allow", nil, "ranges (CIDR, repeated or comma-separated) beyond public addresses that tenants' image URLs may be fetched from, e.g. a local mirror's; the rest are refused, as the control plane refuses them (docs/security.md)")
 	c.Flags().StringVar(&f.chvFirmware, "chv-firmware", "", "the firmware (e.g. CLOUDHV.fd) that boots instances with a disk and no kernel (--vps-runtime chv); empty: such instances are refused")
 }
@@ -132,7 +134,8 @@ func (f *vmHostFlags) start(ctx context.Context, s *settings, reports *nodeagent
 		closeRT()
 		return ext.Extension{}, nil, err
 	}
-	opts := hostagent.Options{Runtime: rt, Dir: dir, Reporter: reports, Logger: logger, Uplink: f.uplink, GPUs: f.gpus, HTTP: images}
+	opts := hostagent.Options{Runtime: rt, Dir: dir, Reporter: reports, Logger: logger, Uplink: f.uplink, GPUs: f.gpus, HTTP: images,
+		MaxImageBytes: int64(f.imageMaxGiB) << 30}
 	if os.Geteuid() == 0 { // bridges and VLAN sub-interfaces are made as root; otherwise NICs plug into those that exist
 		links, err := hostnet.New()
 		if err != nil {

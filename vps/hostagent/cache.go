@@ -25,10 +25,11 @@ import (
 // that it did. Every image is checked before it is kept or given: its checksum, and what it
 // would make a hypervisor open (runtime.CheckImage).
 type cache struct {
-	dir     string
-	http    *http.Client
-	qemuImg string
-	mu      sync.Mutex // one fetch at a time: two instances of one image fetch it once
+	dir      string
+	http     *http.Client
+	qemuImg  string
+	maxBytes int64      // the largest image fetched: a tenant's URL could serve bytes without end
+	mu       sync.Mutex // one fetch at a time: two instances of one image fetch it once
 }
 
 // scope is whose images an instance boots: its tenant's, or, from a control plane that names
@@ -107,7 +108,10 @@ func (c *cache) fetch(ctx context.Context, art hostapi.Artifact) (string, error)
 		return "", err
 	}
 	h := sha256.New()
-	_, err = io.Copy(io.MultiWriter(tmp, h), src)
+	n, err := io.Copy(io.MultiWriter(tmp, h), io.LimitReader(src, c.maxBytes+1))
+	if err == nil && n > c.maxBytes {
+		err = fmt.Errorf("it is larger than this host takes (%d bytes, bcd node --vps-image-max-gib): not used", c.maxBytes)
+	}
 	if cerr := tmp.Close(); err == nil {
 		err = cerr
 	}

@@ -33,6 +33,9 @@ import (
 	"github.com/better-compute/compute/vps/runtime"
 )
 
+// DefaultMaxImageBytes is Options.MaxImageBytes's default: 100 GiB.
+const DefaultMaxImageBytes = 100 << 30
+
 // Options configure a host agent. Zero values mean the defaults.
 type Options struct {
 	// Runtime drives the host's hypervisor. Required.
@@ -45,6 +48,10 @@ type Options struct {
 	Reporter ext.Reporter
 	// HTTP fetches images; default a client with a 10-minute timeout.
 	HTTP *http.Client
+	// MaxImageBytes bounds an image (a kernel, an initramfs, a disk) fetched for a tenant: its
+	// URL could serve bytes without end and fill the host's disk before the checksum is known.
+	// Default DefaultMaxImageBytes.
+	MaxImageBytes int64
 	// QemuImg checks qcow2 images before they are kept (runtime.CheckImage): a path or a name
 	// on PATH; default "qemu-img".
 	QemuImg string
@@ -103,6 +110,10 @@ func New(opts Options) (*Agent, error) {
 	opts.StatusEvery = cmp.Or(opts.StatusEvery, 30*time.Second)
 	opts.RetryEvery = cmp.Or(opts.RetryEvery, 5*time.Second)
 	opts.Logger = cmp.Or(opts.Logger, slog.New(slog.DiscardHandler))
+	if opts.MaxImageBytes < 0 {
+		return nil, fmt.Errorf("hostagent: Options.MaxImageBytes must not be negative, got %d", opts.MaxImageBytes)
+	}
+	opts.MaxImageBytes = cmp.Or(opts.MaxImageBytes, DefaultMaxImageBytes)
 	for _, d := range []string{opts.Dir, filepath.Join(opts.Dir, "cache"), filepath.Join(opts.Dir, "consoles"), filepath.Join(opts.Dir, "snapshots")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, fmt.Errorf("hostagent: %w", err)
@@ -111,7 +122,7 @@ func New(opts Options) (*Agent, error) {
 			return nil, fmt.Errorf("hostagent: %w", err)
 		}
 	}
-	a := &Agent{opts: opts, cache: &cache{dir: filepath.Join(opts.Dir, "cache"), http: opts.HTTP, qemuImg: opts.QemuImg},
+	a := &Agent{opts: opts, cache: &cache{dir: filepath.Join(opts.Dir, "cache"), http: opts.HTTP, qemuImg: opts.QemuImg, maxBytes: opts.MaxImageBytes},
 		dirty: make(chan struct{}, 1), state: persisted{Reboots: map[string]int{}, Restores: map[string]int{}},
 		errored: map[string]string{}, snapErrors: map[string]map[string]string{}, watches: map[string]*readyWatch{}, ready: map[string]bool{},
 		sshPorts: map[string]*sshPort{}}

@@ -521,3 +521,37 @@ func TestCachedBytesGoOnlyToTenantsThatFetchedThem(t *testing.T) {
 		}
 	})
 }
+
+// TestAnImageLargerThanTheHostTakesIsRefused: a tenant's URL could serve bytes without end and
+// fill the host's disk before its checksum is known: a fetch stops past MaxImageBytes, keeps
+// nothing, and says why; an image of the limit is kept.
+func TestAnImageLargerThanTheHostTakesIsRefused(t *testing.T) {
+	body := bytes.Repeat([]byte("i"), 1000)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/endless" {
+			for range 100 {
+				if _, err := w.Write(body); err != nil {
+					return
+				}
+			}
+			return
+		}
+		_, _ = w.Write(body)
+	}))
+	defer srv.Close()
+	dir := t.TempDir()
+	c := &cache{dir: dir, http: srv.Client(), maxBytes: int64(len(body))}
+	sum := sha256.Sum256(body)
+	if _, err := c.fetch(context.Background(), hostapi.Artifact{URL: srv.URL + "/endless", SHA256: hex.EncodeToString(sum[:])}); err == nil ||
+		!strings.Contains(err.Error(), "larger than") {
+		t.Fatalf("an endless image: %v, want it refused as larger than the host takes", err)
+	}
+	if left, _ := os.ReadDir(dir); len(left) != 0 {
+		t.Fatalf("a refused fetch left %d files", len(left))
+	}
+	p, err := c.fetch(context.Background(), hostapi.Artifact{URL: srv.URL + "/exact", SHA256: hex.EncodeToString(sum[:])})
+	if err != nil {
+		t.Fatalf("an image of the limit: %v", err)
+	}
+	os.Remove(p)
+}
