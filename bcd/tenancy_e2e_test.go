@@ -228,12 +228,12 @@ func TestTenantsSharingANodeAreConfined(t *testing.T) {
 			cl  *client.Client
 			res api.Reservation
 		}{{clA, resA}, {clB, resB}} {
+			// The device groups follow the desired state, which bcd applies in its own time.
 			var out string
-			deadline := time.Now().Add(45 * time.Second)
-			for out, _ = sh(c.cl, c.res, probe); !slices.Equal(strings.Fields(out), gpusOf(c.res)) && time.Now().Before(deadline); {
-				time.Sleep(100 * time.Millisecond) // the device groups follow the desired state
+			computetest.Eventually(t, 45*time.Second, "reservation "+c.res.ID+" opens its own GPUs", func() bool {
 				out, _ = sh(c.cl, c.res, probe)
-			}
+				return slices.Equal(strings.Fields(out), gpusOf(c.res))
+			})
 			if !slices.Equal(strings.Fields(out), gpusOf(c.res)) || len(gpusOf(c.res)) != 2 {
 				ls, _ := exec.Command("ls", "-l", devRoot).CombinedOutput()
 				id, _ := sh(c.cl, c.res, "id")

@@ -107,14 +107,12 @@ func TestBMCErrorsTellTheTenantNoBody(t *testing.T) {
 		t.Fatal(err)
 	}
 	var run api.WorkflowRun
-	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+	computetest.Eventually(t, 60*time.Second, "the power workflow ends", func() bool {
 		if run, err = cl.Workflows.Get(ctx, api.GetWorkflow{Run: pr.Run}); err != nil {
 			t.Fatal(err)
 		}
-		if run.State != api.WorkflowRunning || time.Now().After(deadline) {
-			break
-		}
-	}
+		return run.State != api.WorkflowRunning
+	})
 	text := run.Error
 	for _, s := range run.Steps {
 		text += " " + s.Error

@@ -31,6 +31,8 @@ import (
 	"github.com/better-compute/compute/postgres"
 	"github.com/better-compute/compute/postgres/pgtest"
 	"github.com/better-compute/compute/vps"
+
+	"github.com/better-compute/compute/computetest"
 )
 
 // A doc command is a better-compute command line in a fenced sh block of README.md or docs/*.md.
@@ -226,16 +228,10 @@ func (e *docEnv) write(name, content string) {
 	e.must(os.WriteFile(name, []byte(content), 0o600))
 }
 
-// eventually waits for cond, checking it every 50 ms for at most 45 s, then fails saying what.
+// eventually waits for cond for at most 45 s (computetest.Eventually), then fails saying what.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(45 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	computetest.Eventually(t, 45*time.Second, what, cond)
 }
 
 // accessSetup: $RES is a reservation of the simulated pool, and the reader has an SSH key.

@@ -311,6 +311,9 @@ func TestDHCP(t *testing.T) {
 	f := newFake()
 	f.noRandom = true
 	f.links = []Link{{Name: "eth0", Physical: true}, {Name: "eth1", Physical: true}, {Name: "eth2", Physical: true}}
+	// eth1 answers only once eth2 has failed: a failure must not end the search.
+	eth2Failed := make(chan struct{})
+	var failOnce sync.Once
 	f.dhcp = func(ctx context.Context, link string) (Lease, error) {
 		switch link {
 		case "eth0":
@@ -320,9 +323,14 @@ func TestDHCP(t *testing.T) {
 			f.mu.Unlock()
 			return Lease{}, err
 		case "eth1":
-			time.Sleep(20 * time.Millisecond)
+			select {
+			case <-eth2Failed:
+			case <-ctx.Done():
+				return Lease{}, ctx.Err()
+			}
 			return testLease(link, "192.168.7.20/24"), nil
 		}
+		failOnce.Do(func() { close(eth2Failed) })
 		return Lease{}, errors.New("the raw socket refused")
 	}
 	r := start(t, f, Config{}, nil)
@@ -462,10 +470,8 @@ func TestRunRamdisk(t *testing.T) {
 func TestDHCPOnTheBootNIC(t *testing.T) {
 	f := newFake()
 	f.files["/proc/cmdline"] = []byte("console=ttyS0 bcd.site=http://10.0.2.2:8067 bcd.token=t BOOTIF=01-52-54-00-00-00-02\n")
+	// Every NIC answers at once: only the boot NIC's being asked at all shows it was chosen.
 	f.dhcp = func(ctx context.Context, link string) (Lease, error) {
-		if link == "eth1" {
-			time.Sleep(20 * time.Millisecond)
-		}
 		return testLease(link, "10.0.2.15/24"), nil
 	}
 	r := start(t, f, Config{}, nil)

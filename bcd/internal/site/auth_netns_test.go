@@ -21,6 +21,8 @@ import (
 	"github.com/pin/tftp/v3"
 
 	"github.com/better-compute/compute/metal/siteapi"
+
+	"github.com/better-compute/compute/computetest"
 )
 
 // The tenant's network, another link of the site's namespace (TEST-NET-2).
@@ -235,17 +237,11 @@ func TestProxyBootTokensFollowTheDHCPRequests(t *testing.T) {
 	if _, err := c.SendAndRead(context.Background(), c.RemoteAddr(), req, nil); !errors.Is(err, nclient4.ErrNoResponse) {
 		t.Fatalf("a DHCPREQUEST to another server: %v, want no answer from the proxy", err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		script, token := n.scriptToken(t, site, nsMachine, macRamdisk)
-		if token != "" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no token 10 s after the machine asked for %s:\n%s", nsMachine, script)
-		}
-		time.Sleep(50 * time.Millisecond) // the DHCP loop is the site's own: nothing to wait on here
-	}
+	// The DHCP loop is the site's own: nothing to wait on but what it serves.
+	computetest.Eventually(t, 10*time.Second, "a token for the machine that asked for "+nsMachine.String(), func() bool {
+		_, token := n.scriptToken(t, site, nsMachine, macRamdisk)
+		return token != ""
+	})
 }
 
 // httpPost posts a JSON body from namespace ns and address from.
