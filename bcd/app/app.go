@@ -43,6 +43,7 @@ import (
 	"github.com/better-compute/compute/internal/selfstat"
 	"github.com/better-compute/compute/internal/sim"
 	"github.com/better-compute/compute/internal/tpmattest"
+	"github.com/better-compute/compute/internal/usage"
 )
 
 // version is set at build time: -ldflags "-X github.com/better-compute/compute/bcd/app.version=v0.1.0".
@@ -93,7 +94,7 @@ object with stateDir, cdiDir, gateway, transport, logLevel and fake {gpus, model
 	pf.StringVar(&s.StateDir, "state-dir", s.StateDir, "where the journal (identity, desired state, pending results) is kept")
 	pf.StringVar(&s.LogLevel, "log-level", s.LogLevel, "debug, info, warn or error")
 	root.AddCommand(joinCmd(s), nodeCmd(s), statusCmd(s), doctorCmd(s), versionCmd(), superviseCmd(s), simCmd(s), ramdiskCmd(s), siteCmd(s), initCmd(s), cgroupHookCmd(), helperCmd(s))
-	strictUsage(root)
+	usage.Strict(root)
 	return root
 }
 
@@ -168,7 +169,7 @@ token may also come from $BCD_JOIN_TOKEN.`,
 				token = os.Getenv("BCD_JOIN_TOKEN")
 			}
 			if url == "" || token == "" {
-				return usageError{errors.New("join needs --url (the control plane's API URL) and --token (or $BCD_JOIN_TOKEN)")}
+				return usageError{Err: errors.New("join needs --url (the control plane's API URL) and --token (or $BCD_JOIN_TOKEN)")}
 			}
 			j, err := journal.Open(s.StateDir)
 			if err != nil {
@@ -464,7 +465,7 @@ stopped; it prints how many are connected, and its CPU and memory, every ten sec
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.URL == "" || o.Token == "" || o.Nodes <= 0 {
-				return usageError{errors.New("sim needs --nodes, --url and --token")}
+				return usageError{Err: errors.New("sim needs --nodes, --url and --token")}
 			}
 			o.Logger = s.logger(cmd.ErrOrStderr())
 			ctx, cancel := signals()

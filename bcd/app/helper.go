@@ -34,7 +34,7 @@ no command that runs a program or writes a file the caller names.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if socket == "" || allowUID < 0 {
-				return usageError{errors.New("helper needs --socket PATH and --allow-uid N (the uid bcd node runs as)")}
+				return usageError{Err: errors.New("helper needs --socket PATH and --allow-uid N (the uid bcd node runs as)")}
 			}
 			log := s.logger(cmd.ErrOrStderr())
 			if os.Geteuid() != 0 {
@@ -127,7 +127,7 @@ func helperCallCmd() *cobra.Command {
 		Args:  cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if socket == "" {
-				return usageError{errors.New("call needs --socket PATH")}
+				return usageError{Err: errors.New("call needs --socket PATH")}
 			}
 			var in any
 			if len(args) == 2 {

@@ -34,13 +34,13 @@ operations (IPMI, Redfish), whose passwords reach it sealed in its commands.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
 			if cfg.Address, err = netip.ParseAddr(address); err != nil {
-				return usageError{fmt.Errorf("--address: %w", err)}
+				return usageError{Err: fmt.Errorf("--address: %w", err)}
 			}
 			if err := dhcpFlags(&cfg.DHCP, subnet, dhcpRange, router, dns); err != nil {
-				return usageError{err}
+				return usageError{Err: err}
 			}
 			if cfg.FetchAllow, err = parseRanges("--fetch-allow", fetchAllow); err != nil {
-				return usageError{err}
+				return usageError{Err: err}
 			}
 			cfg.StateDir = filepath.Join(s.StateDir, "site")
 			reports := nodeagent.NewReports()

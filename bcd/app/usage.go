@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/better-compute/compute/agent/ext"
+	"github.com/better-compute/compute/internal/usage"
 )
 
 // Exit codes, the better-compute CLI's: 0 success, 1 a failure while running, 2 a mistake in
@@ -21,9 +22,7 @@ const (
 )
 
 // usageError is a mistake in the command line.
-type usageError struct{ error }
-
-func (e usageError) Unwrap() error { return e.error }
+type usageError = usage.Error
 
 // run runs bcd with args and returns its exit code.
 func run(exts []ext.Extension, args []string, stdout, stderr io.Writer) int {
@@ -41,37 +40,6 @@ func run(exts []ext.Extension, args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	return exitError
-}
-
-// strictUsage makes every command line mistake under c a usage error: flag errors, argument
-// counts, and an unknown subcommand (cobra answers a group's unknown subcommand with the
-// group's help and success when the group runs nothing itself).
-func strictUsage(c *cobra.Command) {
-	c.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	c.SuggestionsMinimumDistance = 2
-	if c.HasSubCommands() && c.Run == nil && c.RunE == nil {
-		c.Args = cobra.ArbitraryArgs
-		c.RunE = func(cmd *cobra.Command, args []string) error {
-			if len(args) == 0 {
-				return cmd.Help()
-			}
-			msg := fmt.Sprintf("unknown command %q for %q", args[0], cmd.CommandPath())
-			if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
-				msg += "; did you mean " + strings.Join(s, " or ") + "?"
-			}
-			return usageError{errors.New(msg)}
-		}
-	} else if check := c.Args; check != nil {
-		c.Args = func(cmd *cobra.Command, args []string) error {
-			if err := check(cmd, args); err != nil {
-				return usageError{err}
-			}
-			return nil
-		}
-	}
-	for _, sub := range c.Commands() {
-		strictUsage(sub)
-	}
 }
 
 // nextStep is the bcd node command that follows a join: with the --config and --state-dir the

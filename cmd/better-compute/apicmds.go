@@ -93,7 +93,7 @@ func newMethodCommand(p *profile, d api.Describer) (*cobra.Command, *methodComma
 				return err
 			}
 			if p.URL == "" {
-				return usageError{errors.New("no control plane: pass --server or set BETTER_COMPUTE_URL")}
+				return usageError{Err: errors.New("no control plane: pass --server or set BETTER_COMPUTE_URL")}
 			}
 			cl, err := client.New(p.URL, client.WithAPIKey(p.APIKey), client.WithUserAgent("better-compute/"+version))
 			if err != nil {
@@ -131,20 +131,20 @@ func (m *methodCommand) input(cmd *cobra.Command, args []string) (reflect.Value,
 	for _, b := range m.bindings {
 		if cmd.Flags().Changed(b.flag) {
 			if err := b.set(v.Elem().FieldByIndex(b.index), cmd.Flags()); err != nil {
-				return v, usageError{fmt.Errorf("--%s: %w", b.flag, err)}
+				return v, usageError{Err: fmt.Errorf("--%s: %w", b.flag, err)}
 			}
 		}
 	}
 	group, name := kebab(m.info.Group), kebab(m.info.Name)
 	if len(args) == 1 {
 		if m.positional == "" {
-			return v, usageError{fmt.Errorf("%s %s takes no argument", group, name)}
+			return v, usageError{Err: fmt.Errorf("%s %s takes no argument", group, name)}
 		}
 		f := v.Elem().FieldByName(m.positional)
 		if f.Kind() == reflect.Int64 {
 			n, err := strconv.ParseInt(args[0], 10, 64)
 			if err != nil {
-				return v, usageError{fmt.Errorf("%s %s: %q is not a %s (a number)", group, name, args[0], kebab(m.positional))}
+				return v, usageError{Err: fmt.Errorf("%s %s: %q is not a %s (a number)", group, name, args[0], kebab(m.positional))}
 			}
 			f.SetInt(n)
 		} else {
@@ -154,7 +154,7 @@ func (m *methodCommand) input(cmd *cobra.Command, args []string) (reflect.Value,
 	if m.positional != "" && v.Elem().FieldByName(m.positional).IsZero() {
 		// Every method that takes its resource as the argument requires it (a test checks).
 		arg := kebab(m.positional)
-		return v, usageError{fmt.Errorf("%s %s needs a %s: %s %s (or --%s)", group, name, arg, cmd.CommandPath(), strings.ToUpper(arg), arg)}
+		return v, usageError{Err: fmt.Errorf("%s %s needs a %s: %s %s (or --%s)", group, name, arg, cmd.CommandPath(), strings.ToUpper(arg), arg)}
 	}
 	return v.Elem(), nil
 }
@@ -170,9 +170,9 @@ func decodeInput(in reflect.Type, raw string) (reflect.Value, error) {
 	if err := modules.DecodeJSON([]byte(raw), v.Interface()); err != nil {
 		var ae *api.Error
 		if errors.As(err, &ae) {
-			return v, usageError{&api.Error{Code: ae.Code, Message: "--json: " + ae.Message, Details: ae.Details}}
+			return v, usageError{Err: &api.Error{Code: ae.Code, Message: "--json: " + ae.Message, Details: ae.Details}}
 		}
-		return v, usageError{fmt.Errorf("--json: %w", err)}
+		return v, usageError{Err: fmt.Errorf("--json: %w", err)}
 	}
 	return v, nil
 }

@@ -33,7 +33,7 @@ may read the audit tree.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if file == "" {
-				return usageError{errors.New("--checkpoint FILE is required: save one with better-compute audit checkpoint -o json > FILE")}
+				return usageError{Err: errors.New("--checkpoint FILE is required: save one with better-compute audit checkpoint -o json > FILE")}
 			}
 			saved, err := readCheckpoint(file)
 			if err != nil {
@@ -85,10 +85,10 @@ func readCheckpoint(file string) (api.Checkpoint, error) {
 	}
 	var cp api.Checkpoint
 	if err := json.Unmarshal(b, &cp); err != nil {
-		return api.Checkpoint{}, usageError{fmt.Errorf("--checkpoint %s: not a checkpoint saved with better-compute audit checkpoint -o json: %w", file, err)}
+		return api.Checkpoint{}, usageError{Err: fmt.Errorf("--checkpoint %s: not a checkpoint saved with better-compute audit checkpoint -o json: %w", file, err)}
 	}
 	if cp.Note == "" {
-		return api.Checkpoint{}, usageError{fmt.Errorf("--checkpoint %s: has no signed note: save one with better-compute audit checkpoint -o json", file)}
+		return api.Checkpoint{}, usageError{Err: fmt.Errorf("--checkpoint %s: has no signed note: save one with better-compute audit checkpoint -o json", file)}
 	}
 	return cp, nil
 }

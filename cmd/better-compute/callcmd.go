@@ -19,7 +19,7 @@ import (
 
 func serverClient(p *profile) (*client.Client, error) {
 	if p.URL == "" {
-		return nil, usageError{errors.New("no control plane: pass --server or set BETTER_COMPUTE_URL")}
+		return nil, usageError{Err: errors.New("no control plane: pass --server or set BETTER_COMPUTE_URL")}
 	}
 	return client.New(p.URL, client.WithAPIKey(p.APIKey), client.WithUserAgent("better-compute/"+version))
 }
@@ -82,14 +82,14 @@ The server checks the input as strictly as any call's: an unknown field is refus
 				}
 			}
 			if info == nil {
-				return usageError{fmt.Errorf("the control plane serves no method %q (better-compute methods lists them)", args[0])}
+				return usageError{Err: fmt.Errorf("the control plane serves no method %q (better-compute methods lists them)", args[0])}
 			}
 			body := json.RawMessage(strings.TrimSpace(raw))
 			if len(body) == 0 {
 				body = json.RawMessage("{}")
 			}
 			if !json.Valid(body) {
-				return usageError{errors.New("--json: not valid JSON")}
+				return usageError{Err: errors.New("--json: not valid JSON")}
 			}
 			if key != "" {
 				ctx = api.WithIdempotencyKey(ctx, key)

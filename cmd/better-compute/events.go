@@ -30,10 +30,10 @@ func eventsWatchCmd(p *profile) *cobra.Command {
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if count < 0 {
-				return usageError{fmt.Errorf("--count %d: must not be negative", count)}
+				return usageError{Err: fmt.Errorf("--count %d: must not be negative", count)}
 			}
 			if fromNow && cmd.Flags().Changed("after") {
-				return usageError{errors.New("--from-now and --after: give one")}
+				return usageError{Err: errors.New("--from-now and --after: give one")}
 			}
 			cl, err := serverClient(p)
 			if err != nil {

@@ -89,7 +89,7 @@ vps module's instances.console or sandboxes.console (which check that the VM is 
 				}
 			}
 			if len(given) > 1 {
-				return usageError{fmt.Errorf("%s: give one (--instance or --sandbox names a VM alone)", strings.Join(given, ", "))}
+				return usageError{Err: fmt.Errorf("%s: give one (--instance or --sandbox names a VM alone)", strings.Join(given, ", "))}
 			}
 			method, ref := "instances.console", map[string]string{"instance": instance}
 			if sandbox != "" {

@@ -115,7 +115,7 @@ secrets of webhook endpoints the apply creates are printed once.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if fingerprint == "" && !yes {
-				return usageError{errors.New("--fingerprint FP (printed by better-compute fleet plan) or --yes (plan and apply now) is required")}
+				return usageError{Err: errors.New("--fingerprint FP (printed by better-compute fleet plan) or --yes (plan and apply now) is required")}
 			}
 			doc, err := readDocument(cmd, file)
 			if err != nil {
@@ -214,7 +214,7 @@ func readDocument(cmd *cobra.Command, file string) (string, error) {
 	var err error
 	switch file {
 	case "":
-		return "", usageError{errors.New("-f FILE is required: a FleetConfig (better-compute fleet export writes one), or - for stdin")}
+		return "", usageError{Err: errors.New("-f FILE is required: a FleetConfig (better-compute fleet export writes one), or - for stdin")}
 	case "-":
 		b, err = io.ReadAll(io.LimitReader(cmd.InOrStdin(), api.MaxFleetDocumentBytes+1))
 	default:

@@ -90,7 +90,7 @@ func (a *iamAdmin) keys() *cobra.Command {
 		var until time.Time
 		switch {
 		case expires < 0:
-			return nil, usageError{fmt.Errorf("--expires %s: want a positive duration such as 720h", expires)}
+			return nil, usageError{Err: fmt.Errorf("--expires %s: want a positive duration such as 720h", expires)}
 		case expires > 0:
 			until = time.Now().Add(expires)
 		}
@@ -266,7 +266,7 @@ func (a *iamAdmin) command(use, short string, args cobra.PositionalArgs, fn func
 			a.dbURL = os.Getenv(postgres.EnvDatabaseURL)
 		}
 		if a.dbURL == "" {
-			return usageError{errors.New("iam commands need --database-url or $" + postgres.EnvDatabaseURL)}
+			return usageError{Err: errors.New("iam commands need --database-url or $" + postgres.EnvDatabaseURL)}
 		}
 		ctx, stop := signals()
 		defer stop()
@@ -301,7 +301,7 @@ func (a *iamAdmin) command(use, short string, args cobra.PositionalArgs, fn func
 // readPolicy reads and checks a policy document from a file, or from stdin for "-".
 func readPolicy(path string, stdin io.Reader) (iam.Policy, error) {
 	if path == "" {
-		return iam.Policy{}, usageError{errors.New("--policy is required: a file with the policy document, or - for standard input")}
+		return iam.Policy{}, usageError{Err: errors.New("--policy is required: a file with the policy document, or - for standard input")}
 	}
 	var b []byte
 	var err error

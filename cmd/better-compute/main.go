@@ -16,6 +16,8 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+
+	"github.com/better-compute/compute/internal/usage"
 )
 
 // version is set at build time: -ldflags "-X main.version=v0.1.0".
@@ -54,9 +56,7 @@ func runWith(stdin io.Reader, args []string, stdout, stderr io.Writer) int {
 }
 
 // usageError is a mistake in the command line.
-type usageError struct{ error }
-
-func (e usageError) Unwrap() error { return e.error }
+type usageError = usage.Error
 
 // profile is where the API calls go: flags, then $BETTER_COMPUTE_URL and
 // $BETTER_COMPUTE_API_KEY, then the config file.
@@ -106,7 +106,6 @@ flags is --input-NAME.`,
 	// takes the name; silent, since a warning on stderr would mix with exec's remote stderr.
 	pf.StringVar(&p.URL, legacyServerFlag, "", "")
 	_ = pf.MarkHidden(legacyServerFlag)
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	for _, g := range apiCommands(p) {
 		if g.Name() == "events" {
 			g.AddCommand(eventsWatchCmd(p))
@@ -132,7 +131,7 @@ flags is --input-NAME.`,
 	root.AddCommand(devCmd(), serveCmd(), simCmd(p), iamCmd(p), mcpCmd(p), methodsCmd(p), callCmd(p), execCmd(p), consoleCmd(p))
 	root.InitDefaultCompletionCmd()
 	root.SetHelpCommand(helpCmd(root))
-	strictUsage(root)
+	usage.Strict(root)
 	return root
 }
 
@@ -145,40 +144,10 @@ func helpCmd(root *cobra.Command) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			target, rest, err := root.Find(args)
 			if err != nil || len(rest) > 0 || target == root && len(args) > 0 {
-				return usageError{fmt.Errorf("unknown help topic %q: better-compute help lists the commands", strings.Join(args, " "))}
+				return usageError{Err: fmt.Errorf("unknown help topic %q: better-compute help lists the commands", strings.Join(args, " "))}
 			}
 			return target.Help()
 		},
-	}
-}
-
-// strictUsage makes every mistake in a command line a usage error: a word that names no
-// subcommand (cobra would print help and succeed) answers "unknown command" with suggestions,
-// and a wrong number of arguments is a usage error too.
-func strictUsage(c *cobra.Command) {
-	c.SuggestionsMinimumDistance = 2
-	if c.HasSubCommands() && c.Run == nil && c.RunE == nil {
-		c.Args = cobra.ArbitraryArgs
-		c.RunE = func(cmd *cobra.Command, args []string) error {
-			if len(args) == 0 {
-				return cmd.Help() // the group alone: its help, as asked
-			}
-			msg := fmt.Sprintf("unknown command %q for %q", args[0], cmd.CommandPath())
-			if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
-				msg += "; did you mean " + strings.Join(s, " or ") + "?"
-			}
-			return usageError{errors.New(msg)}
-		}
-	} else if check := c.Args; check != nil {
-		c.Args = func(cmd *cobra.Command, args []string) error {
-			if err := check(cmd, args); err != nil {
-				return usageError{err}
-			}
-			return nil
-		}
-	}
-	for _, sub := range c.Commands() {
-		strictUsage(sub)
 	}
 }
 
@@ -191,7 +160,7 @@ const (
 
 func (p *profile) load(cmd *cobra.Command, path string) error {
 	if !slices.Contains(outputFormats, p.Output) {
-		return usageError{fmt.Errorf("-o %q: use %s", p.Output, strings.Join(outputFormats, ", "))}
+		return usageError{Err: fmt.Errorf("-o %q: use %s", p.Output, strings.Join(outputFormats, ", "))}
 	}
 	var file profile
 	explicit := path != ""

@@ -32,7 +32,7 @@ confirmation id; once the person approves it, the same call runs once.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if p.URL == "" {
-				return usageError{errors.New("mcp needs the control plane: --server or $BETTER_COMPUTE_URL")}
+				return usageError{Err: errors.New("mcp needs the control plane: --server or $BETTER_COMPUTE_URL")}
 			}
 			server := func(key string) (*mcp.Server, error) {
 				cl, err := client.New(p.URL, client.WithAPIKey(key), client.WithUserAgent("better-compute-mcp/"+version))

@@ -65,7 +65,7 @@ a file to write it to instead (for a signer that does not reach the control plan
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if keys == "" {
-				return usageError{errors.New("init needs --keys DIR, where the offline keys are kept")}
+				return usageError{Err: errors.New("init needs --keys DIR, where the offline keys are kept")}
 			}
 			if err := os.MkdirAll(keys, 0o700); err != nil {
 				return err
@@ -172,12 +172,12 @@ func parseBuilds(vals []string) ([]buildFlag, error) {
 		platform, path, ok := strings.Cut(v, "=")
 		goos, arch, ok2 := strings.Cut(platform, "/")
 		if !ok || !ok2 || path == "" {
-			return nil, usageError{fmt.Errorf("--file %q: want os/arch=PATH, e.g. linux/amd64=./bcd", v)}
+			return nil, usageError{Err: fmt.Errorf("--file %q: want os/arch=PATH, e.g. linux/amd64=./bcd", v)}
 		}
 		out = append(out, buildFlag{os: goos, arch: arch, path: path})
 	}
 	if len(out) == 0 {
-		return nil, usageError{errors.New("name at least one build: --file linux/amd64=./bcd")}
+		return nil, usageError{Err: errors.New("name at least one build: --file linux/amd64=./bcd")}
 	}
 	return out, nil
 }
@@ -199,10 +199,10 @@ a rollout waits for nodes to report V.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if keys == "" || version == "" {
-				return usageError{errors.New("sign needs --keys DIR and --version V")}
+				return usageError{Err: errors.New("sign needs --keys DIR and --version V")}
 			}
 			if err := api.ValidateReleaseVersion("version", version); err != nil {
-				return usageError{err}
+				return usageError{Err: err}
 			}
 			builds, err := parseBuilds(files)
 			if err != nil {
@@ -274,7 +274,7 @@ func releasesPushCmd(p *profile) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if signed == "" {
-				return usageError{errors.New("push needs --signed FILE")}
+				return usageError{Err: errors.New("push needs --signed FILE")}
 			}
 			builds, err := parseBuilds(files)
 			if err != nil {
@@ -381,15 +381,15 @@ func rolloutsWatchCmd(p *profile) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 1 { // as rollouts get takes it
 				if id != "" && id != args[0] {
-					return usageError{fmt.Errorf("the rollout is %s or %s (--rollout): give one", args[0], id)}
+					return usageError{Err: fmt.Errorf("the rollout is %s or %s (--rollout): give one", args[0], id)}
 				}
 				id = args[0]
 			}
 			if err := (api.RolloutRef{Rollout: id}).Validate(); err != nil {
-				return usageError{fmt.Errorf("--rollout: %w", err)}
+				return usageError{Err: fmt.Errorf("--rollout: %w", err)}
 			}
 			if every <= 0 {
-				return usageError{fmt.Errorf("--every %s: must be positive", every)}
+				return usageError{Err: fmt.Errorf("--every %s: must be positive", every)}
 			}
 			cl, err := serverClient(p)
 			if err != nil {

@@ -77,7 +77,7 @@ Its flags are go run ./examples/devserver's; --listen, --gateway-listen, --verbo
 			}
 			s, err := devserver.Start(ctx, o)
 			if errors.Is(err, devserver.ErrEmbeddedOnly) {
-				return usageError{err}
+				return usageError{Err: err}
 			}
 			if err != nil {
 				return err
@@ -207,13 +207,13 @@ func (cfg *serveConfig) fill(cmd *cobra.Command, path string) error {
 		cfg.GatewayAddress = file.GatewayAddress
 	}
 	if cfg.DatabaseURL == "" {
-		return usageError{errors.New("serve needs a database: --database-url or $BETTER_COMPUTE_DATABASE_URL")}
+		return usageError{Err: errors.New("serve needs a database: --database-url or $BETTER_COMPUTE_DATABASE_URL")}
 	}
 	if cfg.Secret == "" {
-		return usageError{errors.New("serve needs a secret: --secret or $BETTER_COMPUTE_SECRET (32 characters or more)")}
+		return usageError{Err: errors.New("serve needs a secret: --secret or $BETTER_COMPUTE_SECRET (32 characters or more)")}
 	}
 	if cfg.AllowPrivateWebhooks && !cfg.IKnowItIsUnsafe {
-		return usageError{errors.New("--allow-private-webhooks lets every tenant's webhooks reach this host and its network (loopback, private addresses, cloud metadata): it is for development (better-compute dev has it); to run serve with it anyway, add --i-know-it-is-unsafe")}
+		return usageError{Err: errors.New("--allow-private-webhooks lets every tenant's webhooks reach this host and its network (loopback, private addresses, cloud metadata): it is for development (better-compute dev has it); to run serve with it anyway, add --i-know-it-is-unsafe")}
 	}
 	return nil
 }
@@ -354,7 +354,7 @@ func simCmd(p *profile) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.URL = p.URL
 			if o.URL == "" || o.Token == "" || o.Nodes <= 0 {
-				return usageError{errors.New("sim needs --nodes, --server (or $BETTER_COMPUTE_URL) and --token (a join token with at least N uses)")}
+				return usageError{Err: errors.New("sim needs --nodes, --server (or $BETTER_COMPUTE_URL) and --token (a join token with at least N uses)")}
 			}
 			ctx, stop := signals()
 			defer stop()

@@ -28,15 +28,15 @@ func workflowsWatchCmd(p *profile) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 1 {
 				if run != "" && run != args[0] {
-					return usageError{fmt.Errorf("the run is %s or %s (--run): give one", args[0], run)}
+					return usageError{Err: fmt.Errorf("the run is %s or %s (--run): give one", args[0], run)}
 				}
 				run = args[0]
 			}
 			if err := (api.GetWorkflow{Run: run}).Validate(); err != nil {
-				return usageError{fmt.Errorf("--run: %w", err)}
+				return usageError{Err: fmt.Errorf("--run: %w", err)}
 			}
 			if every <= 0 {
-				return usageError{fmt.Errorf("--every %s: must be positive", every)}
+				return usageError{Err: fmt.Errorf("--every %s: must be positive", every)}
 			}
 			cl, err := serverClient(p)
 			if err != nil {
