@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/better-compute/compute/api"
-	"github.com/better-compute/compute/internal/events"
+	"github.com/better-compute/compute/internal/core/events"
 )
 
 // TestEveryAccessTicketIsOneEvent: docs/access.md says every ticket and every certificate is one

@@ -11,8 +11,8 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/better-compute/compute/api"
-	"github.com/better-compute/compute/internal/access"
-	"github.com/better-compute/compute/internal/nodes"
+	"github.com/better-compute/compute/internal/core/access"
+	"github.com/better-compute/compute/internal/core/nodes"
 )
 
 // TestTenantsSharingANodeGetNoRoot: the control plane's half of "tenants sharing a node"

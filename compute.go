@@ -9,7 +9,7 @@
 //	err = c.Start(ctx); defer c.Stop(ctx)   // background work of the process mode
 package compute
 
-//go:generate go run ./internal/cmd/apigen
+//go:generate go run ./internal/tools/cmd/apigen
 
 import (
 	"cmp"
@@ -35,22 +35,22 @@ import (
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/console"
 	"github.com/better-compute/compute/iam"
-	"github.com/better-compute/compute/internal/access"
-	"github.com/better-compute/compute/internal/audit"
-	"github.com/better-compute/compute/internal/capacity"
-	"github.com/better-compute/compute/internal/envelope"
-	"github.com/better-compute/compute/internal/events"
-	"github.com/better-compute/compute/internal/fleet"
-	"github.com/better-compute/compute/internal/fleetconfig"
-	"github.com/better-compute/compute/internal/gateway"
-	"github.com/better-compute/compute/internal/metrics"
-	"github.com/better-compute/compute/internal/nodes"
-	"github.com/better-compute/compute/internal/quorum"
-	"github.com/better-compute/compute/internal/releases"
-	"github.com/better-compute/compute/internal/rollouts"
-	"github.com/better-compute/compute/internal/tufrepo"
-	"github.com/better-compute/compute/internal/webhooks"
-	"github.com/better-compute/compute/internal/workflow"
+	"github.com/better-compute/compute/internal/core/access"
+	"github.com/better-compute/compute/internal/core/audit"
+	"github.com/better-compute/compute/internal/core/capacity"
+	"github.com/better-compute/compute/internal/core/envelope"
+	"github.com/better-compute/compute/internal/core/events"
+	"github.com/better-compute/compute/internal/core/fleet"
+	"github.com/better-compute/compute/internal/core/fleetconfig"
+	"github.com/better-compute/compute/internal/core/gateway"
+	"github.com/better-compute/compute/internal/core/metrics"
+	"github.com/better-compute/compute/internal/core/nodes"
+	"github.com/better-compute/compute/internal/core/quorum"
+	"github.com/better-compute/compute/internal/core/releases"
+	"github.com/better-compute/compute/internal/core/rollouts"
+	"github.com/better-compute/compute/internal/core/webhooks"
+	"github.com/better-compute/compute/internal/core/workflow"
+	"github.com/better-compute/compute/internal/lib/tufrepo"
 	"github.com/better-compute/compute/jointokens"
 	"github.com/better-compute/compute/modules"
 	"github.com/better-compute/compute/postgres"

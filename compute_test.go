@@ -13,7 +13,7 @@ import (
 	"github.com/better-compute/compute"
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/iam"
-	"github.com/better-compute/compute/internal/envelope"
+	"github.com/better-compute/compute/internal/core/envelope"
 	"github.com/better-compute/compute/postgres/pgtest"
 )
 

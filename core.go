@@ -8,9 +8,9 @@ import (
 
 	"github.com/riverqueue/river"
 
-	"github.com/better-compute/compute/internal/envelope"
-	"github.com/better-compute/compute/internal/jobs"
-	"github.com/better-compute/compute/internal/workflow"
+	"github.com/better-compute/compute/internal/core/envelope"
+	"github.com/better-compute/compute/internal/core/jobs"
+	"github.com/better-compute/compute/internal/core/workflow"
 	"github.com/better-compute/compute/modules"
 )
 

@@ -19,8 +19,8 @@ import (
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/computetest"
 	"github.com/better-compute/compute/iam"
-	"github.com/better-compute/compute/internal/events"
-	"github.com/better-compute/compute/internal/webhooks"
+	"github.com/better-compute/compute/internal/core/events"
+	"github.com/better-compute/compute/internal/core/webhooks"
 )
 
 func newEnv(t *testing.T) *computetest.Env {

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/better-compute/compute/api"
-	"github.com/better-compute/compute/internal/fleet"
+	"github.com/better-compute/compute/internal/core/fleet"
 )
 
 var zeroTime time.Time

@@ -15,8 +15,8 @@ import (
 
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/computetest"
-	"github.com/better-compute/compute/internal/capacity"
-	"github.com/better-compute/compute/internal/fleet"
+	"github.com/better-compute/compute/internal/core/capacity"
+	"github.com/better-compute/compute/internal/core/fleet"
 )
 
 // fuzzFleet is what the method fuzz target's examples refer to: a site, a pool with one node of

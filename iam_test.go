@@ -12,7 +12,7 @@ import (
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/computetest"
 	"github.com/better-compute/compute/iam"
-	"github.com/better-compute/compute/internal/events"
+	"github.com/better-compute/compute/internal/core/events"
 	"github.com/better-compute/compute/postgres/pgtest"
 )
 

@@ -15,7 +15,7 @@ import (
 	"github.com/better-compute/compute"
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/computetest"
-	"github.com/better-compute/compute/internal/sim"
+	"github.com/better-compute/compute/sim"
 )
 
 // scrape reads url's /metrics over HTTP and parses it.

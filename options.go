@@ -10,8 +10,8 @@ import (
 
 	"github.com/better-compute/compute/console"
 	"github.com/better-compute/compute/iam"
-	"github.com/better-compute/compute/internal/capacity"
-	"github.com/better-compute/compute/internal/envelope"
+	"github.com/better-compute/compute/internal/core/capacity"
+	"github.com/better-compute/compute/internal/core/envelope"
 	"github.com/better-compute/compute/modules"
 	"github.com/better-compute/compute/netpolicy"
 	"github.com/better-compute/compute/postgres"

@@ -26,8 +26,8 @@ var (
 var knownWriters = map[string]string{
 	// A benchmark's fixture, not a product path: it books every node directly, because the fill
 	// is not what is measured.
-	"internal/cmd/placebench: compute.reservations": "the fill",
-	"internal/cmd/placebench: compute.bookings":     "the fill",
+	"internal/tools/cmd/placebench: compute.reservations": "the fill",
+	"internal/tools/cmd/placebench: compute.bookings":     "the fill",
 }
 
 // TestOneWriterPerTable keeps the rule that each table is written only by the package that owns
@@ -86,8 +86,8 @@ func TestOneWriterPerTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if owner["compute.nodes"] != "internal/fleet" {
-		t.Fatalf("found no migration creating compute.nodes in internal/fleet: the walk is broken (owners %v)", owner)
+	if owner["compute.nodes"] != "internal/core/fleet" {
+		t.Fatalf("found no migration creating compute.nodes in internal/core/fleet: the walk is broken (owners %v)", owner)
 	}
 	seen := map[string]bool{}
 	var wrong []string

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/better-compute/compute/computetest"
-	"github.com/better-compute/compute/internal/tufrepo"
+	"github.com/better-compute/compute/internal/lib/tufrepo"
 )
 
 // releaseSigner holds the offline keys of a test's release repository, for the method tables'

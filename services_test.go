@@ -11,7 +11,7 @@ import (
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/computetest"
 	"github.com/better-compute/compute/iam"
-	"github.com/better-compute/compute/internal/capacity"
+	"github.com/better-compute/compute/internal/core/capacity"
 	"github.com/better-compute/compute/modules"
 )
 

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/better-compute/compute/api"
-	"github.com/better-compute/compute/internal/envelope"
+	"github.com/better-compute/compute/internal/core/envelope"
 )
 
 // Event stream timing: how often a stream with nothing new looks again, and how often it sends a

@@ -17,7 +17,7 @@ import (
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/client"
 	"github.com/better-compute/compute/computetest"
-	"github.com/better-compute/compute/internal/events"
+	"github.com/better-compute/compute/internal/core/events"
 )
 
 // streamEnv is a control plane serving the API over HTTP, with its sequencer running.

@@ -13,9 +13,9 @@ import (
 
 	agentv1 "github.com/better-compute/compute/agent/v1"
 	"github.com/better-compute/compute/api"
-	"github.com/better-compute/compute/internal/access"
-	"github.com/better-compute/compute/internal/envelope"
-	"github.com/better-compute/compute/internal/gateway"
+	"github.com/better-compute/compute/internal/core/access"
+	"github.com/better-compute/compute/internal/core/envelope"
+	"github.com/better-compute/compute/internal/core/gateway"
 )
 
 // tunnelPing is how often an open tunnel pings its holder: one that stops answering (its

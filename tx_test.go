@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/better-compute/compute/api"
-	"github.com/better-compute/compute/internal/capacity"
+	"github.com/better-compute/compute/internal/core/capacity"
 )
 
 // TestCreateTxCommitsAndRollsBackWithTheHost checks that a host can reserve GPUs atomically with

@@ -20,8 +20,8 @@ import (
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/bcd/internal/selfupdate"
 	"github.com/better-compute/compute/computetest"
-	"github.com/better-compute/compute/internal/releases/releasetest"
-	"github.com/better-compute/compute/internal/tufrepo"
+	"github.com/better-compute/compute/internal/core/releases/releasetest"
+	"github.com/better-compute/compute/internal/lib/tufrepo"
 )
 
 // buildVersion builds the real bcd reporting version.

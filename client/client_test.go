@@ -16,8 +16,8 @@ import (
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/client"
 	"github.com/better-compute/compute/computetest"
-	"github.com/better-compute/compute/internal/capacity"
-	"github.com/better-compute/compute/internal/fleet"
+	"github.com/better-compute/compute/internal/core/capacity"
+	"github.com/better-compute/compute/internal/core/fleet"
 	"github.com/better-compute/compute/postgres/pgtest"
 )
 

@@ -17,7 +17,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/better-compute/compute"
-	"github.com/better-compute/compute/internal/devserver"
+	"github.com/better-compute/compute/devserver"
 	"github.com/better-compute/compute/metal"
 	"github.com/better-compute/compute/postgres"
 	"github.com/better-compute/compute/postgres/pgtest"

@@ -16,7 +16,7 @@ import (
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/computetest"
 	"github.com/better-compute/compute/console"
-	"github.com/better-compute/compute/internal/devserver"
+	"github.com/better-compute/compute/devserver"
 	"github.com/better-compute/compute/metal"
 	"github.com/better-compute/compute/postgres/pgtest"
 )

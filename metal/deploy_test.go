@@ -17,14 +17,14 @@ import (
 	"github.com/better-compute/compute/agent/ext"
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/computetest"
-	"github.com/better-compute/compute/internal/nodeagent"
-	"github.com/better-compute/compute/internal/sim"
+	"github.com/better-compute/compute/internal/node/nodeagent"
 	"github.com/better-compute/compute/metal"
 	"github.com/better-compute/compute/metal/ipmi"
 	"github.com/better-compute/compute/metal/ipmi/ipmisim"
 	"github.com/better-compute/compute/metal/power"
 	"github.com/better-compute/compute/metal/siteagent"
 	"github.com/better-compute/compute/metal/siteapi"
+	"github.com/better-compute/compute/sim"
 )
 
 // planRecorder stands for bcd site's services: it keeps the last plan the site agent was given.

@@ -12,7 +12,7 @@ import (
 )
 
 // Workflow is a durable procedure of named steps (a deploy, a remediation), run by the core's
-// workflow engine (internal/workflow, docs/workflows.md): its state is in PostgreSQL, each step is
+// workflow engine (internal/core/workflow, docs/workflows.md): its state is in PostgreSQL, each step is
 // a River job, so a run survives the death of any process and continues on another. Steps run in
 // order, one at a time; a step is retried with backoff until it succeeds, fails for good or runs
 // out of attempts, and a run may be cancelled. Every transition is an event.

@@ -8,7 +8,7 @@ import (
 
 	"github.com/better-compute/compute"
 	"github.com/better-compute/compute/api"
-	"github.com/better-compute/compute/internal/sim"
+	"github.com/better-compute/compute/sim"
 	"github.com/better-compute/compute/vps"
 	"github.com/better-compute/compute/vps/hostapi"
 )

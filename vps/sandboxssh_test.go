@@ -9,8 +9,8 @@ import (
 
 	"github.com/better-compute/compute"
 	"github.com/better-compute/compute/api"
-	"github.com/better-compute/compute/internal/access"
-	"github.com/better-compute/compute/internal/sshkrl"
+	"github.com/better-compute/compute/internal/core/access"
+	"github.com/better-compute/compute/internal/lib/sshkrl"
 	"github.com/better-compute/compute/vps"
 	"github.com/better-compute/compute/vps/hostapi"
 )

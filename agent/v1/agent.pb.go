@@ -103,7 +103,7 @@ func (x *JoinRequest) GetTpm() *TPMEvidence {
 	return nil
 }
 
-// TPMEvidence is what a node's TPM shows at join (internal/tpmattest makes and checks it).
+// TPMEvidence is what a node's TPM shows at join (internal/lib/tpmattest makes and checks it).
 type TPMEvidence struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	EkPublic         []byte                 `protobuf:"bytes,1,opt,name=ek_public,json=ekPublic,proto3" json:"ek_public,omitempty"`                           // TPMT_PUBLIC of the endorsement key (EK)

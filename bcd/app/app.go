@@ -39,11 +39,11 @@ import (
 	"github.com/better-compute/compute/bcd/internal/selfupdate"
 	"github.com/better-compute/compute/bcd/internal/sshd"
 	"github.com/better-compute/compute/bcd/internal/tenancy"
-	"github.com/better-compute/compute/internal/nodeagent"
-	"github.com/better-compute/compute/internal/selfstat"
-	"github.com/better-compute/compute/internal/sim"
-	"github.com/better-compute/compute/internal/tpmattest"
-	"github.com/better-compute/compute/internal/usage"
+	"github.com/better-compute/compute/internal/lib/selfstat"
+	"github.com/better-compute/compute/internal/lib/tpmattest"
+	"github.com/better-compute/compute/internal/lib/usage"
+	"github.com/better-compute/compute/internal/node/nodeagent"
+	"github.com/better-compute/compute/sim"
 )
 
 // version is set at build time: -ldflags "-X github.com/better-compute/compute/bcd/app.version=v0.1.0".

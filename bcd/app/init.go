@@ -15,7 +15,7 @@ import (
 	"github.com/better-compute/compute/bcd/internal/journal"
 	"github.com/better-compute/compute/bcd/internal/pid1"
 	"github.com/better-compute/compute/bcd/internal/ramdisk"
-	"github.com/better-compute/compute/internal/nodeagent"
+	"github.com/better-compute/compute/internal/node/nodeagent"
 	"github.com/better-compute/compute/metal/siteapi"
 )
 

@@ -13,7 +13,7 @@ import (
 
 	"github.com/better-compute/compute/bcd/internal/daemon"
 	"github.com/better-compute/compute/bcd/internal/site"
-	"github.com/better-compute/compute/internal/nodeagent"
+	"github.com/better-compute/compute/internal/node/nodeagent"
 	"github.com/better-compute/compute/metal/siteagent"
 )
 
@@ -83,7 +83,7 @@ operations (IPMI, Redfish), whose passwords reach it sealed in its commands.`,
 	f.StringSliceVar(&dns, "dhcp-dns", nil, "full DHCP: DNS servers given out")
 	f.StringVar(&cfg.IPXEDir, "ipxe-dir", site.IPXEDirDefault, "the iPXE binaries (Debian package ipxe)")
 	f.StringVar(&cfg.Kernel, "kernel", "", "the ramdisk's kernel")
-	f.StringVar(&cfg.Initrd, "initrd", "", "the ramdisk's initramfs, holding bcd (go run ./internal/cmd/mkramdisk)")
+	f.StringVar(&cfg.Initrd, "initrd", "", "the ramdisk's initramfs, holding bcd (go run ./internal/tools/cmd/mkramdisk)")
 	f.StringVar(&cfg.Cmdline, "ramdisk-cmdline", "", "added to the ramdisk's kernel command line, e.g. console=ttyS0,115200")
 	f.StringVar(&cfg.CacheDir, "cache-dir", site.CacheDirDefault, "the image cache, which bcd site owns")
 	f.StringSliceVar(&fetchAllow, "fetch-allow", nil, "ranges (CIDR, repeated or comma-separated) beyond public addresses that images may be fetched from, e.g. a local mirror's; images' URLs are tenants' choices, refused elsewhere as the control plane refuses them (docs/security.md)")

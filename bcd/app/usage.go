@@ -10,7 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/better-compute/compute/agent/ext"
-	"github.com/better-compute/compute/internal/usage"
+	"github.com/better-compute/compute/internal/lib/usage"
 )
 
 // Exit codes, the better-compute CLI's: 0 success, 1 a failure while running, 2 a mistake in

@@ -15,7 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/better-compute/compute/agent/ext"
-	"github.com/better-compute/compute/internal/nodeagent"
+	"github.com/better-compute/compute/internal/node/nodeagent"
 	"github.com/better-compute/compute/netpolicy"
 	"github.com/better-compute/compute/vps/hostagent"
 	"github.com/better-compute/compute/vps/hostnet"

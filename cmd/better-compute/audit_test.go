@@ -12,8 +12,8 @@ import (
 
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/computetest"
-	"github.com/better-compute/compute/internal/audit"
-	"github.com/better-compute/compute/internal/events"
+	"github.com/better-compute/compute/internal/core/audit"
+	"github.com/better-compute/compute/internal/core/events"
 )
 
 // TestAuditVerifyThroughTheCLI saves a checkpoint with better-compute audit checkpoint -o json,

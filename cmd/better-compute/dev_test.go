@@ -15,8 +15,8 @@ import (
 
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/client"
+	"github.com/better-compute/compute/devserver"
 	"github.com/better-compute/compute/iam"
-	"github.com/better-compute/compute/internal/devserver"
 	"github.com/better-compute/compute/postgres"
 	"github.com/better-compute/compute/postgres/pgtest"
 )

@@ -15,7 +15,7 @@ import (
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/client"
 	"github.com/better-compute/compute/computetest"
-	"github.com/better-compute/compute/internal/events"
+	"github.com/better-compute/compute/internal/core/events"
 )
 
 // TestEventsWatchFromNow: events watch --from-now prints only what is written after it starts

@@ -9,7 +9,7 @@ import (
 
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/computetest"
-	"github.com/better-compute/compute/internal/sim"
+	"github.com/better-compute/compute/sim"
 )
 
 // TestTunnelErrorsExitNonZero: a console or a command the node cannot give ends with its reason

@@ -17,7 +17,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/better-compute/compute/internal/usage"
+	"github.com/better-compute/compute/internal/lib/usage"
 )
 
 // version is set at build time: -ldflags "-X main.version=v0.1.0".

@@ -10,7 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/better-compute/compute/client"
-	"github.com/better-compute/compute/internal/mcptools"
+	"github.com/better-compute/compute/internal/tools/mcptools"
 )
 
 func mcpCmd(p *profile) *cobra.Command {

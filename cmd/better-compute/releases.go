@@ -21,7 +21,7 @@ import (
 
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/client"
-	"github.com/better-compute/compute/internal/tufrepo"
+	"github.com/better-compute/compute/internal/lib/tufrepo"
 )
 
 // The offline half of the release repository (docs/releases.md): the root and targets keys are

@@ -10,9 +10,9 @@ import (
 
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/computetest"
-	"github.com/better-compute/compute/internal/fleet"
-	"github.com/better-compute/compute/internal/releases/releasetest"
-	"github.com/better-compute/compute/internal/tufrepo"
+	"github.com/better-compute/compute/internal/core/fleet"
+	"github.com/better-compute/compute/internal/core/releases/releasetest"
+	"github.com/better-compute/compute/internal/lib/tufrepo"
 )
 
 // TestReleasesInitSignPush makes the offline keys and a root with better-compute releases init,

@@ -19,11 +19,11 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/better-compute/compute"
+	"github.com/better-compute/compute/devserver"
 	"github.com/better-compute/compute/iam"
-	"github.com/better-compute/compute/internal/devserver"
-	"github.com/better-compute/compute/internal/sim"
 	"github.com/better-compute/compute/metal"
 	"github.com/better-compute/compute/postgres"
+	"github.com/better-compute/compute/sim"
 	"github.com/better-compute/compute/vps"
 )
 

@@ -19,7 +19,7 @@ import (
 	"time"
 
 	"github.com/better-compute/compute"
-	"github.com/better-compute/compute/internal/devserver"
+	"github.com/better-compute/compute/devserver"
 	"github.com/better-compute/compute/metal"
 	"github.com/better-compute/compute/vps"
 )

@@ -13,8 +13,8 @@ import (
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/computetest"
 	"github.com/better-compute/compute/examples/pingmodule"
-	"github.com/better-compute/compute/internal/sim"
 	"github.com/better-compute/compute/postgres/pgtest"
+	"github.com/better-compute/compute/sim"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

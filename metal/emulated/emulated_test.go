@@ -156,7 +156,7 @@ func commission(t *testing.T) {
 	ramdisk := filepath.Join(dir, "ramdisk.cpio.gz")
 	for _, args := range [][]string{
 		{"build", "-o", bcd, "github.com/better-compute/compute/bcd"},
-		{"run", "github.com/better-compute/compute/internal/cmd/mkramdisk", "-o", ramdisk, "-kernel-version", kv},
+		{"run", "github.com/better-compute/compute/internal/tools/cmd/mkramdisk", "-o", ramdisk, "-kernel-version", kv},
 	} {
 		if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
 			t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)

@@ -19,7 +19,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/better-compute/compute/internal/initramfs"
+	"github.com/better-compute/compute/internal/lib/initramfs"
 )
 
 // The VLAN tests need a kernel with 802.1Q. Where the test's own kernel lacks it (a microVM's,

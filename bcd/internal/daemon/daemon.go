@@ -24,7 +24,7 @@ import (
 	"github.com/better-compute/compute/bcd/internal/mig"
 	"github.com/better-compute/compute/bcd/internal/selfupdate"
 	"github.com/better-compute/compute/bcd/internal/tenancy"
-	"github.com/better-compute/compute/internal/nodeagent"
+	"github.com/better-compute/compute/internal/node/nodeagent"
 )
 
 // Fake describes fake hardware, for tests and demonstrations on machines without GPUs.

@@ -19,7 +19,7 @@ import (
 	"github.com/better-compute/compute/bcd/internal/cgroup"
 	"github.com/better-compute/compute/bcd/internal/hardware"
 	"github.com/better-compute/compute/bcd/internal/journal"
-	"github.com/better-compute/compute/internal/nodeagent"
+	"github.com/better-compute/compute/internal/node/nodeagent"
 )
 
 // Check is one finding: its name (identity, certificate, clock, gateway, nvml, mig, cgroup, cdi,

@@ -18,7 +18,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/better-compute/compute/agent/v1"
-	"github.com/better-compute/compute/internal/nodeagent"
+	"github.com/better-compute/compute/internal/node/nodeagent"
 )
 
 // Version is the journal's format; Open upgrades older ones and refuses newer ones.

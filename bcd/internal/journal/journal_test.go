@@ -8,8 +8,8 @@ import (
 	"testing"
 
 	"github.com/better-compute/compute/bcd/internal/journal"
-	"github.com/better-compute/compute/internal/nodeagent"
-	"github.com/better-compute/compute/internal/nodeagent/storetest"
+	"github.com/better-compute/compute/internal/node/nodeagent"
+	"github.com/better-compute/compute/internal/node/nodeagent/storetest"
 )
 
 func TestConformance(t *testing.T) {

@@ -19,7 +19,7 @@ import (
 	"time"
 
 	"github.com/better-compute/compute/bcd/internal/ramdisk"
-	"github.com/better-compute/compute/internal/initramfs"
+	"github.com/better-compute/compute/internal/lib/initramfs"
 )
 
 // Defaults of Config's zero fields.

@@ -28,8 +28,8 @@ import (
 	"time"
 
 	"github.com/better-compute/compute/api"
-	"github.com/better-compute/compute/internal/nodeagent"
-	"github.com/better-compute/compute/internal/tufrepo"
+	"github.com/better-compute/compute/internal/lib/tufrepo"
+	"github.com/better-compute/compute/internal/node/nodeagent"
 )
 
 // gatewayWithRepo serves a repository of one build (good, or other bytes in its place when

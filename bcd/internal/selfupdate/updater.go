@@ -12,8 +12,8 @@ import (
 
 	"github.com/better-compute/compute/agent/ext"
 	"github.com/better-compute/compute/api"
-	"github.com/better-compute/compute/internal/nodeagent"
-	"github.com/better-compute/compute/internal/tufrepo"
+	"github.com/better-compute/compute/internal/lib/tufrepo"
+	"github.com/better-compute/compute/internal/node/nodeagent"
 )
 
 // Defaults of an Updater.

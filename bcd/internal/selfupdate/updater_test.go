@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/better-compute/compute/api"
-	"github.com/better-compute/compute/internal/nodeagent"
+	"github.com/better-compute/compute/internal/node/nodeagent"
 )
 
 func TestUpdaterTakesTheReleasePart(t *testing.T) {

@@ -22,7 +22,7 @@ import (
 	"time"
 
 	"github.com/better-compute/compute/api"
-	"github.com/better-compute/compute/internal/sshkrl"
+	"github.com/better-compute/compute/internal/lib/sshkrl"
 )
 
 // The files in the converger's directory.

@@ -17,7 +17,7 @@ import (
 	golibvirt "github.com/digitalocean/go-libvirt"
 	"github.com/digitalocean/go-libvirt/socket/dialers"
 
-	"github.com/better-compute/compute/internal/initramfs"
+	"github.com/better-compute/compute/internal/lib/initramfs"
 )
 
 // Unprivileged is the user libvirtd runs as when the test runs as root: session mode refuses

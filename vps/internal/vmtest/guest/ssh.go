@@ -20,7 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 	"golang.org/x/term"
 
-	"github.com/better-compute/compute/internal/sshkrl"
+	"github.com/better-compute/compute/internal/lib/sshkrl"
 )
 
 // serveSSH serves SSH on a serial port, as a sandbox's guest does on its second one: user

@@ -13,7 +13,7 @@ import (
 	"github.com/creack/pty"
 	"golang.org/x/crypto/ssh"
 
-	"github.com/better-compute/compute/internal/sshkrl"
+	"github.com/better-compute/compute/internal/lib/sshkrl"
 )
 
 // TestGuestSSHKeepsTheHandshake: the test guest's SSH on a serial line (a pseudo-terminal
