@@ -18,6 +18,10 @@ import (
 	"github.com/better-compute/compute/internal/node/nodeagent"
 )
 
+// RefusedError is the control plane's refusal of what a simulated node sent (a report, a command's
+// result): errors.As tells it apart from a connection that failed.
+type RefusedError = nodeagent.RefusedError
+
 // Options describe a simulated fleet.
 type Options struct {
 	URL     string // the control plane's API base URL, where JoinService is
