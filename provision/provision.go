@@ -1,0 +1,27 @@
+// Package provision is the public face of provisioning: the durable workflows a module
+// registers (Workflow, Step, the Permanent and Wait errors a step returns), the service that
+// starts and cancels their runs (Workflows), and drivers and profiles, a profile being a
+// composition of drivers, one per kind (power: ipmi or redfish; boot: pxe or virtual media;
+// image: streamed; later runtime and provider). Catalog holds what modules registered of them
+// and refuses what cannot work. The metal and vps modules build on it; a host's own
+// provisioning module does too.
+//
+// The types are generic in R, what the engine hands each step and end hook: the control plane's
+// is *modules.Runtime, so a module writes provision.Workflow[*modules.Runtime] and its steps take
+// a *provision.StepRun[*modules.Runtime]. That is what keeps this package below modules:
+// modules.Registry holds a Catalog[*modules.Runtime] and forwards Registry.Workflow, Driver and
+// Profile to it, and modules.Runtime.Workflows is a Workflows, so this package imports neither
+// modules nor anything under internal/ (an import the other way would be a cycle).
+//
+// The engine that runs the workflows is the core's (internal/core/workflow,
+// docs/workflows.md): runs and steps in PostgreSQL, each step's attempts a River job, so a run
+// survives the death of any process. Its API group, workflows.get, workflows.list and
+// workflows.cancel, is declared in package api with the other groups (api.WorkflowsGet,
+// api.WorkflowsList, api.WorkflowsCancel; the wire types api.WorkflowRun and api.WorkflowStep),
+// because api is the contract clients import and the generated clients depend on it.
+//
+// There is no provision.New() module to pass in compute.Options.Modules, though the design
+// card once named one: the engine runs in every control plane (the core's own XID remediation is
+// a workflow), and a package that holds the types modules uses cannot also implement
+// modules.Module without the import cycle above. The engine registers itself.
+package provision
