@@ -40,6 +40,7 @@ import (
 	"github.com/better-compute/compute/internal/core/capacity"
 	"github.com/better-compute/compute/internal/core/envelope"
 	"github.com/better-compute/compute/internal/core/events"
+	"github.com/better-compute/compute/internal/core/events/stream"
 	"github.com/better-compute/compute/internal/core/fleet"
 	"github.com/better-compute/compute/internal/core/fleetconfig"
 	"github.com/better-compute/compute/internal/core/gateway"
@@ -85,8 +86,7 @@ type Compute struct {
 	gateway *gateway.Gateway
 	metrics *metrics.Metrics
 
-	ready   atomic.Bool
-	streams streamSlots
+	ready atomic.Bool
 
 	mu      sync.Mutex
 	started bool
@@ -145,17 +145,19 @@ func New(opts Options) (*Compute, error) {
 	a := newAPI(c)
 	c.API = &a
 	upload := releases.UploadHandler(c.rt)
+	eventStream := &stream.Handler{List: c.API.Events.List, MaxPerKey: o.MaxEventStreamsPerKey}
+	tunnels := access.TunnelHandler(o.Database, gw, o.Logger)
 	c.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !c.ready.Load() {
 			envelope.Unavailable("the API (Initialize has not completed)").ServeHTTP(w, r)
 			return
 		}
-		if isEventStream(r) {
-			c.serveEventStream(w, r)
+		if stream.Is(r) {
+			eventStream.ServeHTTP(w, r)
 			return
 		}
-		if isTunnel(r) {
-			c.serveTunnel(w, r)
+		if access.IsTunnel(r) {
+			tunnels.ServeHTTP(w, r)
 			return
 		}
 		if isReleaseUpload(r) {

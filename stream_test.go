@@ -35,7 +35,8 @@ func emit(t *testing.T, env *computetest.Env, tenant string, from, to int) {
 	t.Helper()
 	for i := from; i < to; i++ {
 		if err := events.Emit(context.Background(), env.DB.Pool, "node.online", tenant, fmt.Sprintf("s%03d", i), map[string]any{"i": i}); err != nil {
-			t.Fatal(err)
+			t.Error(err) // not Fatal: emit also runs on a goroutine of its own
+			return
 		}
 	}
 }
@@ -75,6 +76,7 @@ func (b *cutBody) Read(p []byte) (int, error) {
 // hundred bytes, in the middle of events, while events keep being written, gets every event of
 // its tenant once, in order, and none of another tenant's.
 func TestEventStreamResumesWithoutGapOrDuplicate(t *testing.T) {
+	t.Parallel()
 	env, url := streamEnv(t)
 	other, _ := env.Tenant(t, "other")
 	emit(t, env, computetest.RootTenantID, 0, 40)
@@ -84,8 +86,11 @@ func TestEventStreamResumesWithoutGapOrDuplicate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	reading := make(chan struct{})
+	wrote := make(chan struct{})
 	go func() {
-		time.Sleep(300 * time.Millisecond)
+		defer close(wrote)
+		<-reading
 		emit(t, env, computetest.RootTenantID, 40, 80) // while the watcher reads
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -94,11 +99,15 @@ func TestEventStreamResumesWithoutGapOrDuplicate(t *testing.T) {
 	stop := errors.New("enough")
 	err = c.WatchEvents(ctx, client.WatchOptions{}, func(e api.Event) error {
 		got = append(got, e)
+		if len(got) == 20 {
+			close(reading)
+		}
 		if len(got) == 80 {
 			return stop
 		}
 		return nil
 	})
+	<-wrote
 	if !errors.Is(err, stop) {
 		t.Fatalf("watch ended with %v after %d events", err, len(got))
 	}
@@ -118,6 +127,7 @@ func TestEventStreamResumesWithoutGapOrDuplicate(t *testing.T) {
 // TestEventStreamAnswersLikeTheAPI: the stream starts after Last-Event-ID; a bad one, no key, and
 // a method other than GET are refused with the API's errors, before any stream begins.
 func TestEventStreamAnswersLikeTheAPI(t *testing.T) {
+	t.Parallel()
 	env, url := streamEnv(t)
 	emit(t, env, computetest.RootTenantID, 0, 5)
 	get := func(method, key, lastID string) *http.Response {
@@ -136,21 +146,10 @@ func TestEventStreamAnswersLikeTheAPI(t *testing.T) {
 		t.Cleanup(func() { resp.Body.Close() })
 		return resp
 	}
-	// Wait for the sequencer to place the five.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	computetest.Eventually(t, 10*time.Second, "the sequencer to place the five events", func() bool {
 		p, err := env.Compute.API.Events.List(context.Background(), env.RootKey, api.ListEvents{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(p.Items) == 5 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of 5 events sequenced", len(p.Items))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return err == nil && len(p.Items) == 5
+	})
 	resp := get(http.MethodGet, env.RootKey, "3")
 	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "text/event-stream" {
 		t.Fatalf("stream: %s %s", resp.Status, resp.Header.Get("Content-Type"))
@@ -187,6 +186,7 @@ func TestEventStreamAnswersLikeTheAPI(t *testing.T) {
 // a process; one more is refused as quota_exceeded (429) naming the limit, another key is not
 // affected, and a stream that ends gives its place back.
 func TestEventStreamsPerKeyAreCapped(t *testing.T) {
+	t.Parallel()
 	env := computetest.New(t, computetest.Options{Configure: func(o *compute.Options) { o.MaxEventStreamsPerKey = 2 }})
 	url := env.Server(t)
 	_, otherKey := env.Tenant(t, "other")

@@ -14,6 +14,7 @@ import (
 // error envelope and a reason, and a ticket spent on a node this process holds no session of is
 // spent (it opens nothing later either).
 func TestTunnelEndpointRefusals(t *testing.T) {
+	t.Parallel()
 	ff := newFuzzFleet(t)
 	env := ff.env
 	url := env.Server(t)

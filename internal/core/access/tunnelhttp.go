@@ -1,9 +1,10 @@
-package compute
+package access
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"net/http"
 	"strings"
 	"time"
@@ -13,9 +14,9 @@ import (
 
 	agentv1 "github.com/better-compute/compute/agent/v1"
 	"github.com/better-compute/compute/api"
-	"github.com/better-compute/compute/internal/core/access"
 	"github.com/better-compute/compute/internal/core/envelope"
 	"github.com/better-compute/compute/internal/core/gateway"
+	"github.com/better-compute/compute/postgres"
 )
 
 // tunnelPing is how often an open tunnel pings its holder: one that stops answering (its
@@ -25,31 +26,44 @@ const tunnelPing = 30 * time.Second
 // maxTunnelFrame bounds one message from the holder.
 const maxTunnelFrame = 64 << 10
 
-// isTunnel: the request is for a tunnel, however the handler is mounted.
-func isTunnel(r *http.Request) bool {
+// IsTunnel reports whether r is for a tunnel, however the API's handler is mounted.
+func IsTunnel(r *http.Request) bool {
 	return strings.TrimPrefix(r.URL.Path, api.BasePath) == api.TunnelPath
 }
+
+// TunnelHandler serves the tunnels of this process's gateway: see serveTunnel.
+func TunnelHandler(db *postgres.DB, gw *gateway.Gateway, log *slog.Logger) http.Handler {
+	return &tunnelHandler{db: db, gw: gw, log: log}
+}
+
+type tunnelHandler struct {
+	db  *postgres.DB
+	gw  *gateway.Gateway
+	log *slog.Logger
+}
+
+func (h *tunnelHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.serveTunnel(w, r) }
 
 // serveTunnel serves GET BasePath/access/tunnel?ticket=…: it spends the ticket (its decision was
 // access.exec's or access.console's), opens the tunnel over the node's session and carries it
 // as a WebSocket (api.FrameData and the rest) until the command exits, the holder goes, or the
 // reservation no longer holds the node.
-func (c *Compute) serveTunnel(w http.ResponseWriter, r *http.Request) {
+func (h *tunnelHandler) serveTunnel(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet {
 		w.Header().Set("Allow", http.MethodGet)
 		envelope.WriteError(w, http.StatusMethodNotAllowed, &api.Error{Code: api.CodeInvalidArgument,
 			Message: r.Method + " is not allowed: a tunnel is GET " + api.BasePath + api.TunnelPath + "?ticket=…", Details: map[string]any{"reason": "method_not_allowed"}})
 		return
 	}
-	t, err := access.SpendTicket(r.Context(), c.opts.Database, r.URL.Query().Get("ticket"))
-	if errors.Is(err, access.ErrTicket) {
+	t, err := SpendTicket(r.Context(), h.db, r.URL.Query().Get("ticket"))
+	if errors.Is(err, ErrTicket) {
 		envelope.WriteError(w, 0, &api.Error{Code: api.CodeUnauthenticated, Message: err.Error() + "; ask access.exec or access.console for another",
 			Details: map[string]any{"reason": "ticket"}})
 		return
 	}
 	if err != nil {
-		c.opts.Logger.Error("tunnel: spend the ticket", "err", err)
-		envelope.WriteError(w, 0, asError(err))
+		h.log.Error("tunnel: spend the ticket", "err", err)
+		envelope.WriteError(w, 0, err)
 		return
 	}
 	// An operator's break-glass by a reservation is the operator's root, not the holder's: the
@@ -61,7 +75,7 @@ func (c *Compute) serveTunnel(w http.ResponseWriter, r *http.Request) {
 	}
 	open := &agentv1.TunnelOpen{Id: uuid.Must(uuid.NewV7()).String(), Kind: t.Kind, Argv: t.Argv, Tty: t.TTY,
 		Cols: uint32(t.Cols), Rows: uint32(t.Rows), Console: t.Console, Reservation: holder, Root: t.Root}
-	tun, err := c.gateway.OpenTunnel(r.Context(), t.Node, t.Reservation, open)
+	tun, err := h.gw.OpenTunnel(r.Context(), t.Node, t.Reservation, open)
 	if errors.Is(err, gateway.ErrNoSession) {
 		envelope.WriteError(w, 0, &api.Error{Code: api.CodeUnavailable,
 			Message: "node " + t.Node + " has no session with this process's gateway (it is offline, or connected to another process)",
@@ -69,7 +83,7 @@ func (c *Compute) serveTunnel(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil {
-		envelope.WriteError(w, 0, asError(err))
+		envelope.WriteError(w, 0, err)
 		return
 	}
 	defer tun.Close()
@@ -87,7 +101,7 @@ func (c *Compute) serveTunnel(w http.ResponseWriter, r *http.Request) {
 	ws.SetReadLimit(maxTunnelFrame)
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
-	go c.tunnelInput(ctx, cancel, ws, tun)
+	go tunnelInput(ctx, cancel, ws, tun)
 	go func() {
 		tick := time.NewTicker(tunnelPing)
 		defer tick.Stop()
@@ -131,7 +145,7 @@ func (c *Compute) serveTunnel(w http.ResponseWriter, r *http.Request) {
 // tunnelInput carries the holder's frames to the node until the holder goes (then cancel). Once
 // the tunnel has ended it reads on and drops what comes, so that the close handshake completes
 // and the exit is not lost to a reset.
-func (c *Compute) tunnelInput(ctx context.Context, cancel context.CancelFunc, ws *websocket.Conn, tun *gateway.Tunnel) {
+func tunnelInput(ctx context.Context, cancel context.CancelFunc, ws *websocket.Conn, tun *gateway.Tunnel) {
 	defer cancel()
 	ended := false
 	for {

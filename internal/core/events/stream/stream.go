@@ -1,6 +1,9 @@
-package compute
+// Package stream serves the event log (internal/core/events) as Server-Sent Events: GET
+// BasePath/events/stream, each read an events.list call with the request's own credential.
+package stream
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/json"
 	"errors"
@@ -15,6 +18,17 @@ import (
 	"github.com/better-compute/compute/internal/core/envelope"
 )
 
+// Handler is the event stream. Its zero value is not usable: List must be set.
+type Handler struct {
+	// List reads a page of events as events.list does, with cred as the credential.
+	List func(ctx context.Context, cred string, in api.ListEvents) (api.Page[api.Event], error)
+	// MaxPerKey is how many streams one credential may hold open in this process at once;
+	// negative means no limit.
+	MaxPerKey int
+
+	slots slots
+}
+
 // Event stream timing: how often a stream with nothing new looks again, and how often it sends a
 // comment so that proxies keep an idle stream open.
 const (
@@ -22,13 +36,13 @@ const (
 	streamKeepalive = 15 * time.Second
 )
 
-// serveEventStream serves GET BasePath/events/stream: the tenant's event log as Server-Sent
+// ServeHTTP serves GET BasePath/events/stream: the tenant's event log as Server-Sent
 // Events, from after the Last-Event-ID header (or the after query parameter) on, filtered by
 // the type and subject parameters. Each read is an events.list call with the request's
 // credential, so the stream sees what that call may see, and ends (the client reconnects) when
 // the credential no longer may. An event's SSE id is its log id: a client that reconnects with
 // the last id it read misses nothing and receives nothing twice.
-func (c *Compute) serveEventStream(w http.ResponseWriter, r *http.Request) {
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet {
 		w.Header().Set("Allow", http.MethodGet)
 		envelope.WriteError(w, http.StatusMethodNotAllowed, &api.Error{Code: api.CodeInvalidArgument, Message: r.Method + " is not allowed: the event stream is GET " + api.BasePath + api.EventStreamPath,
@@ -65,21 +79,21 @@ func (c *Compute) serveEventStream(w http.ResponseWriter, r *http.Request) {
 	ctx, cred := r.Context(), envelope.Bearer(r)
 	// The first read answers errors (authentication, IAM, bad input) as the API does, before
 	// the stream begins.
-	page, err := c.API.Events.List(ctx, cred, in)
+	page, err := h.List(ctx, cred, in)
 	if err != nil {
 		envelope.WriteError(w, 0, err)
 		return
 	}
-	release, err := c.streams.take(cred, c.opts.MaxEventStreamsPerKey)
+	release, err := h.slots.take(cred, h.MaxPerKey)
 	if err != nil {
 		envelope.WriteError(w, 0, err)
 		return
 	}
 	defer release()
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-store")
-	h.Set("X-Accel-Buffering", "no") // nginx: do not buffer the stream
+	hd := w.Header()
+	hd.Set("Content-Type", "text/event-stream")
+	hd.Set("Cache-Control", "no-store")
+	hd.Set("X-Accel-Buffering", "no") // nginx: do not buffer the stream
 	w.WriteHeader(http.StatusOK)
 	_, _ = fmt.Fprintf(w, "retry: 1000\n\n")
 	if flush() != nil {
@@ -112,7 +126,7 @@ func (c *Compute) serveEventStream(w http.ResponseWriter, r *http.Request) {
 			case <-time.After(streamPoll):
 			}
 		}
-		if page, err = c.API.Events.List(ctx, cred, in); err != nil {
+		if page, err = h.List(ctx, cred, in); err != nil {
 			if ctx.Err() == nil {
 				// The credential was revoked, or the database is away: say so, and end; the
 				// client reconnects from its last id.
@@ -125,15 +139,15 @@ func (c *Compute) serveEventStream(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// streamSlots counts the event streams each credential holds open in this process, by the
+// slots counts the event streams each credential holds open in this process, by the
 // credential's hash (a stream outlives no process, so a count in memory is the truth).
-type streamSlots struct {
+type slots struct {
 	mu   sync.Mutex
 	open map[[sha256.Size]byte]int
 }
 
 // take holds one of the credential's max slots until release; negative max is no limit.
-func (s *streamSlots) take(cred string, max int) (release func(), err error) {
+func (s *slots) take(cred string, max int) (release func(), err error) {
 	if max < 0 {
 		return func() {}, nil
 	}
@@ -178,7 +192,7 @@ func asError(err error) *api.Error {
 	return &api.Error{Code: api.CodeInternal, Message: "internal error"}
 }
 
-// isEventStream: the request is for the event stream, however the handler is mounted.
-func isEventStream(r *http.Request) bool {
+// Is reports whether r is for the event stream, however the API's handler is mounted.
+func Is(r *http.Request) bool {
 	return strings.TrimPrefix(r.URL.Path, api.BasePath) == api.EventStreamPath
 }
