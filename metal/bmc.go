@@ -14,6 +14,7 @@ import (
 	"github.com/better-compute/compute/modules"
 	"github.com/better-compute/compute/netpolicy"
 	"github.com/better-compute/compute/postgres"
+	"github.com/better-compute/compute/provision"
 )
 
 // CommandBMC is the command kind a site agent carries out for the control plane: a sequence of
@@ -56,7 +57,7 @@ func checkBMCArgs(_ context.Context, _ postgres.Querier, _ string, raw json.RawM
 // again, the step finds the command its attempt queued rather than queueing another, so that an
 // action is not taken twice; a read (only OpState) is forgotten once answered, so that a step
 // polling the power reads it afresh each time.
-func bmcOps(ctx context.Context, s *modules.StepRun, machine string, ops []power.Op) (power.Outcome, error) {
+func bmcOps(ctx context.Context, s *provision.StepRun[*modules.Runtime], machine string, ops []power.Op) (power.Outcome, error) {
 	rt := s.Runtime
 	var site *string
 	var driver, address, username string
@@ -64,19 +65,19 @@ func bmcOps(ctx context.Context, s *modules.StepRun, machine string, ops []power
 	err := rt.DB.Pool.QueryRow(ctx, `SELECT site_id::text, bmc_driver, bmc_address, bmc_username, bmc_password FROM compute.metal_machines WHERE id = $1`, machine).
 		Scan(&site, &driver, &address, &username, &sealed)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return power.Outcome{}, modules.Permanent(fmt.Errorf("machine %s is gone", machine))
+		return power.Outcome{}, provision.Permanent(fmt.Errorf("machine %s is gone", machine))
 	}
 	if err != nil {
 		return power.Outcome{}, err
 	}
 	pw, err := rt.Secrets.Open(purpose(machine), sealed)
 	if err != nil {
-		return power.Outcome{}, modules.Permanent(fmt.Errorf("open the BMC password of machine %s: %w", machine, err))
+		return power.Outcome{}, provision.Permanent(fmt.Errorf("open the BMC password of machine %s: %w", machine, err))
 	}
 	if site == nil {
 		d, err := PowerDriver(rt.Registry, driver)
 		if err != nil {
-			return power.Outcome{}, modules.Permanent(err)
+			return power.Outcome{}, provision.Permanent(err)
 		}
 		// The control plane dials the BMC itself: through the outbound policy, which checks
 		// every connection's address (the address was checked when it was set, too).
@@ -105,7 +106,7 @@ func bmcOps(ctx context.Context, s *modules.StepRun, machine string, ops []power
 			return err
 		}
 		if len(agents) == 0 {
-			return modules.Wait(pollEvery, "the machine's site has no site agent (bcd site) to reach its BMC")
+			return provision.Wait(pollEvery, "the machine's site has no site agent (bcd site) to reach its BMC")
 		}
 		raw, _ := json.Marshal(args)
 		secret, _ := json.Marshal(BMCSecret{Password: string(pw)})
@@ -139,7 +140,7 @@ func bmcOps(ctx context.Context, s *modules.StepRun, machine string, ops []power
 		// An error: the step's next attempt queues a new command.
 		return power.Outcome{}, fmt.Errorf("the site agent's BMC operations %s: %s", cmd.State, cmd.Error)
 	}
-	return power.Outcome{}, modules.Wait(pollEvery/2, fmt.Sprintf("the site agent is carrying out %d BMC operation(s) (command %s, %s)", len(ops), cmd.ID, cmd.State))
+	return power.Outcome{}, provision.Wait(pollEvery/2, fmt.Sprintf("the site agent is carrying out %d BMC operation(s) (command %s, %s)", len(ops), cmd.ID, cmd.State))
 }
 
 func readOnly(ops []power.Op) bool {

@@ -20,6 +20,7 @@ import (
 	"github.com/better-compute/compute/metal/siteapi"
 	"github.com/better-compute/compute/modules"
 	"github.com/better-compute/compute/postgres"
+	"github.com/better-compute/compute/provision"
 )
 
 // A machine's provisioning states.
@@ -134,7 +135,7 @@ func (m *Module) registerDeploys(r *modules.Registry) {
 	modules.Handle(r, MachinesRelease, machineTarget, func(ctx context.Context, c *modules.Call, _ MachineRef) (DeployRun, error) {
 		return release(ctx, c.Tx, c.Runtime, c.Target.ResourceID, c.Principal.ID, "")
 	})
-	r.Workflow(modules.Workflow{Name: DeployWorkflow, OnEnd: deployEnded, Steps: []modules.Step{
+	r.Workflow(provision.Workflow[*modules.Runtime]{Name: DeployWorkflow, OnEnd: deployEnded, Steps: []provision.Step[*modules.Runtime]{
 		{Name: "plan", MaxAttempts: 3, Run: m.planDeploy},
 		{Name: "boot-ramdisk", Timeout: 2 * time.Minute, MaxAttempts: 3, Deadline: 10 * time.Minute, Run: m.bootRamdisk},
 		{Name: "ramdisk", Deadline: 30 * time.Minute, Run: waitRamdisk},
@@ -143,7 +144,7 @@ func (m *Module) registerDeploys(r *modules.Registry) {
 		{Name: "join", Deadline: 30 * time.Minute, Run: waitJoined},
 		{Name: "ready", MaxAttempts: 3, Run: deployReady},
 	}})
-	r.Workflow(modules.Workflow{Name: ReleaseWorkflow, OnEnd: releaseEnded, Steps: []modules.Step{
+	r.Workflow(provision.Workflow[*modules.Runtime]{Name: ReleaseWorkflow, OnEnd: releaseEnded, Steps: []provision.Step[*modules.Runtime]{
 		{Name: "plan", MaxAttempts: 3, Run: planRelease},
 		{Name: "boot-ramdisk", Timeout: 2 * time.Minute, MaxAttempts: 3, Deadline: 10 * time.Minute, Run: m.bootRamdisk},
 		{Name: "ramdisk", Deadline: 30 * time.Minute, Run: waitRamdisk},
@@ -195,7 +196,7 @@ func (m *Module) deploy(ctx context.Context, c *modules.Call, in DeployMachine, 
 			return DeployRun{}, err
 		}
 	}
-	run, err := rt.Workflows.Start(ctx, c.Tx, modules.StartWorkflow{Workflow: DeployWorkflow, TenantID: mach.TenantID, Subject: mach.ID, Input: input, CreatedBy: c.Principal.ID})
+	run, err := rt.Workflows.Start(ctx, c.Tx, provision.StartWorkflow{Workflow: DeployWorkflow, TenantID: mach.TenantID, Subject: mach.ID, Input: input, CreatedBy: c.Principal.ID})
 	if err != nil {
 		return DeployRun{}, err
 	}
@@ -220,7 +221,7 @@ func release(ctx context.Context, tx pgx.Tx, rt *modules.Runtime, machine, by, l
 		return DeployRun{}, api.Errorf(api.CodeFailedPrecondition, "machine %s has no site: a release boots it into its site's ramdisk", mach.Name).
 			With("reason", "no_site")
 	}
-	run, err := rt.Workflows.Start(ctx, tx, modules.StartWorkflow{Workflow: ReleaseWorkflow, TenantID: mach.TenantID, Subject: mach.ID,
+	run, err := rt.Workflows.Start(ctx, tx, provision.StartWorkflow{Workflow: ReleaseWorkflow, TenantID: mach.TenantID, Subject: mach.ID,
 		Input: deployInput{Machine: mach.ID, Lease: lease}, CreatedBy: by})
 	if err != nil {
 		return DeployRun{}, err
@@ -247,10 +248,10 @@ func setState(ctx context.Context, q postgres.Querier, machine, state string, im
 }
 
 // stepInput decodes a run's input.
-func stepInput(s *modules.StepRun) (deployInput, error) {
+func stepInput(s *provision.StepRun[*modules.Runtime]) (deployInput, error) {
 	var in deployInput
 	if err := json.Unmarshal(s.Input, &in); err != nil {
-		return in, modules.Permanent(fmt.Errorf("the run's input: %w", err))
+		return in, provision.Permanent(fmt.Errorf("the run's input: %w", err))
 	}
 	return in, nil
 }
@@ -281,7 +282,7 @@ func setTask(ctx context.Context, rt *modules.Runtime, machine string, task site
 			return nil
 		}
 		if site == nil {
-			return modules.Permanent(errors.New("the machine has no site any more"))
+			return provision.Permanent(errors.New("the machine has no site any more"))
 		}
 		if extra != nil {
 			if err := extra(tx); err != nil {
@@ -289,7 +290,7 @@ func setTask(ctx context.Context, rt *modules.Runtime, machine string, task site
 			}
 		}
 		if err := task.Validate(); err != nil {
-			return modules.Permanent(fmt.Errorf("the task: %w", err))
+			return provision.Permanent(fmt.Errorf("the task: %w", err))
 		}
 		raw, _ := json.Marshal(task)
 		if _, err := tx.Exec(ctx, `UPDATE compute.metal_machines SET boot = 'ramdisk', task = $2 WHERE id = $1`, machine, raw); err != nil {
@@ -308,7 +309,7 @@ func randomToken(n int) string {
 
 // planDeploy gives the machine its deploy task: the image driver's task, then a kexec of the
 // image's kernel (with what the system needs to join and be handed over) or a reboot.
-func (m *Module) planDeploy(ctx context.Context, s *modules.StepRun) (any, error) {
+func (m *Module) planDeploy(ctx context.Context, s *provision.StepRun[*modules.Runtime]) (any, error) {
 	in, err := stepInput(s)
 	if err != nil {
 		return nil, err
@@ -320,11 +321,11 @@ func (m *Module) planDeploy(ctx context.Context, s *modules.StepRun) (any, error
 	}
 	img, err := imageRef(ctx, rt.DB.Pool, mach.TenantID, in.Image)
 	if err != nil {
-		return nil, modules.Permanent(err)
+		return nil, provision.Permanent(err)
 	}
 	comp, err := compose(rt.Registry, mach.Profile)
 	if err != nil {
-		return nil, modules.Permanent(err)
+		return nil, provision.Permanent(err)
 	}
 	then := siteapi.Task{Then: siteapi.ThenReboot, Disk: in.Disk}
 	token := DeployPrefix + randomToken(32)
@@ -350,17 +351,17 @@ func (m *Module) planDeploy(ctx context.Context, s *modules.StepRun) (any, error
 		}
 		cmdline, err := siteapi.SetCmdline(img.Cmdline, params...)
 		if err != nil {
-			return nil, modules.Permanent(fmt.Errorf("the deployed system's kernel command line: %w", err))
+			return nil, provision.Permanent(fmt.Errorf("the deployed system's kernel command line: %w", err))
 		}
 		// As the kernel will get it, with the credential the ramdisk adds.
 		final := cmdline
 		if then.JoinCredential != "" {
 			if final, err = siteapi.SetCmdline(cmdline, siteapi.CmdlineParam{Name: siteapi.CmdlineJoin, Value: then.JoinCredential}); err != nil {
-				return nil, modules.Permanent(fmt.Errorf("the deployed system's kernel command line: %w", err))
+				return nil, provision.Permanent(fmt.Errorf("the deployed system's kernel command line: %w", err))
 			}
 		}
 		if len(final) > siteapi.MaxCmdline {
-			return nil, modules.Permanent(fmt.Errorf("the kernel command line would be %d bytes, over Linux's %d: fewer or shorter SSH keys", len(final), siteapi.MaxCmdline))
+			return nil, provision.Permanent(fmt.Errorf("the kernel command line would be %d bytes, over Linux's %d: fewer or shorter SSH keys", len(final), siteapi.MaxCmdline))
 		}
 		then.Then, then.Kernel, then.Initrd, then.Cmdline = siteapi.ThenKexec, img.KernelURL, img.InitrdURL, cmdline
 	}
@@ -402,7 +403,7 @@ func spendDeployToken(ctx context.Context, tx pgx.Tx, token string) (modules.Adm
 }
 
 // bootRamdisk has the machine boot its site's ramdisk, by its profile's boot driver.
-func (m *Module) bootRamdisk(ctx context.Context, s *modules.StepRun) (any, error) {
+func (m *Module) bootRamdisk(ctx context.Context, s *provision.StepRun[*modules.Runtime]) (any, error) {
 	in, err := stepInput(s)
 	if err != nil {
 		return nil, err
@@ -413,36 +414,36 @@ func (m *Module) bootRamdisk(ctx context.Context, s *modules.StepRun) (any, erro
 	}
 	comp, err := compose(s.Runtime.Registry, mach.Profile)
 	if err != nil {
-		return nil, modules.Permanent(err)
+		return nil, provision.Permanent(err)
 	}
 	ops, err := comp.boot.RamdiskOps(m.ramdiskISO)
 	if err != nil {
-		return nil, modules.Permanent(err)
+		return nil, provision.Permanent(err)
 	}
 	return bmcOps(ctx, s, mach.ID, ops)
 }
 
 // waitRamdisk waits for the machine's ramdisk to start its task.
-func waitRamdisk(ctx context.Context, s *modules.StepRun) (any, error) {
+func waitRamdisk(ctx context.Context, s *provision.StepRun[*modules.Runtime]) (any, error) {
 	var p planned
 	if err := s.Output("plan", &p); err != nil {
-		return nil, modules.Permanent(err)
+		return nil, provision.Permanent(err)
 	}
 	_, started, err := progressOf(ctx, s.Runtime.DB.Pool, p.Task)
 	if err != nil {
 		return nil, err
 	}
 	if !started {
-		return nil, modules.Wait(pollEvery, "waiting for the machine to boot its ramdisk and start task "+p.Task)
+		return nil, provision.Wait(pollEvery, "waiting for the machine to boot its ramdisk and start task "+p.Task)
 	}
 	return nil, nil
 }
 
 // waitWritten waits for the ramdisk's task to be done (or to be booting what it wrote).
-func waitWritten(ctx context.Context, s *modules.StepRun) (any, error) {
+func waitWritten(ctx context.Context, s *provision.StepRun[*modules.Runtime]) (any, error) {
 	var p planned
 	if err := s.Output("plan", &p); err != nil {
-		return nil, modules.Permanent(err)
+		return nil, provision.Permanent(err)
 	}
 	pr, _, err := progressOf(ctx, s.Runtime.DB.Pool, p.Task)
 	if err != nil {
@@ -452,11 +453,11 @@ func waitWritten(ctx context.Context, s *modules.StepRun) (any, error) {
 	case siteapi.PhaseDone, siteapi.PhaseBoot:
 		return pr, nil
 	case siteapi.PhaseFailed:
-		return nil, modules.Permanent(fmt.Errorf("the ramdisk's task %s failed: %s", p.Task, pr.Error))
+		return nil, provision.Permanent(fmt.Errorf("the ramdisk's task %s failed: %s", p.Task, pr.Error))
 	case siteapi.PhaseDownload:
-		return nil, modules.Wait(pollEvery, fmt.Sprintf("writing the image: %.1f of %.1f MiB", float64(pr.Bytes)/(1<<20), float64(pr.Total)/(1<<20)))
+		return nil, provision.Wait(pollEvery, fmt.Sprintf("writing the image: %.1f of %.1f MiB", float64(pr.Bytes)/(1<<20), float64(pr.Total)/(1<<20)))
 	}
-	return nil, modules.Wait(pollEvery, fmt.Sprintf("the ramdisk's task is at %q", cmpOr(pr.Phase, "not started")))
+	return nil, provision.Wait(pollEvery, fmt.Sprintf("the ramdisk's task is at %q", cmpOr(pr.Phase, "not started")))
 }
 
 func cmpOr(a, b string) string {
@@ -481,7 +482,7 @@ func clearTask(ctx context.Context, tx pgx.Tx, rt *modules.Runtime, machine stri
 
 // bootDisk hands the machine to its disk: the ramdisk boots what it wrote, and the site's plan
 // says disk from now on.
-func bootDisk(ctx context.Context, s *modules.StepRun) (any, error) {
+func bootDisk(ctx context.Context, s *provision.StepRun[*modules.Runtime]) (any, error) {
 	in, err := stepInput(s)
 	if err != nil {
 		return nil, err
@@ -495,7 +496,7 @@ type joined struct {
 }
 
 // waitJoined waits, for a deploy into a pool, for the deployed system to join as a node.
-func waitJoined(ctx context.Context, s *modules.StepRun) (any, error) {
+func waitJoined(ctx context.Context, s *provision.StepRun[*modules.Runtime]) (any, error) {
 	in, err := stepInput(s)
 	if err != nil || in.Pool == "" {
 		return joined{}, err
@@ -509,7 +510,7 @@ func waitJoined(ctx context.Context, s *modules.StepRun) (any, error) {
 		return nil, err
 	}
 	if !used {
-		return nil, modules.Wait(pollEvery, "waiting for the deployed system to join its pool (bcd node)")
+		return nil, provision.Wait(pollEvery, "waiting for the deployed system to join its pool (bcd node)")
 	}
 	node, err := rt.Fleet.NodeID(ctx, rt.DB.Pool, in.Pool, name)
 	if err != nil {
@@ -519,14 +520,14 @@ func waitJoined(ctx context.Context, s *modules.StepRun) (any, error) {
 }
 
 // deployReady records the machine deployed.
-func deployReady(ctx context.Context, s *modules.StepRun) (any, error) {
+func deployReady(ctx context.Context, s *provision.StepRun[*modules.Runtime]) (any, error) {
 	in, err := stepInput(s)
 	if err != nil {
 		return nil, err
 	}
 	var j joined
 	if err := s.Output("join", &j); err != nil {
-		return nil, modules.Permanent(err)
+		return nil, provision.Permanent(err)
 	}
 	return nil, s.Runtime.DB.Tx(ctx, func(tx pgx.Tx) error {
 		var node *string
@@ -549,7 +550,7 @@ func deployReady(ctx context.Context, s *modules.StepRun) (any, error) {
 
 // deployEnded marks a machine whose deploy failed or was cancelled: failed, its task taken out
 // of its site's plan, its lease failed.
-func deployEnded(ctx context.Context, tx pgx.Tx, e *modules.RunEnd) error {
+func deployEnded(ctx context.Context, tx pgx.Tx, e *provision.RunEnd[*modules.Runtime]) error {
 	if e.State == api.WorkflowSucceeded {
 		return nil
 	}
@@ -557,14 +558,14 @@ func deployEnded(ctx context.Context, tx pgx.Tx, e *modules.RunEnd) error {
 }
 
 // releaseEnded ends a released machine's lease, or marks a failed release.
-func releaseEnded(ctx context.Context, tx pgx.Tx, e *modules.RunEnd) error {
+func releaseEnded(ctx context.Context, tx pgx.Tx, e *provision.RunEnd[*modules.Runtime]) error {
 	if e.State == api.WorkflowSucceeded {
 		return nil
 	}
 	return runFailed(ctx, tx, e, StateReleasing)
 }
 
-func runFailed(ctx context.Context, tx pgx.Tx, e *modules.RunEnd, from string) error {
+func runFailed(ctx context.Context, tx pgx.Tx, e *provision.RunEnd[*modules.Runtime], from string) error {
 	var in deployInput
 	if err := json.Unmarshal(e.Input, &in); err != nil {
 		return err
@@ -588,7 +589,7 @@ func runFailed(ctx context.Context, tx pgx.Tx, e *modules.RunEnd, from string) e
 }
 
 // planRelease gives the machine its wipe task, then a power-off.
-func planRelease(ctx context.Context, s *modules.StepRun) (any, error) {
+func planRelease(ctx context.Context, s *provision.StepRun[*modules.Runtime]) (any, error) {
 	in, err := stepInput(s)
 	if err != nil {
 		return nil, err
@@ -597,7 +598,7 @@ func planRelease(ctx context.Context, s *modules.StepRun) (any, error) {
 }
 
 // waitOff waits for the wiped machine to be off (its ramdisk powers it off), reading its BMC.
-func waitOff(ctx context.Context, s *modules.StepRun) (any, error) {
+func waitOff(ctx context.Context, s *provision.StepRun[*modules.Runtime]) (any, error) {
 	in, err := stepInput(s)
 	if err != nil {
 		return nil, err
@@ -607,13 +608,13 @@ func waitOff(ctx context.Context, s *modules.StepRun) (any, error) {
 		return nil, err
 	}
 	if out.Power != power.Off {
-		return nil, modules.Wait(pollEvery, fmt.Sprintf("the machine is %s; its ramdisk powers it off after the wipe", out.Power))
+		return nil, provision.Wait(pollEvery, fmt.Sprintf("the machine is %s; its ramdisk powers it off after the wipe", out.Power))
 	}
 	return out, nil
 }
 
 // releaseDone makes the machine available again, and ends its lease.
-func releaseDone(ctx context.Context, s *modules.StepRun) (any, error) {
+func releaseDone(ctx context.Context, s *provision.StepRun[*modules.Runtime]) (any, error) {
 	in, err := stepInput(s)
 	if err != nil {
 		return nil, err

@@ -21,6 +21,7 @@ import (
 	"github.com/better-compute/compute/modules"
 	"github.com/better-compute/compute/netpolicy"
 	"github.com/better-compute/compute/postgres"
+	"github.com/better-compute/compute/provision"
 )
 
 //go:embed migrations/*.sql
@@ -61,7 +62,7 @@ func (m *Module) registerMachines(r *modules.Registry) {
 		return machineTarget(ctx, l, MachineRef{TenantID: in.TenantID, Machine: in.Machine})
 	}, powerMachine)
 	modules.Handle(r, MachinesDelete, machineTarget, deleteMachine)
-	r.Workflow(modules.Workflow{Name: PowerWorkflow, Steps: []modules.Step{
+	r.Workflow(provision.Workflow[*modules.Runtime]{Name: PowerWorkflow, Steps: []provision.Step[*modules.Runtime]{
 		{Name: "act", Timeout: 2 * time.Minute, MaxAttempts: 3, Run: powerAct},
 		{Name: "check", Timeout: 2 * time.Minute, Deadline: powerDeadline, Run: powerCheck},
 	}})
@@ -303,24 +304,24 @@ func powerMachine(ctx context.Context, c *modules.Call, in PowerMachine) (PowerR
 	if err != nil {
 		return PowerRun{}, err
 	}
-	run, err := c.Runtime.Workflows.Start(ctx, c.Tx, modules.StartWorkflow{Workflow: PowerWorkflow, TenantID: m.TenantID, Subject: m.ID,
+	run, err := c.Runtime.Workflows.Start(ctx, c.Tx, provision.StartWorkflow{Workflow: PowerWorkflow, TenantID: m.TenantID, Subject: m.ID,
 		Input: powerInput{Machine: m.ID, Action: in.Action}, CreatedBy: c.Principal.ID})
 	return PowerRun{Run: run, Machine: m}, err
 }
 
-func powerAct(ctx context.Context, s *modules.StepRun) (any, error) {
+func powerAct(ctx context.Context, s *provision.StepRun[*modules.Runtime]) (any, error) {
 	var in powerInput
 	if err := json.Unmarshal(s.Input, &in); err != nil {
-		return nil, modules.Permanent(err)
+		return nil, provision.Permanent(err)
 	}
 	_, err := bmcOps(ctx, s, in.Machine, []power.Op{{Op: power.OpPower, Action: power.Action(in.Action)}})
 	return nil, err
 }
 
-func powerCheck(ctx context.Context, s *modules.StepRun) (any, error) {
+func powerCheck(ctx context.Context, s *provision.StepRun[*modules.Runtime]) (any, error) {
 	var in powerInput
 	if err := json.Unmarshal(s.Input, &in); err != nil {
-		return nil, modules.Permanent(err)
+		return nil, provision.Permanent(err)
 	}
 	want := power.On
 	if slices.Contains([]string{"off", "soft"}, in.Action) {
@@ -332,7 +333,7 @@ func powerCheck(ctx context.Context, s *modules.StepRun) (any, error) {
 	}
 	got := out.Power
 	if got != want {
-		return nil, modules.Wait(time.Second, fmt.Sprintf("the machine is %s; waiting for it to be %s", got, want))
+		return nil, provision.Wait(time.Second, fmt.Sprintf("the machine is %s; waiting for it to be %s", got, want))
 	}
 	err = s.Runtime.DB.Tx(ctx, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `UPDATE compute.metal_machines SET power = $2, power_checked_at = compute.compute_now() WHERE id = $1`, in.Machine, string(got)); err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/better-compute/compute/metal/redfish"
 	"github.com/better-compute/compute/metal/siteapi"
 	"github.com/better-compute/compute/modules"
+	"github.com/better-compute/compute/provision"
 )
 
 // DriverKindPower is the kind of drivers that implement power.Driver.
@@ -30,8 +31,8 @@ type Options struct {
 	// Drivers are more drivers of the other kinds (boot: a BootDriver; image: an ImageDriver),
 	// and Profiles more compositions, beside the built-in pxe-ipmi, pxe-redfish and
 	// vmedia-redfish.
-	Drivers  []modules.Driver
-	Profiles []modules.Profile
+	Drivers  []provision.Driver
+	Profiles []provision.Profile
 	// UnknownMachines is what a site does with a machine it does not know that PXE-boots:
 	// siteapi.UnknownInspect (the default: boot the ramdisk, which reports it as a join
 	// request) or siteapi.UnknownIgnore.
@@ -46,8 +47,8 @@ type Options struct {
 // Module is the metal module: metal.New(metal.Options{}) in compute.Options.Modules.
 type Module struct {
 	power      map[string]power.Driver
-	drivers    []modules.Driver
-	profiles   []modules.Profile
+	drivers    []provision.Driver
+	profiles   []provision.Profile
 	unknown    string
 	joinURL    string
 	ramdiskISO string
@@ -85,7 +86,7 @@ func (*Module) Name() string { return "metal" }
 // them; machines and images, and the power workflow.
 func (m *Module) Register(r *modules.Registry) error {
 	for name, p := range m.power {
-		r.Driver(modules.Driver{Kind: DriverKindPower, Name: name, Value: p})
+		r.Driver(provision.Driver{Kind: DriverKindPower, Name: name, Value: p})
 	}
 	m.registerMachines(r)
 	m.registerProfiles(r)

@@ -9,6 +9,7 @@ import (
 	"github.com/better-compute/compute/metal/power"
 	"github.com/better-compute/compute/metal/siteapi"
 	"github.com/better-compute/compute/modules"
+	"github.com/better-compute/compute/provision"
 )
 
 // A profile composes one driver of each kind a provisioning path needs: power (how the BMC is
@@ -76,8 +77,8 @@ func (StreamImage) Task(id string, img Image, then siteapi.Task) siteapi.Task {
 
 // builtinProfiles are the profiles the module registers: PXE and a stream with either BMC
 // protocol, and Redfish virtual media.
-func builtinProfiles() []modules.Profile {
-	return []modules.Profile{
+func builtinProfiles() []provision.Profile {
+	return []provision.Profile{
 		{Name: "pxe-ipmi", Drivers: map[string]string{DriverKindPower: "ipmi", DriverKindBoot: "pxe", DriverKindImage: "stream"}},
 		{Name: "pxe-redfish", Drivers: map[string]string{DriverKindPower: "redfish", DriverKindBoot: "pxe", DriverKindImage: "stream"}},
 		{Name: "vmedia-redfish", Drivers: map[string]string{DriverKindPower: "redfish", DriverKindBoot: "vmedia", DriverKindImage: "stream"}},
@@ -103,9 +104,9 @@ var ProfilesList = api.NewMethod[ListProfiles, []Profile]("profiles", "list", fa
 
 func (m *Module) registerProfiles(r *modules.Registry) {
 	r.Driver(
-		modules.Driver{Kind: DriverKindBoot, Name: "pxe", Value: BootDriver(PXEBoot{})},
-		modules.Driver{Kind: DriverKindBoot, Name: "vmedia", Value: BootDriver(VirtualMediaBoot{})},
-		modules.Driver{Kind: DriverKindImage, Name: "stream", Value: ImageDriver(StreamImage{})},
+		provision.Driver{Kind: DriverKindBoot, Name: "pxe", Value: BootDriver(PXEBoot{})},
+		provision.Driver{Kind: DriverKindBoot, Name: "vmedia", Value: BootDriver(VirtualMediaBoot{})},
+		provision.Driver{Kind: DriverKindImage, Name: "stream", Value: ImageDriver(StreamImage{})},
 	)
 	for _, d := range m.drivers {
 		r.Driver(d)

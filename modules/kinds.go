@@ -16,8 +16,9 @@ import (
 )
 
 // What a module adds besides methods: command kinds and desired-state kinds that travel to bcd,
-// IAM resource resolvers, event types, drivers and profiles. Each is refused when registered
-// twice or malformed, in compute.New.
+// IAM resource resolvers, event types, join credentials and report kinds. Each is refused when
+// registered twice or malformed, in compute.New. Workflows, drivers and profiles are package
+// provision's (workflow.go forwards to its Catalog).
 
 // eventTypeRE is the form compute.events accepts.
 var eventTypeRE = regexp.MustCompile(`^[a-z]+(\.[a-z_]+)+$`)
@@ -53,20 +54,6 @@ type ResolveFunc func(ctx context.Context, q postgres.Querier, id string) (map[s
 type EventType struct {
 	Name        string // e.g. reservation.preempted
 	Description string
-}
-
-// Driver is one implementation of a kind of driver (power: ipmi, redfish; runtime: libvirt-kvm),
-// registered by the module that provides it and used by the modules that compose drivers. Value
-// is what the using module expects of that kind (an interface it defines).
-type Driver struct {
-	Kind, Name string
-	Value      any
-}
-
-// Profile names a composition of drivers: one driver per kind.
-type Profile struct {
-	Name    string
-	Drivers map[string]string // kind → driver name, each registered
 }
 
 // CommandKind registers command kinds.
@@ -135,35 +122,6 @@ func (r *Registry) EventTypes(ts ...EventType) {
 	}
 }
 
-// Driver registers drivers.
-func (r *Registry) Driver(ds ...Driver) {
-	for _, d := range ds {
-		key := d.Kind + "/" + d.Name
-		switch {
-		case d.Kind == "" || d.Name == "" || d.Value == nil:
-			r.fail(fmt.Errorf("driver %q: needs a kind, a name and a value", key))
-		case r.drivers[key] != nil:
-			r.fail(fmt.Errorf("driver %s is registered twice", key))
-		default:
-			r.drivers[key] = &d
-		}
-	}
-}
-
-// Profile registers profiles; Check verifies that each names registered drivers.
-func (r *Registry) Profile(ps ...Profile) {
-	for _, p := range ps {
-		switch {
-		case p.Name == "" || len(p.Drivers) == 0:
-			r.fail(errors.New("a profile needs a name and drivers"))
-		case r.profiles[p.Name] != nil:
-			r.fail(fmt.Errorf("profile %s is registered twice", p.Name))
-		default:
-			r.profiles[p.Name] = &p
-		}
-	}
-}
-
 // LookupCommandKind returns the registered command kind name.
 func (r *Registry) LookupCommandKind(name string) (CommandKind, bool) {
 	k := r.commands[name]
@@ -207,46 +165,9 @@ func (r *Registry) EventTypeList() []EventType {
 	return out
 }
 
-// LookupDriver returns the driver of a kind by name.
-func (r *Registry) LookupDriver(kind, name string) (Driver, bool) {
-	d := r.drivers[kind+"/"+name]
-	if d == nil {
-		return Driver{}, false
-	}
-	return *d, true
-}
-
-// LookupProfile returns a profile by name.
-func (r *Registry) LookupProfile(name string) (Profile, bool) {
-	p := r.profiles[name]
-	if p == nil {
-		return Profile{}, false
-	}
-	return *p, true
-}
-
-// checkKinds verifies what refers to other registrations: profiles to drivers, resolvers to
-// resource types.
+// checkKinds verifies what refers to other registrations: resolvers to resource types.
 func (r *Registry) checkKinds() []error {
 	var errs []error
-	names := make([]string, 0, len(r.profiles))
-	for n := range r.profiles {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		p := r.profiles[n]
-		kinds := make([]string, 0, len(p.Drivers))
-		for k := range p.Drivers {
-			kinds = append(kinds, k)
-		}
-		sort.Strings(kinds)
-		for _, k := range kinds {
-			if r.drivers[k+"/"+p.Drivers[k]] == nil {
-				errs = append(errs, fmt.Errorf("modules: profile %s uses %s driver %q, which no module registered", n, k, p.Drivers[k]))
-			}
-		}
-	}
 	types := make([]string, 0, len(r.resolvers))
 	for t := range r.resolvers {
 		types = append(types, t)

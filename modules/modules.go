@@ -1,7 +1,8 @@
-// Package modules is the extension contract of Better Compute: what a module (metal, vps,
-// provision, or the host's own) may register — API methods, migrations, IAM resource types and
-// actions, background workers and start hooks — through a Registry. Modules are Go values passed
-// in compute.Options, never registries filled by init.
+// Package modules is the extension contract of Better Compute: what a module (metal, vps, or the
+// host's own) may register — API methods, migrations, IAM resource types and actions, background
+// workers and start hooks, and the workflows, drivers and profiles of package provision — through
+// a Registry, and what it may use of the core (Runtime). Modules are Go values passed in
+// compute.Options, never registries filled by init.
 package modules
 
 import (
@@ -21,6 +22,7 @@ import (
 	"github.com/better-compute/compute/iam"
 	"github.com/better-compute/compute/netpolicy"
 	"github.com/better-compute/compute/postgres"
+	"github.com/better-compute/compute/provision"
 )
 
 // Module is an optional part of Better Compute.
@@ -47,7 +49,7 @@ type Runtime struct {
 	Clock     Clock
 	Secrets   SecretBox
 	Jobs      Jobs
-	Workflows Workflows
+	Workflows provision.Workflows
 	Access    Access
 	Quorum    Quorum
 	// Outbound is the policy of every connection made where a tenant chose (a provider's

@@ -9,6 +9,7 @@ import (
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/iam"
 	"github.com/better-compute/compute/postgres"
+	"github.com/better-compute/compute/provision"
 )
 
 // Registry collects what modules contribute. compute.New fills one from the core and
@@ -24,7 +25,6 @@ type Registry struct {
 	migrations []postgres.MigrationSet
 	workers    []Worker
 	jobQueues  []JobQueue
-	workflows  map[string]Workflow
 	starts     []namedStart
 	errs       []error
 
@@ -33,8 +33,7 @@ type Registry struct {
 	resolvers map[string]ResolveFunc
 	events    map[string]string // event type → the module that registered it
 	eventInfo []EventType
-	drivers   map[string]*Driver // "kind/name"
-	profiles  map[string]*Profile
+	provision provision.Catalog[*Runtime] // workflows, drivers, profiles
 	joins     []JoinCredential
 	reports   map[string]*ReportKind
 }
@@ -54,9 +53,6 @@ func NewRegistry() *Registry {
 		commands:   map[string]*CommandKind{},
 		resolvers:  map[string]ResolveFunc{},
 		events:     map[string]string{},
-		drivers:    map[string]*Driver{},
-		profiles:   map[string]*Profile{},
-		workflows:  map[string]Workflow{},
 		reports:    map[string]*ReportKind{},
 	}
 }
@@ -190,6 +186,9 @@ func (r *Registry) Check() error {
 		errs = append(errs, err)
 	}
 	errs = append(errs, r.checkKinds()...)
+	if err := r.provision.Check(); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
 

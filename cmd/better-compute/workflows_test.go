@@ -14,6 +14,7 @@ import (
 	"github.com/better-compute/compute"
 	"github.com/better-compute/compute/computetest"
 	"github.com/better-compute/compute/modules"
+	"github.com/better-compute/compute/provision"
 )
 
 // cliFlows is a module of two workflows for the CLI: one whose second step waits once, one whose
@@ -23,18 +24,18 @@ type cliFlows struct{ waited atomic.Bool }
 func (*cliFlows) Name() string { return "clitest" }
 
 func (f *cliFlows) Register(r *modules.Registry) error {
-	r.Workflow(modules.Workflow{Name: "test.cli", Steps: []modules.Step{
-		{Name: "first", Run: func(context.Context, *modules.StepRun) (any, error) { return nil, nil }},
-		{Name: "second", Run: func(context.Context, *modules.StepRun) (any, error) {
+	r.Workflow(provision.Workflow[*modules.Runtime]{Name: "test.cli", Steps: []provision.Step[*modules.Runtime]{
+		{Name: "first", Run: func(context.Context, *provision.StepRun[*modules.Runtime]) (any, error) { return nil, nil }},
+		{Name: "second", Run: func(context.Context, *provision.StepRun[*modules.Runtime]) (any, error) {
 			if !f.waited.Swap(true) {
-				return nil, modules.Wait(300*time.Millisecond, "the test makes it wait")
+				return nil, provision.Wait(300*time.Millisecond, "the test makes it wait")
 			}
 			return nil, nil
 		}},
 	}})
-	r.Workflow(modules.Workflow{Name: "test.cli-doomed", Steps: []modules.Step{
-		{Name: "only", Run: func(context.Context, *modules.StepRun) (any, error) {
-			return nil, modules.Permanent(errors.New("the disk is gone"))
+	r.Workflow(provision.Workflow[*modules.Runtime]{Name: "test.cli-doomed", Steps: []provision.Step[*modules.Runtime]{
+		{Name: "only", Run: func(context.Context, *provision.StepRun[*modules.Runtime]) (any, error) {
+			return nil, provision.Permanent(errors.New("the disk is gone"))
 		}},
 	}})
 	return nil
@@ -57,7 +58,7 @@ func TestWorkflowsWatchFollowsARunToItsEnd(t *testing.T) {
 		var id string
 		err := env.DB.Tx(ctx, func(tx pgx.Tx) error {
 			var err error
-			id, err = env.Compute.Runtime().Workflows.Start(ctx, tx, modules.StartWorkflow{Workflow: workflow, TenantID: computetest.RootTenantID, Subject: "m1"})
+			id, err = env.Compute.Runtime().Workflows.Start(ctx, tx, provision.StartWorkflow{Workflow: workflow, TenantID: computetest.RootTenantID, Subject: "m1"})
 			return err
 		})
 		if err != nil {

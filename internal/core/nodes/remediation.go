@@ -14,6 +14,7 @@ import (
 	"github.com/better-compute/compute/internal/core/capacity"
 	"github.com/better-compute/compute/internal/core/workflow"
 	"github.com/better-compute/compute/modules"
+	"github.com/better-compute/compute/provision"
 )
 
 // XIDRemediation is the workflow a critical XID (or an ECC error) starts for its GPU: cordon the
@@ -48,13 +49,13 @@ func StartRemediation(ctx context.Context, tx pgx.Tx, rt *modules.Runtime, tenan
 	if err != nil || running {
 		return false, err
 	}
-	_, err = rt.Workflows.Start(ctx, tx, modules.StartWorkflow{Workflow: XIDRemediation, TenantID: tenant, Subject: node,
+	_, err = rt.Workflows.Start(ctx, tx, provision.StartWorkflow{Workflow: XIDRemediation, TenantID: tenant, Subject: node,
 		Input: remediationInput{GPU: index, Reason: reason}, CreatedBy: "system:remediation"})
 	return err == nil, err
 }
 
 func registerRemediation(r *modules.Registry) {
-	r.Workflow(modules.Workflow{Name: XIDRemediation, Steps: []modules.Step{
+	r.Workflow(provision.Workflow[*modules.Runtime]{Name: XIDRemediation, Steps: []provision.Step[*modules.Runtime]{
 		{Name: "cordon", Timeout: remediationTimeout, Run: remediationStep(cordonForRemediation)},
 		{Name: "drain", Timeout: remediationTimeout, Deadline: RemediationDrainDeadline, Run: remediationStep(drainGPU)},
 		{Name: "reset", Timeout: remediationTimeout, Run: remediationStep(resetGPU)},
@@ -65,11 +66,11 @@ func registerRemediation(r *modules.Registry) {
 
 // remediationStep runs fn in a transaction of its own, as the run's system principal acting in
 // the node's tenant: what it changes commits with nothing else.
-func remediationStep(fn func(ctx context.Context, c *modules.Call, s *modules.StepRun, in remediationInput) (any, error)) func(context.Context, *modules.StepRun) (any, error) {
-	return func(ctx context.Context, s *modules.StepRun) (any, error) {
+func remediationStep(fn func(ctx context.Context, c *modules.Call, s *provision.StepRun[*modules.Runtime], in remediationInput) (any, error)) func(context.Context, *provision.StepRun[*modules.Runtime]) (any, error) {
+	return func(ctx context.Context, s *provision.StepRun[*modules.Runtime]) (any, error) {
 		var in remediationInput
 		if err := json.Unmarshal(s.Input, &in); err != nil {
-			return nil, modules.Permanent(fmt.Errorf("the run's input: %w", err))
+			return nil, provision.Permanent(fmt.Errorf("the run's input: %w", err))
 		}
 		var out any
 		err := s.Runtime.DB.Tx(ctx, func(tx pgx.Tx) error {
@@ -91,10 +92,10 @@ type cordoned struct {
 	Cordoned bool `json:"cordoned"` // this run cordoned the node, and so uncordons it
 }
 
-func cordonForRemediation(ctx context.Context, c *modules.Call, _ *modules.StepRun, _ remediationInput) (any, error) {
+func cordonForRemediation(ctx context.Context, c *modules.Call, _ *provision.StepRun[*modules.Runtime], _ remediationInput) (any, error) {
 	n, err := lockNode(ctx, c)
 	if err != nil {
-		return nil, modules.Permanent(err)
+		return nil, provision.Permanent(err)
 	}
 	if n.State != api.NodeActive {
 		return cordoned{}, nil // cordoned, draining or retired already: someone else decides
@@ -103,7 +104,7 @@ func cordonForRemediation(ctx context.Context, c *modules.Call, _ *modules.StepR
 	return cordoned{Cordoned: true}, err
 }
 
-func drainGPU(ctx context.Context, c *modules.Call, _ *modules.StepRun, in remediationInput) (any, error) {
+func drainGPU(ctx context.Context, c *modules.Call, _ *provision.StepRun[*modules.Runtime], in remediationInput) (any, error) {
 	span := capacity.GPUSpan(in.GPU)
 	var holder string
 	var until *time.Time // nil: until it is released
@@ -120,7 +121,7 @@ func drainGPU(ctx context.Context, c *modules.Call, _ *modules.StepRun, in remed
 	if until != nil {
 		end = until.UTC().Format(time.RFC3339)
 	}
-	return nil, modules.Wait(remediationPoll, fmt.Sprintf("GPU %d is held by reservation %s until %s", in.GPU, holder, end))
+	return nil, provision.Wait(remediationPoll, fmt.Sprintf("GPU %d is held by reservation %s until %s", in.GPU, holder, end))
 }
 
 // resetOutput is the reset step's output: the command it queued.
@@ -128,7 +129,7 @@ type resetOutput struct {
 	Command string `json:"command"`
 }
 
-func resetGPU(ctx context.Context, c *modules.Call, s *modules.StepRun, in remediationInput) (any, error) {
+func resetGPU(ctx context.Context, c *modules.Call, s *provision.StepRun[*modules.Runtime], in remediationInput) (any, error) {
 	// A step run again finds the command it queued before its process died, rather than
 	// resetting twice.
 	var id string
@@ -143,15 +144,15 @@ func resetGPU(ctx context.Context, c *modules.Call, s *modules.StepRun, in remed
 	cmd, err := QueueCommand(ctx, c, c.Runtime.Registry, api.CreateCommand{NodeRef: api.NodeRef{Node: c.Target.ResourceID},
 		Kind: api.CommandGPUReset, Args: json.RawMessage(fmt.Sprintf(`{"gpu": %d}`, in.GPU)), Deadline: "5m"})
 	if api.CodeOf(err) == api.CodeInvalidArgument || api.CodeOf(err) == api.CodeNotFound {
-		return nil, modules.Permanent(err)
+		return nil, provision.Permanent(err)
 	}
 	return resetOutput{Command: cmd.ID}, err
 }
 
-func verifyGPU(ctx context.Context, c *modules.Call, s *modules.StepRun, in remediationInput) (any, error) {
+func verifyGPU(ctx context.Context, c *modules.Call, s *provision.StepRun[*modules.Runtime], in remediationInput) (any, error) {
 	var reset resetOutput
 	if err := s.Output("reset", &reset); err != nil {
-		return nil, modules.Permanent(err)
+		return nil, provision.Permanent(err)
 	}
 	var state, why, health string
 	err := c.Tx.QueryRow(ctx, `SELECT c.state, c.error, d.health FROM compute.commands c JOIN compute.devices d ON d.node_id = c.node_id AND d.index = $2
@@ -161,19 +162,19 @@ func verifyGPU(ctx context.Context, c *modules.Call, s *modules.StepRun, in reme
 	}
 	switch {
 	case state == api.CommandFailed || state == api.CommandCancelled:
-		return nil, modules.Permanent(fmt.Errorf("gpu.reset of GPU %d %s: %s", in.GPU, state, why))
+		return nil, provision.Permanent(fmt.Errorf("gpu.reset of GPU %d %s: %s", in.GPU, state, why))
 	case state != api.CommandSucceeded:
-		return nil, modules.Wait(remediationPoll, fmt.Sprintf("gpu.reset of GPU %d is %s", in.GPU, state))
+		return nil, provision.Wait(remediationPoll, fmt.Sprintf("gpu.reset of GPU %d is %s", in.GPU, state))
 	case health != api.HealthHealthy:
-		return nil, modules.Wait(remediationPoll, fmt.Sprintf("GPU %d is %s after its reset", in.GPU, health))
+		return nil, provision.Wait(remediationPoll, fmt.Sprintf("GPU %d is %s after its reset", in.GPU, health))
 	}
 	return map[string]string{"health": health}, nil
 }
 
-func uncordonAfterRemediation(ctx context.Context, c *modules.Call, s *modules.StepRun, _ remediationInput) (any, error) {
+func uncordonAfterRemediation(ctx context.Context, c *modules.Call, s *provision.StepRun[*modules.Runtime], _ remediationInput) (any, error) {
 	var done cordoned
 	if err := s.Output("cordon", &done); err != nil {
-		return nil, modules.Permanent(err)
+		return nil, provision.Permanent(err)
 	}
 	if !done.Cordoned {
 		return map[string]bool{"uncordoned": false}, nil

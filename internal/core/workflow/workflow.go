@@ -1,5 +1,5 @@
 // Package workflow is the durable workflow engine: runs of the workflows modules register
-// (modules.Workflow), their state in compute.workflow_runs and compute.workflow_steps (which it
+// (provision.Workflow[*modules.Runtime]), their state in compute.workflow_runs and compute.workflow_steps (which it
 // alone writes), each step's attempts a River job. A step's success, the next step's job and the
 // completion of its own job commit in one transaction, so a process may die anywhere (kill -9
 // mid-step): the step is run again by another process, and no step is recorded as done twice.
@@ -23,6 +23,7 @@ import (
 	"github.com/better-compute/compute/internal/core/jobs"
 	"github.com/better-compute/compute/modules"
 	"github.com/better-compute/compute/postgres"
+	"github.com/better-compute/compute/provision"
 )
 
 //go:embed migrations/*.sql
@@ -100,11 +101,11 @@ type stepArgs struct {
 
 func (stepArgs) Kind() string { return "workflow.step" }
 
-// Service is modules.Workflows: runs started and cancelled in a caller's transaction.
+// Service is provision.Workflows: runs started and cancelled in a caller's transaction.
 type Service struct{ RT *modules.Runtime }
 
-// Start implements modules.Workflows.
-func (s Service) Start(ctx context.Context, tx pgx.Tx, in modules.StartWorkflow) (string, error) {
+// Start implements provision.Workflows.
+func (s Service) Start(ctx context.Context, tx pgx.Tx, in provision.StartWorkflow) (string, error) {
 	w, ok := s.RT.Registry.LookupWorkflow(in.Workflow)
 	if !ok {
 		return "", fmt.Errorf("workflow: no workflow %q is registered", in.Workflow)
@@ -135,7 +136,7 @@ func (s Service) Start(ctx context.Context, tx pgx.Tx, in modules.StartWorkflow)
 }
 
 // enqueue makes step n of run current, with its job.
-func (s Service) enqueue(ctx context.Context, tx pgx.Tx, w modules.Workflow, run string, n int) error {
+func (s Service) enqueue(ctx context.Context, tx pgx.Tx, w provision.Workflow[*modules.Runtime], run string, n int) error {
 	// One attempt more than the step's: an attempt lost with its process (River rescues the job)
 	// still finds the run and fails it, rather than leaving it running for ever.
 	job, err := s.RT.Jobs.InsertTx(ctx, tx, stepArgs{Run: run, Workflow: w.Name, Step: n},
@@ -155,7 +156,7 @@ func (s Service) emit(ctx context.Context, q postgres.Querier, typ, tenant, run,
 	return s.RT.Events.Emit(ctx, q, modules.Event{Type: typ, TenantID: tenant, Subject: run, Data: data})
 }
 
-// Cancel implements modules.Workflows.
+// Cancel implements provision.Workflows.
 func (s Service) Cancel(ctx context.Context, tx pgx.Tx, runID string) error {
 	var tenant, workflow, subject, step string
 	var job *int64
@@ -184,7 +185,7 @@ func (s Service) Cancel(ctx context.Context, tx pgx.Tx, runID string) error {
 			return err
 		}
 	}
-	if err := s.onEnd(ctx, tx, &modules.RunEnd{RunID: runID, Workflow: workflow, TenantID: tenant, Subject: subject, Input: input,
+	if err := s.onEnd(ctx, tx, &provision.RunEnd[*modules.Runtime]{RunID: runID, Workflow: workflow, TenantID: tenant, Subject: subject, Input: input,
 		State: api.WorkflowCancelled}); err != nil {
 		return err
 	}
@@ -192,7 +193,7 @@ func (s Service) Cancel(ctx context.Context, tx pgx.Tx, runID string) error {
 }
 
 // onEnd runs the workflow's OnEnd hook, if it has one, in the transaction ending the run.
-func (s Service) onEnd(ctx context.Context, tx pgx.Tx, e *modules.RunEnd) error {
+func (s Service) onEnd(ctx context.Context, tx pgx.Tx, e *provision.RunEnd[*modules.Runtime]) error {
 	wf, ok := s.RT.Registry.LookupWorkflow(e.Workflow)
 	if !ok || wf.OnEnd == nil {
 		return nil
@@ -210,10 +211,10 @@ type stepper struct {
 	rt *modules.Runtime
 }
 
-func (w *stepper) step(args stepArgs) (modules.Workflow, modules.Step, bool) {
+func (w *stepper) step(args stepArgs) (provision.Workflow[*modules.Runtime], provision.Step[*modules.Runtime], bool) {
 	wf, ok := w.rt.Registry.LookupWorkflow(args.Workflow)
 	if !ok || args.Step < 0 || args.Step >= len(wf.Steps) {
-		return wf, modules.Step{}, false
+		return wf, provision.Step[*modules.Runtime]{}, false
 	}
 	return wf, wf.Steps[args.Step], true
 }
@@ -286,19 +287,19 @@ func (w *stepper) Work(ctx context.Context, j *river.Job[stepArgs]) error {
 	if err != nil {
 		return err
 	}
-	sr := &modules.StepRun{RunID: j.Args.Run, Workflow: wf.Name, Step: st.Name, TenantID: r.tenant, Subject: r.subject,
+	sr := &provision.StepRun[*modules.Runtime]{RunID: j.Args.Run, Workflow: wf.Name, Step: st.Name, TenantID: r.tenant, Subject: r.subject,
 		Attempt: j.Attempt, Input: r.input, Outputs: outputs, Runtime: w.rt}
 	stepCtx, cancel := context.WithTimeout(ctx, st.Timeout)
 	out, runErr := runStep(stepCtx, st, sr)
 	cancel()
-	if wait, ok := modules.IsWait(runErr); ok {
+	if wait, ok := provision.IsWait(runErr); ok {
 		if _, err := db.Pool.Exec(ctx, `UPDATE compute.workflow_steps SET note = $3 WHERE run_id = $1 AND n = $2`, j.Args.Run, j.Args.Step, wait.Why); err != nil {
 			return err
 		}
 		return river.JobSnooze(max(wait.After, 10*time.Millisecond))
 	}
 	if runErr != nil {
-		var perm *modules.PermanentError
+		var perm *provision.PermanentError
 		if errors.As(runErr, &perm) || j.Attempt >= st.MaxAttempts {
 			return w.fail(ctx, j, wf, st.Name, r, j.Attempt, fmt.Sprintf("step %s, attempt %d: %v", st.Name, j.Attempt, runErr))
 		}
@@ -348,7 +349,7 @@ func (w *stepper) Work(ctx context.Context, j *river.Job[stepArgs]) error {
 }
 
 // runStep runs a step, a panic in it being its failure rather than the process's.
-func runStep(ctx context.Context, st modules.Step, sr *modules.StepRun) (out any, err error) {
+func runStep(ctx context.Context, st provision.Step[*modules.Runtime], sr *provision.StepRun[*modules.Runtime]) (out any, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("the step panicked: %v", p)
@@ -375,7 +376,7 @@ func (w *stepper) outputs(ctx context.Context, run string, n int) (map[string]js
 
 // fail ends a run as failed with why, its step too, and completes the job with it.
 // attempts is how many attempts ran the step.
-func (w *stepper) fail(ctx context.Context, j *river.Job[stepArgs], wf modules.Workflow, step string, r run, attempts int, why string) error {
+func (w *stepper) fail(ctx context.Context, j *river.Job[stepArgs], wf provision.Workflow[*modules.Runtime], step string, r run, attempts int, why string) error {
 	return w.rt.DB.Tx(ctx, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, `UPDATE compute.workflow_steps SET state = 'failed', attempts = greatest(attempts, $3), error = $4, finished_at = compute.compute_now()
 			WHERE run_id = $1 AND n = $2 AND state IN ('pending', 'running')`, j.Args.Run, j.Args.Step, attempts, why)
@@ -393,7 +394,7 @@ func (w *stepper) fail(ctx context.Context, j *river.Job[stepArgs], wf modules.W
 }
 
 // finish ends a running run in state, with its event.
-func (w *stepper) finish(ctx context.Context, tx pgx.Tx, wf modules.Workflow, step string, r run, runID, state, why string) error {
+func (w *stepper) finish(ctx context.Context, tx pgx.Tx, wf provision.Workflow[*modules.Runtime], step string, r run, runID, state, why string) error {
 	var input json.RawMessage
 	err := tx.QueryRow(ctx, `UPDATE compute.workflow_runs SET state = $2, error = $3, job_id = NULL, finished_at = compute.compute_now()
 		WHERE id = $1 AND state = 'running' RETURNING input`, runID, state, why).Scan(&input)
@@ -403,7 +404,7 @@ func (w *stepper) finish(ctx context.Context, tx pgx.Tx, wf modules.Workflow, st
 	if err != nil {
 		return err
 	}
-	if err := (Service{RT: w.rt}).onEnd(ctx, tx, &modules.RunEnd{RunID: runID, Workflow: wf.Name, TenantID: r.tenant, Subject: r.subject,
+	if err := (Service{RT: w.rt}).onEnd(ctx, tx, &provision.RunEnd[*modules.Runtime]{RunID: runID, Workflow: wf.Name, TenantID: r.tenant, Subject: r.subject,
 		Input: input, State: state, Error: why}); err != nil {
 		return err
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/better-compute/compute/modules"
 	"github.com/better-compute/compute/postgres"
 	"github.com/better-compute/compute/postgres/pgtest"
+	"github.com/better-compute/compute/provision"
 )
 
 // childEnv, when set to a database URL, makes the test binary a worker process of that
@@ -58,27 +59,27 @@ func (f *flows) attempt(step string) int {
 	return f.attempts[step]
 }
 
-func effect(ctx context.Context, s *modules.StepRun) error {
+func effect(ctx context.Context, s *provision.StepRun[*modules.Runtime]) error {
 	_, err := s.Runtime.DB.Pool.Exec(ctx, `INSERT INTO compute.flowtest_effects (run, step, pid) VALUES ($1, $2, $3)`, s.RunID, s.Step, os.Getpid())
 	return err
 }
 
 // ended records a run's end, as an OnEnd hook, in the transaction that ends it.
-func ended(ctx context.Context, tx pgx.Tx, e *modules.RunEnd) error {
+func ended(ctx context.Context, tx pgx.Tx, e *provision.RunEnd[*modules.Runtime]) error {
 	_, err := tx.Exec(ctx, `INSERT INTO compute.flowtest_effects (run, step, pid) VALUES ($1, $2, $3)`, e.RunID, "end:"+e.State, os.Getpid())
 	return err
 }
 
 func (f *flows) Register(r *modules.Registry) error {
-	r.Workflow(modules.Workflow{Name: "test.three", OnEnd: ended, Steps: []modules.Step{
-		{Name: "one", Timeout: stepTimeout, Run: func(ctx context.Context, s *modules.StepRun) (any, error) {
+	r.Workflow(provision.Workflow[*modules.Runtime]{Name: "test.three", OnEnd: ended, Steps: []provision.Step[*modules.Runtime]{
+		{Name: "one", Timeout: stepTimeout, Run: func(ctx context.Context, s *provision.StepRun[*modules.Runtime]) (any, error) {
 			var in struct{ Start int }
 			if err := jsonInput(s, &in); err != nil {
-				return nil, modules.Permanent(err)
+				return nil, provision.Permanent(err)
 			}
 			return map[string]int{"n": in.Start + 1}, nil
 		}},
-		{Name: "two", Timeout: stepTimeout, Run: func(ctx context.Context, s *modules.StepRun) (any, error) {
+		{Name: "two", Timeout: stepTimeout, Run: func(ctx context.Context, s *provision.StepRun[*modules.Runtime]) (any, error) {
 			if f.attempt("two") == 1 {
 				return nil, errors.New("the first attempt fails")
 			}
@@ -88,24 +89,28 @@ func (f *flows) Register(r *modules.Registry) error {
 			}
 			return map[string]int{"n": one.N + 1}, nil
 		}},
-		{Name: "three", Timeout: stepTimeout, Run: func(ctx context.Context, s *modules.StepRun) (any, error) {
+		{Name: "three", Timeout: stepTimeout, Run: func(ctx context.Context, s *provision.StepRun[*modules.Runtime]) (any, error) {
 			if f.attempt("three") == 1 {
-				return nil, modules.Wait(20*time.Millisecond, "the test makes it wait once")
+				return nil, provision.Wait(20*time.Millisecond, "the test makes it wait once")
 			}
 			return nil, nil
 		}},
 	}})
-	r.Workflow(modules.Workflow{Name: "test.doomed", OnEnd: ended, Steps: []modules.Step{
-		{Name: "refuse", Timeout: stepTimeout, Run: func(context.Context, *modules.StepRun) (any, error) {
-			return nil, modules.Permanent(errors.New("no such machine"))
+	r.Workflow(provision.Workflow[*modules.Runtime]{Name: "test.doomed", OnEnd: ended, Steps: []provision.Step[*modules.Runtime]{
+		{Name: "refuse", Timeout: stepTimeout, Run: func(context.Context, *provision.StepRun[*modules.Runtime]) (any, error) {
+			return nil, provision.Permanent(errors.New("no such machine"))
 		}},
-		{Name: "never", Timeout: stepTimeout, Run: func(context.Context, *modules.StepRun) (any, error) { panic("a step after a failed one ran") }},
+		{Name: "never", Timeout: stepTimeout, Run: func(context.Context, *provision.StepRun[*modules.Runtime]) (any, error) {
+			panic("a step after a failed one ran")
+		}},
 	}})
-	r.Workflow(modules.Workflow{Name: "test.exhausted", Steps: []modules.Step{
-		{Name: "flaky", MaxAttempts: 2, Timeout: stepTimeout, Run: func(context.Context, *modules.StepRun) (any, error) { return nil, errors.New("still broken") }},
+	r.Workflow(provision.Workflow[*modules.Runtime]{Name: "test.exhausted", Steps: []provision.Step[*modules.Runtime]{
+		{Name: "flaky", MaxAttempts: 2, Timeout: stepTimeout, Run: func(context.Context, *provision.StepRun[*modules.Runtime]) (any, error) {
+			return nil, errors.New("still broken")
+		}},
 	}})
-	r.Workflow(modules.Workflow{Name: "test.blocking", OnEnd: ended, Steps: []modules.Step{
-		{Name: "block", Timeout: stepTimeout, Run: func(ctx context.Context, s *modules.StepRun) (any, error) {
+	r.Workflow(provision.Workflow[*modules.Runtime]{Name: "test.blocking", OnEnd: ended, Steps: []provision.Step[*modules.Runtime]{
+		{Name: "block", Timeout: stepTimeout, Run: func(ctx context.Context, s *provision.StepRun[*modules.Runtime]) (any, error) {
 			if err := effect(ctx, s); err != nil {
 				return nil, err
 			}
@@ -113,12 +118,16 @@ func (f *flows) Register(r *modules.Registry) error {
 			f.cancelled <- ctx.Err()
 			return nil, ctx.Err()
 		}},
-		{Name: "never", Timeout: stepTimeout, Run: func(context.Context, *modules.StepRun) (any, error) { panic("a step of a cancelled run ran") }},
+		{Name: "never", Timeout: stepTimeout, Run: func(context.Context, *provision.StepRun[*modules.Runtime]) (any, error) {
+			panic("a step of a cancelled run ran")
+		}},
 	}})
 	// test.crash's middle step blocks in the child process, which is killed there.
-	r.Workflow(modules.Workflow{Name: "test.crash", Steps: []modules.Step{
-		{Name: "first", Timeout: stepTimeout, Run: func(ctx context.Context, s *modules.StepRun) (any, error) { return nil, effect(ctx, s) }},
-		{Name: "slow", Timeout: stepTimeout, Run: func(ctx context.Context, s *modules.StepRun) (any, error) {
+	r.Workflow(provision.Workflow[*modules.Runtime]{Name: "test.crash", Steps: []provision.Step[*modules.Runtime]{
+		{Name: "first", Timeout: stepTimeout, Run: func(ctx context.Context, s *provision.StepRun[*modules.Runtime]) (any, error) {
+			return nil, effect(ctx, s)
+		}},
+		{Name: "slow", Timeout: stepTimeout, Run: func(ctx context.Context, s *provision.StepRun[*modules.Runtime]) (any, error) {
 			if err := effect(ctx, s); err != nil {
 				return nil, err
 			}
@@ -128,12 +137,14 @@ func (f *flows) Register(r *modules.Registry) error {
 			}
 			return "done", nil
 		}},
-		{Name: "last", Timeout: stepTimeout, Run: func(ctx context.Context, s *modules.StepRun) (any, error) { return nil, effect(ctx, s) }},
+		{Name: "last", Timeout: stepTimeout, Run: func(ctx context.Context, s *provision.StepRun[*modules.Runtime]) (any, error) {
+			return nil, effect(ctx, s)
+		}},
 	}})
 	return nil
 }
 
-func jsonInput(s *modules.StepRun, out any) error {
+func jsonInput(s *provision.StepRun[*modules.Runtime], out any) error {
 	if len(s.Input) == 0 {
 		return nil
 	}
@@ -175,7 +186,7 @@ func (e env) start(t *testing.T, workflow string, input any) string {
 	var id string
 	err := e.DB.Tx(context.Background(), func(tx pgx.Tx) error {
 		var err error
-		id, err = e.Compute.Runtime().Workflows.Start(context.Background(), tx, modules.StartWorkflow{
+		id, err = e.Compute.Runtime().Workflows.Start(context.Background(), tx, provision.StartWorkflow{
 			Workflow: workflow, TenantID: computetest.RootTenantID, Subject: "node-1", Input: input, CreatedBy: "test"})
 		return err
 	})
