@@ -14,8 +14,9 @@ import (
 
 // A profile composes one driver of each kind a provisioning path needs: power (how the BMC is
 // spoken to), boot (how the machine is made to boot the ramdisk, and its disk after) and image
-// (how an image reaches the disk). Drivers and profiles are registered through the seam
-// (modules.Registry.Driver, Profile): a host adds its own in metal.Options, no core edit.
+// (how an image reaches the disk). Drivers and profiles (provision.Driver, provision.Profile)
+// are registered through the seam (modules.Registry.Driver, Profile): a host adds its own in
+// metal.Options, no core edit.
 
 // The kinds of driver a profile composes, besides DriverKindPower.
 const (

@@ -1,8 +1,10 @@
 // Package workflow is the durable workflow engine: runs of the workflows modules register
-// (provision.Workflow[*modules.Runtime]), their state in compute.workflow_runs and compute.workflow_steps (which it
-// alone writes), each step's attempts a River job. A step's success, the next step's job and the
-// completion of its own job commit in one transaction, so a process may die anywhere (kill -9
-// mid-step): the step is run again by another process, and no step is recorded as done twice.
+// (provision.Workflow, the types' public home), their state in compute.workflow_runs and
+// compute.workflow_steps (which it alone writes), each step's attempts a River job. A step's
+// success, the next step's job and the completion of its own job commit in one transaction, so a
+// process may die anywhere (kill -9 mid-step): the step is run again by another process, and no
+// step is recorded as done twice. Its Service is modules.Runtime.Workflows; its API group's types
+// are api's (api.WorkflowsGet, List, Cancel).
 package workflow
 
 import (
@@ -103,6 +105,8 @@ func (stepArgs) Kind() string { return "workflow.step" }
 
 // Service is provision.Workflows: runs started and cancelled in a caller's transaction.
 type Service struct{ RT *modules.Runtime }
+
+var _ provision.Workflows = Service{}
 
 // Start implements provision.Workflows.
 func (s Service) Start(ctx context.Context, tx pgx.Tx, in provision.StartWorkflow) (string, error) {
