@@ -7,6 +7,11 @@
 //	err = c.Initialize(ctx)                 // migrations, IAM catalog, module start
 //	mux.Handle("/api/compute/", c.Handler)  // the public API
 //	err = c.Start(ctx); defer c.Stop(ctx)   // background work of the process mode
+//
+// Where to start: Options says what New needs and what each default is; c.API calls every
+// method in-process, typed, with a …Tx twin of each mutation for the host's own transaction
+// (InvokeTx); a module (package modules) adds methods, tables and node-side kinds of its own.
+// docs/architecture.md maps every package of the module and its layer.
 package compute
 
 //go:generate go run ./internal/tools/cmd/apigen
