@@ -58,7 +58,11 @@ type template struct {
 // Main runs the test binary's tests, stops the server New started and then fails the binary if
 // any goroutine is left running: every goroutine needs an owner that stops it. Call it from
 // TestMain.
-func Main(m *testing.M) {
+func Main(m *testing.M) { os.Exit(Run(m)) }
+
+// Run is Main that returns the exit code instead of exiting, for a TestMain that has its own
+// things to remove after the tests (what it built once for all of them).
+func Run(m *testing.M) int {
 	mainCalled = true
 	code := m.Run()
 	if admin != nil {
@@ -77,7 +81,7 @@ func Main(m *testing.M) {
 			code = 1
 		}
 	}
-	os.Exit(code)
+	return code
 }
 
 // ServerURL returns the URL of the test binary's server, as a superuser, starting it on first use.
