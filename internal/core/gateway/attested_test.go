@@ -7,12 +7,12 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"testing"
-	"time"
 
 	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/better-compute/compute/agent/v1"
 	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/computetest"
 	"github.com/better-compute/compute/internal/lib/attest"
 )
 
@@ -21,6 +21,7 @@ import (
 // misaddressed or replayed one is refused, with an event, and changes nothing. The signature
 // is kept with the result and verifies later.
 func TestResultsAreTakenSignedOnly(t *testing.T) {
+	t.Parallel()
 	p := newPlane(t, nil)
 	id, tc := p.rawJoin(t, "signer")
 	n := p.rawConnect(t, id, tc, p.gw)
@@ -46,8 +47,8 @@ func TestResultsAreTakenSignedOnly(t *testing.T) {
 	other, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	refused := func(want string) {
 		t.Helper()
-		eventually(t, "a node.report_refused event saying "+want, func() bool {
-			return p.count(t, `SELECT count(*) FROM compute.events WHERE type = 'node.report_refused' AND subject = $1 AND data->>'reason' LIKE '%'||$2||'%'`, id, want) == 1
+		computetest.Eventually(t, patience, "a node.report_refused event saying "+want, func() bool {
+			return computetest.Count(t, p.DB.Pool, `SELECT count(*) FROM compute.events WHERE type = 'node.report_refused' AND subject = $1 AND data->>'reason' LIKE '%'||$2||'%'`, id, want) == 1
 		})
 		if c, _ := p.Compute.API.Commands.Get(p.ctx, p.RootKey, api.GetCommand{Command: cmd.ID}); c.State == api.CommandSucceeded {
 			t.Fatalf("a refused result (%s) was recorded", want)
@@ -73,17 +74,17 @@ func TestResultsAreTakenSignedOnly(t *testing.T) {
 	if err := n.st.Send(&agentv1.NodeMessage{Body: &agentv1.NodeMessage_Inventory{Inventory: inv}}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the unsigned inventory refused", func() bool {
-		return p.count(t, `SELECT count(*) FROM compute.events WHERE type = 'node.report_refused' AND subject = $1 AND data->>'kind' LIKE '%Inventory%'`, id) == 1
+	computetest.Eventually(t, patience, "the unsigned inventory refused", func() bool {
+		return computetest.Count(t, p.DB.Pool, `SELECT count(*) FROM compute.events WHERE type = 'node.report_refused' AND subject = $1 AND data->>'kind' LIKE '%Inventory%'`, id) == 1
 	})
-	if c := p.count(t, `SELECT count(*) FROM compute.devices WHERE node_id = $1`, id); c != 0 {
+	if c := computetest.Count(t, p.DB.Pool, `SELECT count(*) FROM compute.devices WHERE node_id = $1`, id); c != 0 {
 		t.Fatalf("an unsigned inventory made %d devices", c)
 	}
 	if err := n.st.Send(signed(key, &agentv1.AttestedBody{NodeId: id, Epoch: n.epoch, Seq: 2, Report: &agentv1.AttestedBody_Inventory{Inventory: inv}})); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the signed inventory's GPU", func() bool {
-		return p.count(t, `SELECT count(*) FROM compute.devices WHERE node_id = $1 AND uuid = 'GPU-signed-0'`, id) == 1
+	computetest.Eventually(t, patience, "the signed inventory's GPU", func() bool {
+		return computetest.Count(t, p.DB.Pool, `SELECT count(*) FROM compute.devices WHERE node_id = $1 AND uuid = 'GPU-signed-0'`, id) == 1
 	})
 
 	// Signed right: recorded, acknowledged, its attestation kept and verifiable.
@@ -112,11 +113,12 @@ func TestResultsAreTakenSignedOnly(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, "the replays refused", func() bool {
-		return p.count(t, `SELECT count(*) FROM compute.events WHERE type = 'node.report_refused' AND subject = $1 AND data->>'reason' LIKE '%replayed%'`, id) == 3
+	computetest.Eventually(t, patience, "the replays refused", func() bool {
+		return computetest.Count(t, p.DB.Pool, `SELECT count(*) FROM compute.events WHERE type = 'node.report_refused' AND subject = $1 AND data->>'reason' LIKE '%replayed%'`, id) == 3
 	})
-	time.Sleep(100 * time.Millisecond)
-	if n := p.count(t, `SELECT count(*) FROM compute.events WHERE type = 'command.finished' AND subject = $1`, cmd.ID); n != 1 {
+	// The node's reports are handled in order: both replays are refused, so neither could have
+	// finished the command again.
+	if n := computetest.Count(t, p.DB.Pool, `SELECT count(*) FROM compute.events WHERE type = 'command.finished' AND subject = $1`, cmd.ID); n != 1 {
 		t.Fatalf("%d command.finished events, want 1", n)
 	}
 }

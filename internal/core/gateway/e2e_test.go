@@ -68,7 +68,13 @@ func (p *plane) token(t *testing.T, uses int) string {
 
 func (p *plane) fleet(t *testing.T, n int, prefix, gw string) *sim.Fleet {
 	t.Helper()
-	f, err := sim.Start(p.ctx, sim.Options{URL: p.url, Token: p.token(t, n), Gateway: gw, Nodes: n, Prefix: prefix})
+	return p.fleetWith(t, p.token(t, n), n, prefix, gw)
+}
+
+// fleetWith is fleet with a join token the test made.
+func (p *plane) fleetWith(t *testing.T, token string, n int, prefix, gw string) *sim.Fleet {
+	t.Helper()
+	f, err := sim.Start(p.ctx, sim.Options{URL: p.url, Token: token, Gateway: gw, Nodes: n, Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,32 +87,16 @@ func (p *plane) fleet(t *testing.T, n int, prefix, gw string) *sim.Fleet {
 	return f
 }
 
-// eventually polls cond until it holds or 15s pass.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
-}
-
-func (p *plane) count(t *testing.T, q string, args ...any) int {
-	t.Helper()
-	var n int
-	if err := p.DB.Pool.QueryRow(p.ctx, q, args...).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
+// patience bounds the waits on what the control plane does by itself: generous for a loaded
+// machine, and never reached when it works.
+const patience = 30 * time.Second
 
 func TestJoinSessionInventoryAndDesiredState(t *testing.T) {
+	t.Parallel()
 	p := newPlane(t, nil)
 	f := p.fleet(t, 2, "gpu", p.gw)
 	// The nodes are online, their GPUs are devices and atoms.
-	eventually(t, "16 GPUs in the pool", func() bool {
+	computetest.Eventually(t, patience, "16 GPUs in the pool", func() bool {
 		s, err := p.Compute.API.Capacity.Summary(p.ctx, p.RootKey, api.SummarizeCapacity{Pool: "h100"})
 		return err == nil && s.Schedulable == 2 && len(s.Models) == 1 && s.Models[0].Total == 16
 	})
@@ -124,23 +114,24 @@ func TestJoinSessionInventoryAndDesiredState(t *testing.T) {
 		t.Fatal(err)
 	}
 	holder := map[string]*sim.Node{f.Nodes[0].NodeID(): f.Nodes[0], f.Nodes[1].NodeID(): f.Nodes[1]}[r.Allocations[0].NodeID]
-	eventually(t, "the hold on the node", func() bool {
+	computetest.Eventually(t, patience, "the hold on the node", func() bool {
 		last := holder.Converger.Last()
 		return last != nil && len(last.GetHolds()) == 1 && last.GetHolds()[0].GetHolder() == r.ID && len(last.GetHolds()[0].GetGpus()) == 8
 	})
-	eventually(t, "the applied generation recorded", func() bool {
-		return p.count(t, `SELECT count(*) FROM compute.node_desired WHERE node_id = $1 AND applied_generation = generation AND generation > 1`, holder.NodeID()) == 1
+	computetest.Eventually(t, patience, "the applied generation recorded", func() bool {
+		return computetest.Count(t, p.DB.Pool, `SELECT count(*) FROM compute.node_desired WHERE node_id = $1 AND applied_generation = generation AND generation > 1`, holder.NodeID()) == 1
 	})
 	if _, err := p.Compute.API.Reservations.Release(p.ctx, p.RootKey, api.ReleaseReservation{Reservation: r.ID}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the hold removed", func() bool {
+	computetest.Eventually(t, patience, "the hold removed", func() bool {
 		last := holder.Converger.Last()
 		return last != nil && len(last.GetHolds()) == 0
 	})
 }
 
 func TestBadJoinsAreRefusedAndCreateNothing(t *testing.T) {
+	t.Parallel()
 	p := newPlane(t, nil)
 	client := agentv1connect.NewJoinServiceClient(http.DefaultClient, p.url)
 	_, csr, err := nodeagent.NewKey()
@@ -196,27 +187,33 @@ func TestBadJoinsAreRefusedAndCreateNothing(t *testing.T) {
 			t.Errorf("%s: %v, want %v with a message", tc.name, err, tc.code)
 		}
 	}
-	if n := p.count(t, `SELECT count(*) FROM compute.nodes`); n != 1 {
+	if n := computetest.Count(t, p.DB.Pool, `SELECT count(*) FROM compute.nodes`); n != 1 {
 		t.Fatalf("%d nodes exist after one good join and refused ones", n)
 	}
-	if n := p.count(t, `SELECT count(*) FROM compute.join_tokens WHERE uses_left < max_uses`); n != 1 {
+	if n := computetest.Count(t, p.DB.Pool, `SELECT count(*) FROM compute.join_tokens WHERE uses_left < max_uses`); n != 1 {
 		t.Fatalf("refused joins spent %d tokens", n-1)
 	}
 }
 
 func TestCommandsRoundTripWithoutIAM(t *testing.T) {
+	t.Parallel()
 	p := newPlane(t, nil)
-	f := p.fleet(t, 1, "cmd", p.gw)
-	node := f.Nodes[0]
-	time.Sleep(500 * time.Millisecond) // a few heartbeats and the inventory
+	// Counted from before the node joins: its join, inventory and heartbeats ask IAM nothing.
+	token := p.token(t, 1)
 	p.Counter.Reset()
+	f := p.fleetWith(t, token, 1, "cmd", p.gw)
+	node := f.Nodes[0]
+	computetest.Eventually(t, patience, "the inventory's 8 GPUs and a heartbeat flush written", func() bool {
+		return computetest.Count(t, p.DB.Pool, `SELECT count(*) FROM compute.devices WHERE node_id = $1`, node.NodeID()) == 8 &&
+			computetest.Count(t, p.DB.Pool, `SELECT count(*) FROM compute.node_sessions WHERE node_id = $1 AND last_seen_at > connected_at`, node.NodeID()) == 1
+	})
 	cmd, err := p.Compute.API.Commands.Create(p.ctx, p.RootKey, api.CreateCommand{NodeRef: api.NodeRef{Node: node.NodeID()}, Kind: api.CommandHealthCheck})
 	if err != nil {
 		t.Fatal(err)
 	}
 	done := func(id string) api.Command {
 		var c api.Command
-		eventually(t, "command "+id+" finished", func() bool {
+		computetest.Eventually(t, patience, "command "+id+" finished", func() bool {
 			c, err = p.Compute.API.Commands.Get(p.ctx, p.RootKey, api.GetCommand{Command: id})
 			return err == nil && c.FinishedAt != nil
 		})
@@ -257,7 +254,7 @@ func TestCommandsRoundTripWithoutIAM(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the hold on the node", func() bool { return len(node.Converger.Last().GetHolds()) == 1 })
+	computetest.Eventually(t, patience, "the hold on the node", func() bool { return len(node.Converger.Last().GetHolds()) == 1 })
 	_, err = p.Compute.API.Commands.Create(p.ctx, p.RootKey, api.CreateCommand{NodeRef: api.NodeRef{Node: node.NodeID()}, Kind: api.CommandGPUReset, Args: json.RawMessage(`{"gpu": 3}`)})
 	if api.CodeOf(err) != api.CodeFailedPrecondition {
 		t.Fatalf("reset of a held GPU = %v, want failed_precondition", err)
@@ -286,9 +283,10 @@ func TestCommandsRoundTripWithoutIAM(t *testing.T) {
 }
 
 func TestReconnectAfterGatewayRestartAndOffline(t *testing.T) {
+	// Not parallel: it listens again on the port it freed, which a test beside it could take.
 	p := newPlane(t, nil)
 	f := p.fleet(t, 2, "rs", p.gw)
-	epoch := p.count(t, `SELECT max(epoch) FROM compute.node_sessions`)
+	epoch := computetest.Count(t, p.DB.Pool, `SELECT max(epoch) FROM compute.node_sessions`)
 	// The gateway goes away; a new control plane process takes its port.
 	p.stop()
 	other := computetest.Attach(t, p.Env, computetest.Options{Configure: fast})
@@ -298,21 +296,21 @@ func TestReconnectAfterGatewayRestartAndOffline(t *testing.T) {
 	if err := f.WaitConnected(ctx); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "sessions held by the new gateway at a newer epoch", func() bool {
-		return p.count(t, `SELECT count(*) FROM compute.node_sessions WHERE epoch > $1`, epoch) == 2
+	computetest.Eventually(t, patience, "sessions held by the new gateway at a newer epoch", func() bool {
+		return computetest.Count(t, p.DB.Pool, `SELECT count(*) FROM compute.node_sessions WHERE epoch > $1`, epoch) == 2
 	})
 	// A command reaches a node through the new gateway.
 	cmd, err := other.Compute.API.Commands.Create(p.ctx, p.RootKey, api.CreateCommand{NodeRef: api.NodeRef{Node: f.Nodes[1].NodeID()}, Kind: api.CommandHealthCheck})
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the command's result", func() bool {
+	computetest.Eventually(t, patience, "the command's result", func() bool {
 		c, err := other.Compute.API.Commands.Get(p.ctx, p.RootKey, api.GetCommand{Command: cmd.ID})
 		return err == nil && c.State == api.CommandSucceeded
 	})
 	// A node that drops off goes offline after its grace period, and placement skips it.
 	f.Nodes[0].Disconnect()
-	eventually(t, "the node offline", func() bool {
+	computetest.Eventually(t, patience, "the node offline", func() bool {
 		n, err := other.Compute.API.Nodes.Get(p.ctx, p.RootKey, api.GetNode{Node: f.Nodes[0].NodeID()})
 		return err == nil && n.Status == api.NodeOffline
 	})
@@ -321,13 +319,14 @@ func TestReconnectAfterGatewayRestartAndOffline(t *testing.T) {
 		t.Fatalf("summary with a node offline = %+v, %v", s, err)
 	}
 	f.Nodes[0].Resume()
-	eventually(t, "the node online again", func() bool {
+	computetest.Eventually(t, patience, "the node online again", func() bool {
 		n, _ := other.Compute.API.Nodes.Get(p.ctx, p.RootKey, api.GetNode{Node: f.Nodes[0].NodeID()})
 		return n.Status == api.NodeOnline
 	})
 }
 
 func TestTwoGatewaysRouteCommandsToTheOwner(t *testing.T) {
+	t.Parallel()
 	p := newPlane(t, nil)
 	second := computetest.Attach(t, p.Env, computetest.Options{Configure: fast})
 	gw2, _ := second.Gateway(t, "")
@@ -338,17 +337,18 @@ func TestTwoGatewaysRouteCommandsToTheOwner(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the result from the second gateway's node", func() bool {
+	computetest.Eventually(t, patience, "the result from the second gateway's node", func() bool {
 		c, err := p.Compute.API.Commands.Get(p.ctx, p.RootKey, api.GetCommand{Command: cmd.ID})
 		return err == nil && c.State == api.CommandSucceeded
 	})
-	if n := p.count(t, `SELECT count(DISTINCT gateway_id) FROM compute.node_sessions`); n != 2 {
+	if n := computetest.Count(t, p.DB.Pool, `SELECT count(DISTINCT gateway_id) FROM compute.node_sessions`); n != 2 {
 		t.Fatalf("sessions are held by %d gateways, want 2", n)
 	}
 	_ = a
 }
 
 func TestCertificateRenewalAndRevocation(t *testing.T) {
+	t.Parallel()
 	p := newPlane(t, func(o *compute.Options) {
 		fast(o)
 		o.NodeCertLifetime = 4 * time.Minute // past half of its life at once: certificates start 5 minutes early
@@ -356,7 +356,7 @@ func TestCertificateRenewalAndRevocation(t *testing.T) {
 	f := p.fleet(t, 1, "cert", p.gw)
 	node := f.Nodes[0]
 	first, _, _ := node.Store.Identity()
-	eventually(t, "a renewed certificate", func() bool {
+	computetest.Eventually(t, patience, "a renewed certificate", func() bool {
 		id, _, _ := node.Store.Identity()
 		return string(id.CertDER) != string(first.CertDER)
 	})
@@ -377,32 +377,29 @@ func TestCertificateRenewalAndRevocation(t *testing.T) {
 	}
 	node.Disconnect()
 	node.Resume()
-	deadline := time.Now().Add(15 * time.Second)
-	for !errors.Is(node.Err(), nodeagent.ErrRetired) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the agent goes on after its node was retired; last error: %s", node.Status().LastError)
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
+	computetest.Eventually(t, 15*time.Second, "the agent refused for good after its node was retired", func() bool {
+		return errors.Is(node.Err(), nodeagent.ErrRetired)
+	})
 }
 
 // TestXIDMakesAGPUUnhealthy: a critical XID makes the GPU unhealthy, out of placement. (Its
 // remediation, which resets it, is TestACriticalXIDIsRemediated's: here the node's commands fail,
 // so the GPU stays as the XID left it.)
 func TestXIDMakesAGPUUnhealthy(t *testing.T) {
+	t.Parallel()
 	p := newPlane(t, nil)
 	f := p.fleet(t, 1, "xid", p.gw)
-	eventually(t, "8 GPUs", func() bool {
+	computetest.Eventually(t, patience, "8 GPUs", func() bool {
 		s, _ := p.Compute.API.Capacity.Summary(p.ctx, p.RootKey, api.SummarizeCapacity{Pool: "h100"})
 		return len(s.Models) == 1 && s.Models[0].Total == 8
 	})
 	f.Nodes[0].Hardware.FailCommands(errors.New("the test keeps the GPU broken"))
 	f.Nodes[0].Hardware.InjectXID(5, 79) // fallen off the bus
-	eventually(t, "GPU 5 unhealthy", func() bool {
+	computetest.Eventually(t, patience, "GPU 5 unhealthy", func() bool {
 		devs, _ := p.Compute.API.Devices.List(p.ctx, p.RootKey, api.ListDevices{Node: f.Nodes[0].NodeID()})
 		return len(devs) == 8 && devs[5].Health == api.HealthUnhealthy
 	})
-	eventually(t, "the node's remediation failing with the reset", func() bool {
+	computetest.Eventually(t, patience, "the node's remediation failing with the reset", func() bool {
 		page, _ := p.Compute.API.Workflows.List(p.ctx, p.RootKey, api.ListWorkflows{Subject: f.Nodes[0].NodeID(), State: api.WorkflowFailed})
 		return len(page.Items) == 1
 	})
@@ -415,6 +412,7 @@ func TestXIDMakesAGPUUnhealthy(t *testing.T) {
 // TestGatewayServicesOnAHostGRPCServer serves sessions from the host's own grpc.Server instead of
 // NodeHandler.
 func TestGatewayServicesOnAHostGRPCServer(t *testing.T) {
+	t.Parallel()
 	env := computetest.New(t, computetest.Options{Configure: fast})
 	ctx := context.Background()
 	url := env.Server(t)
@@ -442,7 +440,7 @@ func TestGatewayServicesOnAHostGRPCServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the result over the host's grpc.Server", func() bool {
+	computetest.Eventually(t, patience, "the result over the host's grpc.Server", func() bool {
 		c, err := env.Compute.API.Commands.Get(ctx, env.RootKey, api.GetCommand{Command: cmd.ID})
 		return err == nil && c.State == api.CommandSucceeded
 	})

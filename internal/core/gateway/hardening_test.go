@@ -75,7 +75,8 @@ func (p *plane) rawConnect(t *testing.T, id string, tc *tls.Config, gw string) *
 	t.Cleanup(func() { conn.Close() })
 	// The gateway starts with the control plane's background work, asynchronously: a session
 	// that comes first is told it is not running, and a node tries again, as bcd does.
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+	var n *rawNode
+	computetest.Eventually(t, 10*time.Second, "a session the gateway runs", func() bool {
 		ctx, cancel := context.WithCancel(p.ctx)
 		t.Cleanup(cancel)
 		st, err := agentv1.NewSessionServiceClient(conn).Connect(ctx)
@@ -88,15 +89,17 @@ func (p *plane) rawConnect(t *testing.T, id string, tc *tls.Config, gw string) *
 			t.Fatal(err)
 		}
 		first, err := st.Recv()
-		if err != nil && strings.Contains(err.Error(), gateway.ErrNotRunning.Error()) && time.Now().Before(deadline) {
+		if err != nil && strings.Contains(err.Error(), gateway.ErrNotRunning.Error()) {
 			cancel()
-			continue
+			return false
 		}
 		if err != nil || first.GetWelcome() == nil {
 			t.Fatalf("first message %v, %v; want a welcome", first, err)
 		}
-		return &rawNode{id: id, epoch: first.GetWelcome().GetEpoch(), st: st, conn: conn}
-	}
+		n = &rawNode{id: id, epoch: first.GetWelcome().GetEpoch(), st: st, conn: conn}
+		return true
+	})
+	return n
 }
 
 // next returns the next message for which keep holds, skipping the others.
@@ -130,6 +133,7 @@ func (n *rawNode) heartbeat(t *testing.T) {
 // TestHeartbeatRepliesCarryTheInterval: every heartbeat is answered with the interval to beat at,
 // the node's grace follows from it, and the agent beats at what it was told.
 func TestHeartbeatRepliesCarryTheInterval(t *testing.T) {
+	t.Parallel()
 	p := newPlane(t, nil)
 	n := p.rawSession(t, "raw-beat")
 	for range 3 {
@@ -143,12 +147,12 @@ func TestHeartbeatRepliesCarryTheInterval(t *testing.T) {
 		}
 	}
 	// Grace is three intervals the node was told and two flushes.
-	eventually(t, "the session's grace from its interval", func() bool {
-		return p.count(t, `SELECT count(*) FROM compute.node_sessions WHERE node_id = $1
+	computetest.Eventually(t, patience, "the session's grace from its interval", func() bool {
+		return computetest.Count(t, p.DB.Pool, `SELECT count(*) FROM compute.node_sessions WHERE node_id = $1
 			AND offline_after - last_seen_at = interval '2.6 seconds'`, n.id) == 1
 	})
 	f := p.fleet(t, 1, "follow", p.gw)
-	eventually(t, "the agent following the told interval", func() bool {
+	computetest.Eventually(t, patience, "the agent following the told interval", func() bool {
 		return f.Nodes[0].Status().HeartbeatInterval == 200*time.Millisecond
 	})
 }
@@ -157,16 +161,17 @@ func TestHeartbeatRepliesCarryTheInterval(t *testing.T) {
 // lived (an agent stopped for a while, then continued) is online and schedulable again at its
 // next heartbeat.
 func TestOfflineNodeComesBackOnlineWhenHeartbeatsResume(t *testing.T) {
+	t.Parallel()
 	p := newPlane(t, nil)
 	f := p.fleet(t, 1, "stopped", p.gw)
 	node := f.Nodes[0].NodeID()
-	eventually(t, "the node schedulable", func() bool {
+	computetest.Eventually(t, patience, "the node schedulable", func() bool {
 		s, err := p.Compute.API.Capacity.Summary(p.ctx, p.RootKey, api.SummarizeCapacity{Pool: "h100"})
 		return err == nil && s.Schedulable == 1
 	})
 	sessions := f.Nodes[0].Status().Sessions
 	// What the worker does to a node silent past its grace.
-	eventually(t, "the node marked offline", func() bool {
+	computetest.Eventually(t, patience, "the node marked offline", func() bool {
 		if _, err := p.DB.Pool.Exec(p.ctx, `UPDATE compute.node_sessions SET offline_after = now() - interval '1 second' WHERE node_id = $1`, node); err != nil {
 			t.Fatal(err)
 		}
@@ -178,7 +183,7 @@ func TestOfflineNodeComesBackOnlineWhenHeartbeatsResume(t *testing.T) {
 		n, err := p.Compute.API.Nodes.Get(p.ctx, p.RootKey, api.GetNode{Node: node})
 		return err == nil && n.Status == api.NodeOffline
 	})
-	eventually(t, "the node online and schedulable again", func() bool {
+	computetest.Eventually(t, patience, "the node online and schedulable again", func() bool {
 		n, err := p.Compute.API.Nodes.Get(p.ctx, p.RootKey, api.GetNode{Node: node})
 		s, serr := p.Compute.API.Capacity.Summary(p.ctx, p.RootKey, api.SummarizeCapacity{Pool: "h100"})
 		return err == nil && serr == nil && n.Status == api.NodeOnline && s.Schedulable == 1
@@ -191,6 +196,7 @@ func TestOfflineNodeComesBackOnlineWhenHeartbeatsResume(t *testing.T) {
 // TestHandshakeFailureIsRetried: a gateway that refuses the node's certificate at the TLS
 // handshake (an overloaded one, a misconfigured one) is not the control plane retiring the node.
 func TestHandshakeFailureIsRetried(t *testing.T) {
+	// Not parallel: it listens again on the port it freed, which a test beside it could take.
 	p := newPlane(t, nil)
 	f := p.fleet(t, 1, "hs", p.gw)
 	node := f.Nodes[0]
@@ -205,15 +211,10 @@ func TestHandshakeFailureIsRetried(t *testing.T) {
 	refusing := cfg.Clone()
 	refusing.VerifyConnection = func(tls.ConnectionState) error { return errors.New("revocation check timed out") }
 	var ln net.Listener
-	for range 50 {
-		if ln, err = net.Listen("tcp", p.gw); err == nil {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	computetest.Eventually(t, 5*time.Second, "the stopped gateway's port free to listen on again", func() bool {
+		ln, err = net.Listen("tcp", p.gw)
+		return err == nil
+	})
 	tln := tls.NewListener(ln, refusing)
 	go func() {
 		for {
@@ -229,15 +230,16 @@ func TestHandshakeFailureIsRetried(t *testing.T) {
 	// alert or, when the server has closed first, as a broken pipe: the alert must be among them.
 	// Under load the broken pipes may come first for a while: it looks for up to 15 s.
 	seen := map[string]bool{}
-	alert := false
-	for end := time.Now().Add(15 * time.Second); time.Now().Before(end) && !alert; time.Sleep(10 * time.Millisecond) {
+	defer func() {
+		if t.Failed() {
+			t.Logf("the agent's errors seen: %v", seen)
+		}
+	}()
+	computetest.Eventually(t, 15*time.Second, "an attempt failed with the case at hand (bad certificate)", func() bool {
 		e := node.Status().LastError
 		seen[e] = true
-		alert = strings.Contains(e, "bad certificate")
-	}
-	if !alert {
-		t.Fatalf("no attempt failed with the case at hand (bad certificate): %v", seen)
-	}
+		return strings.Contains(e, "bad certificate")
+	})
 	if err := node.Err(); err != nil {
 		t.Fatalf("the agent gave up after a refused handshake: %v", err)
 	}
@@ -254,18 +256,20 @@ func TestHandshakeFailureIsRetried(t *testing.T) {
 // TestRevocationEndsTheOpenSession: retiring a node closes the session it has open, and the
 // node is then refused for good.
 func TestRevocationEndsTheOpenSession(t *testing.T) {
+	t.Parallel()
 	p := newPlane(t, nil)
 	f := p.fleet(t, 1, "rev", p.gw)
 	node := f.Nodes[0]
 	if _, err := p.Compute.API.Nodes.Retire(p.ctx, p.RootKey, api.RetireNode{NodeRef: api.NodeRef{Node: node.NodeID()}}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the agent refused for good", func() bool { return errors.Is(node.Err(), nodeagent.ErrRetired) })
+	computetest.Eventually(t, patience, "the agent refused for good", func() bool { return errors.Is(node.Err(), nodeagent.ErrRetired) })
 }
 
 // TestRenewalOfARevokedCertificateIsRefused: a session whose certificate was revoked (here
 // behind the gateway's back, as if the notification were lost) gets no new certificate.
 func TestRenewalOfARevokedCertificateIsRefused(t *testing.T) {
+	t.Parallel()
 	p := newPlane(t, nil)
 	n := p.rawSession(t, "raw-renew")
 	if _, err := p.DB.Pool.Exec(p.ctx, `UPDATE compute.certificates SET revoked_at = now() WHERE kind = 'node' AND subject = $1`, n.id); err != nil {
@@ -279,7 +283,7 @@ func TestRenewalOfARevokedCertificateIsRefused(t *testing.T) {
 	if err == nil && m.GetRenewed() != nil {
 		t.Fatal("a revoked certificate was renewed")
 	}
-	if k := p.count(t, `SELECT count(*) FROM compute.certificates WHERE kind = 'node' AND subject = $1 AND revoked_at IS NULL`, n.id); k != 0 {
+	if k := computetest.Count(t, p.DB.Pool, `SELECT count(*) FROM compute.certificates WHERE kind = 'node' AND subject = $1 AND revoked_at IS NULL`, n.id); k != 0 {
 		t.Fatalf("%d unrevoked certificates for a revoked node", k)
 	}
 }
@@ -287,6 +291,7 @@ func TestRenewalOfARevokedCertificateIsRefused(t *testing.T) {
 // TestListenIsReestablished: the gateway's LISTEN connection, killed as by a database restart,
 // comes back.
 func TestListenIsReestablished(t *testing.T) {
+	t.Parallel()
 	p := newPlane(t, nil)
 	listeners := func() []int {
 		rows, err := p.DB.Pool.Query(p.ctx, `SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN %'`)
@@ -302,12 +307,12 @@ func TestListenIsReestablished(t *testing.T) {
 		}
 		return pids
 	}
-	eventually(t, "a listening connection", func() bool { return len(listeners()) == 1 })
+	computetest.Eventually(t, patience, "a listening connection", func() bool { return len(listeners()) == 1 })
 	old := listeners()[0]
 	if _, err := p.DB.Pool.Exec(p.ctx, `SELECT pg_terminate_backend($1)`, old); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "a new listening connection", func() bool {
+	computetest.Eventually(t, patience, "a new listening connection", func() bool {
 		l := listeners()
 		return len(l) == 1 && l[0] != old
 	})
@@ -317,7 +322,7 @@ func TestListenIsReestablished(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the command's result", func() bool {
+	computetest.Eventually(t, patience, "the command's result", func() bool {
 		c, err := p.Compute.API.Commands.Get(p.ctx, p.RootKey, api.GetCommand{Command: cmd.ID})
 		return err == nil && c.State == api.CommandSucceeded
 	})
@@ -325,6 +330,7 @@ func TestListenIsReestablished(t *testing.T) {
 
 // TestJoinBodiesAreCapped: JoinService, which anyone may call, reads no large request.
 func TestJoinBodiesAreCapped(t *testing.T) {
+	t.Parallel()
 	p := newPlane(t, nil)
 	big := bytes.Repeat([]byte{'x'}, 8<<20)
 	_, err := agentv1connect.NewJoinServiceClient(http.DefaultClient, p.url).Join(p.ctx, connect.NewRequest(&agentv1.JoinRequest{
@@ -337,6 +343,7 @@ func TestJoinBodiesAreCapped(t *testing.T) {
 // TestSessionEndsWithItsCertificate: a session lasts no longer than the client certificate it
 // was opened with (a node renews, and opens the next session with the new one).
 func TestSessionEndsWithItsCertificate(t *testing.T) {
+	t.Parallel()
 	p := newPlane(t, func(o *compute.Options) {
 		fast(o)
 		o.NodeCertLifetime = 3 * time.Second

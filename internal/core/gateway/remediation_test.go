@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/computetest"
 	"github.com/better-compute/compute/internal/core/nodes"
 )
 
@@ -15,23 +16,23 @@ import (
 func (p *plane) remediation(t *testing.T, node string, after string) api.WorkflowRun {
 	t.Helper()
 	var run api.WorkflowRun
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	defer func() {
+		if t.Failed() {
+			t.Logf("the last remediation run seen: %+v", run)
+		}
+	}()
+	computetest.Eventually(t, 60*time.Second, "a finished remediation of node "+node, func() bool {
 		page, err := p.Compute.API.Workflows.List(p.ctx, p.RootKey, api.ListWorkflows{Workflow: nodes.XIDRemediation, Subject: node})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if len(page.Items) > 0 && page.Items[0].ID != after {
 			run = page.Items[0]
-			if run.State != api.WorkflowRunning {
-				return run
-			}
+			return run.State != api.WorkflowRunning
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no finished remediation of node %s within 60s: %+v", node, run)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return false
+	})
+	return run
 }
 
 // TestACriticalXIDIsRemediated injects an XID that needs a reset into a GPU a reservation holds:
@@ -39,10 +40,11 @@ func (p *plane) remediation(t *testing.T, node string, after string) api.Workflo
 // the node, sees it healthy and uncordons the node. A second XID whose reset fails leaves the
 // node cordoned and the run failed: the escalation.
 func TestACriticalXIDIsRemediated(t *testing.T) {
+	t.Parallel()
 	p := newPlane(t, nil)
 	f := p.fleet(t, 1, "rem", p.gw)
 	node := f.Nodes[0].NodeID()
-	eventually(t, "8 GPUs", func() bool {
+	computetest.Eventually(t, patience, "8 GPUs", func() bool {
 		s, _ := p.Compute.API.Capacity.Summary(p.ctx, p.RootKey, api.SummarizeCapacity{Pool: "h100"})
 		return len(s.Models) == 1 && s.Models[0].Total == 8
 	})
@@ -54,7 +56,7 @@ func TestACriticalXIDIsRemediated(t *testing.T) {
 
 	// The drain waits for the reservation, saying so.
 	var seen api.WorkflowRun
-	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+	computetest.Eventually(t, 15*time.Second, "the drain step waiting for the holder", func() bool {
 		page, err := p.Compute.API.Workflows.List(p.ctx, p.RootKey, api.ListWorkflows{Workflow: nodes.XIDRemediation, Subject: node})
 		if err != nil {
 			t.Fatal(err)
@@ -62,13 +64,8 @@ func TestACriticalXIDIsRemediated(t *testing.T) {
 		if len(page.Items) > 0 {
 			seen = page.Items[0]
 		}
-		if seen.Step == "drain" && strings.Contains(seen.Steps[1].Note, "held by reservation "+r.ID) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the drain step is not waiting for the holder after 15s: %+v", seen)
-		}
-	}
+		return seen.Step == "drain" && strings.Contains(seen.Steps[1].Note, "held by reservation "+r.ID)
+	})
 	n, err := p.Compute.API.Nodes.Get(p.ctx, p.RootKey, api.GetNode{Node: node})
 	if err != nil || n.State != api.NodeCordoned {
 		t.Fatalf("while remediating the node is %s (%v), want cordoned", n.State, err)
@@ -90,7 +87,7 @@ func TestACriticalXIDIsRemediated(t *testing.T) {
 		t.Fatalf("commands = %+v, %v: want one gpu.reset, succeeded", cmds.Items, err)
 	}
 	var types []string
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline) && !slices.Contains(types, "node.active"); time.Sleep(50 * time.Millisecond) {
+	computetest.Eventually(t, patience, "the node.active event", func() bool {
 		page, err := p.Compute.API.Events.List(p.ctx, p.RootKey, api.ListEvents{Subject: node, PageRequest: api.PageRequest{Limit: 100}})
 		if err != nil {
 			t.Fatal(err)
@@ -101,7 +98,8 @@ func TestACriticalXIDIsRemediated(t *testing.T) {
 				types = append(types, e.Type)
 			}
 		}
-	}
+		return slices.Contains(types, "node.active")
+	})
 	if want := []string{"gpu.health", "node.cordoned", "node.active"}; !slices.Equal(types, want) {
 		t.Errorf("the node's events %v, want %v", types, want)
 	}

@@ -26,6 +26,7 @@ import (
 // not the pool's capacity, listed apart. A certificate of the other role for the same node is
 // refused at the session.
 func TestSiteTokensAdmitSiteAgents(t *testing.T) {
+	t.Parallel()
 	p := newPlane(t, nil)
 	a, key := p.Compute.API, p.RootKey
 	if _, err := a.JoinTokens.Create(p.ctx, key, api.CreateJoinToken{Pool: "h100", Role: api.RoleSite}); api.CodeOf(err) != api.CodeInvalidArgument ||
@@ -68,9 +69,17 @@ func TestSiteTokensAdmitSiteAgents(t *testing.T) {
 	if nodes, err := a.Nodes.List(p.ctx, key, api.ListNodes{Role: api.RoleNode}); err != nil || len(nodes.Items) != 0 {
 		t.Fatalf("nodes of role node = %+v, %v; want none", nodes, err)
 	}
-	// It reported 8 fake GPUs; none is the pool's.
-	time.Sleep(500 * time.Millisecond)
-	if n := p.count(t, `SELECT count(*) FROM compute.devices WHERE node_id = $1`, agent.NodeID()); n != 0 {
+	// It reported 8 fake GPUs; none is the pool's. A node's reports are handled in order: once
+	// the result of an inventory refresh is in, its inventories before it have been taken.
+	refresh, err := a.Commands.Create(p.ctx, key, api.CreateCommand{NodeRef: api.NodeRef{Node: agent.NodeID()}, Kind: api.CommandInventoryRefresh})
+	if err != nil {
+		t.Fatal(err)
+	}
+	computetest.Eventually(t, patience, "the site agent's inventory refresh done", func() bool {
+		c, err := a.Commands.Get(p.ctx, key, api.GetCommand{Command: refresh.ID})
+		return err == nil && c.State == api.CommandSucceeded
+	})
+	if n := computetest.Count(t, p.DB.Pool, `SELECT count(*) FROM compute.devices WHERE node_id = $1`, agent.NodeID()); n != 0 {
 		t.Fatalf("a site agent's inventory recorded %d devices, want none", n)
 	}
 
@@ -112,6 +121,7 @@ func TestSiteTokensAdmitSiteAgents(t *testing.T) {
 // mode change moves it (the node makes or tears down MIG instances by it); an inventory that
 // changes nothing of the modes does not.
 func TestGPUModesTravelInTheDesiredState(t *testing.T) {
+	t.Parallel()
 	p := newPlane(t, nil)
 	f := p.fleet(t, 1, "modes", p.gw)
 	node := f.Nodes[0]
@@ -123,7 +133,7 @@ func TestGPUModesTravelInTheDesiredState(t *testing.T) {
 		}
 		return ""
 	}
-	eventually(t, "the GPUs' modes in the desired state", func() bool { return len(node.Converger.Last().GetGpus()) == 8 && modeOf(3) == api.GPUModeWhole })
+	computetest.Eventually(t, patience, "the GPUs' modes in the desired state", func() bool { return len(node.Converger.Last().GetGpus()) == 8 && modeOf(3) == api.GPUModeWhole })
 	gen := node.Converger.Last().GetGeneration()
 	devs, err := p.Compute.API.Devices.List(p.ctx, p.RootKey, api.ListDevices{Node: node.NodeID()})
 	if err != nil {
@@ -132,16 +142,25 @@ func TestGPUModesTravelInTheDesiredState(t *testing.T) {
 	if _, err := p.Compute.API.Devices.SetMode(p.ctx, p.RootKey, api.SetGPUMode{Device: devs[3].UUID, Mode: api.GPUModeMIG}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "GPU 3 in MIG mode in the desired state", func() bool { return modeOf(3) == api.GPUModeMIG })
+	computetest.Eventually(t, patience, "GPU 3 in MIG mode in the desired state", func() bool { return modeOf(3) == api.GPUModeMIG })
 	if g := node.Converger.Last().GetGeneration(); g != gen+1 {
 		t.Fatalf("generation %d after one mode change, want %d", g, gen+1)
 	}
-	// The same inventory again: no new generation.
-	if _, err := p.Compute.API.Commands.Create(p.ctx, p.RootKey, api.CreateCommand{NodeRef: api.NodeRef{Node: node.NodeID()}, Kind: api.CommandInventoryRefresh}); err != nil {
+	// The same inventory again: no new generation. A node's reports are handled in order: once
+	// the refresh's result is in, its inventory has been taken, and a generation it moved would
+	// be in the database.
+	refresh, err := p.Compute.API.Commands.Create(p.ctx, p.RootKey, api.CreateCommand{NodeRef: api.NodeRef{Node: node.NodeID()}, Kind: api.CommandInventoryRefresh})
+	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(time.Second)
-	if g := node.Converger.Last().GetGeneration(); g != gen+1 {
+	computetest.Eventually(t, patience, "the inventory refresh done", func() bool {
+		c, err := p.Compute.API.Commands.Get(p.ctx, p.RootKey, api.GetCommand{Command: refresh.ID})
+		return err == nil && c.State == api.CommandSucceeded
+	})
+	if g := computetest.Count(t, p.DB.Pool, `SELECT generation FROM compute.node_desired WHERE node_id = $1`, node.NodeID()); g != int(gen+1) {
 		t.Fatalf("an inventory refresh moved the generation to %d", g)
+	}
+	if g := node.Converger.Last().GetGeneration(); g != gen+1 {
+		t.Fatalf("the node holds generation %d after an inventory refresh, want %d", g, gen+1)
 	}
 }

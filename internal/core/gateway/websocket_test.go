@@ -37,6 +37,7 @@ func waitConnected(t *testing.T, f *sim.Fleet) {
 // desired state, commands, its refusal for good); a node held to gRPC does not get through; a
 // node held to the WebSocket connects directly too.
 func TestSessionsOverTheWebSocket(t *testing.T) {
+	t.Parallel()
 	p := newPlane(t, nil)
 	mb := computetest.BlockHTTP2(t, p.gw)
 
@@ -49,7 +50,7 @@ func TestSessionsOverTheWebSocket(t *testing.T) {
 	if mb.Refused() == 0 || mb.Passed() == 0 {
 		t.Fatalf("the middlebox refused %d and passed %d connections", mb.Refused(), mb.Passed())
 	}
-	eventually(t, "the node's 8 GPUs", func() bool {
+	computetest.Eventually(t, patience, "the node's 8 GPUs", func() bool {
 		devs, err := p.Compute.API.Devices.List(p.ctx, p.RootKey, api.ListDevices{Node: node.NodeID()})
 		return err == nil && len(devs) == 8
 	})
@@ -57,17 +58,17 @@ func TestSessionsOverTheWebSocket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the hold on the node", func() bool {
+	computetest.Eventually(t, patience, "the hold on the node", func() bool {
 		return len(node.Converger.Last().GetHolds()) == 1 && node.Converger.Last().GetHolds()[0].GetHolder() == r.ID
 	})
-	eventually(t, "the applied generation recorded", func() bool {
-		return p.count(t, `SELECT count(*) FROM compute.node_desired WHERE node_id = $1 AND applied_generation = generation AND generation > 1`, node.NodeID()) == 1
+	computetest.Eventually(t, patience, "the applied generation recorded", func() bool {
+		return computetest.Count(t, p.DB.Pool, `SELECT count(*) FROM compute.node_desired WHERE node_id = $1 AND applied_generation = generation AND generation > 1`, node.NodeID()) == 1
 	})
 	cmd, err := p.Compute.API.Commands.Create(p.ctx, p.RootKey, api.CreateCommand{NodeRef: api.NodeRef{Node: node.NodeID()}, Kind: api.CommandHealthCheck})
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the command's result", func() bool {
+	computetest.Eventually(t, patience, "the command's result", func() bool {
 		c, err := p.Compute.API.Commands.Get(p.ctx, p.RootKey, api.GetCommand{Command: cmd.ID})
 		return err == nil && c.State == api.CommandSucceeded
 	})
@@ -75,7 +76,7 @@ func TestSessionsOverTheWebSocket(t *testing.T) {
 	refused := mb.Refused()
 	node.Disconnect()
 	node.Resume()
-	eventually(t, "a second session", func() bool { return node.Status().Sessions == 2 })
+	computetest.Eventually(t, patience, "a second session", func() bool { return node.Status().Sessions == 2 })
 	if st := node.Status(); st.Transport != nodeagent.TransportWebSocket || mb.Refused() != refused {
 		t.Fatalf("after a reconnect: %+v, %d refusals more", st, mb.Refused()-refused)
 	}
@@ -83,7 +84,7 @@ func TestSessionsOverTheWebSocket(t *testing.T) {
 	// Held to gRPC, a node does not get through the middlebox.
 	grpcOnly := p.transportFleet(t, 1, "grpc", mb.Addr, nodeagent.TransportGRPC)
 	before := mb.Refused()
-	eventually(t, "the gRPC node refused twice", func() bool { return mb.Refused() >= before+2 })
+	computetest.Eventually(t, patience, "the gRPC node refused twice", func() bool { return mb.Refused() >= before+2 })
 	if st := grpcOnly.Nodes[0].Status(); st.Connected || st.LastError == "" {
 		t.Fatalf("a node held to gRPC behind the middlebox: %+v", st)
 	}
@@ -108,5 +109,5 @@ func TestSessionsOverTheWebSocket(t *testing.T) {
 	}
 	node.Disconnect()
 	node.Resume()
-	eventually(t, "the retired node's agent stopped for good", func() bool { return errors.Is(node.Err(), nodeagent.ErrRetired) })
+	computetest.Eventually(t, patience, "the retired node's agent stopped for good", func() bool { return errors.Is(node.Err(), nodeagent.ErrRetired) })
 }
