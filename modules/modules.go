@@ -3,6 +3,10 @@
 // workers and start hooks, and the workflows, drivers and profiles of package provision — through
 // a Registry, and what it may use of the core (Runtime). Modules are Go values passed in
 // compute.Options, never registries filled by init.
+//
+// Start with Module and Registry, then Handle, which declares a method with its target and its
+// run. examples/pingmodule is a whole module, both halves, in one file; docs/modules.md is the
+// guide.
 package modules
 
 import (

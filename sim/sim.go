@@ -1,6 +1,12 @@
 // Package sim is the fleet simulator: N simulated nodes with fake hardware, each a real node
 // agent that joins with a join token and holds a real session with a real gateway over mutual
 // TLS, with knobs to inject XIDs, cut connections and make commands slow or failing.
+//
+// Start joins a fleet into a pool of a running control plane (its API's URL and a join token)
+// and WaitConnected waits for the nodes' sessions; a Node's Hardware injects faults (InjectXID,
+// SetPressure), and Disconnect and Resume cut and restore its connection. Modules' node sides run
+// on every node (Options.Extensions). devserver, `better-compute sim` and the gateway benchmark
+// use it.
 package sim
 
 import (
