@@ -18,6 +18,7 @@ import (
 // the address a connection is about to use, after resolution. What the tenant reads names the
 // address's class, never the address a name resolved to.
 func TestConnectionsToPrivateAddressesAreRefusedAtDial(t *testing.T) {
+	t.Parallel()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }))
 	defer srv.Close()
 	m, err := New(Config{})
@@ -45,6 +46,7 @@ func TestConnectionsToPrivateAddressesAreRefusedAtDial(t *testing.T) {
 // by its status alone (its body may be an internal service's), and a name that does not
 // resolve says so without the resolver's address.
 func TestFailedAttemptsTellTheTenantNoBodyNorResolver(t *testing.T) {
+	t.Parallel()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		http.Error(w, "internal-secret: db password is hunter2", http.StatusInternalServerError)
 	}))
@@ -66,6 +68,7 @@ func TestFailedAttemptsTellTheTenantNoBodyNorResolver(t *testing.T) {
 // TestAttemptsAreBoundedInTimeAndSize times out a receiver that does not answer and reads a
 // huge answer only up to the bound, and follows no redirect.
 func TestAttemptsAreBoundedInTimeAndSize(t *testing.T) {
+	t.Parallel()
 	block := make(chan struct{})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
@@ -109,6 +112,7 @@ func TestAttemptsAreBoundedInTimeAndSize(t *testing.T) {
 
 // TestBackoffDoublesWithinItsJitterUpToTheBound is a property of every job and attempt.
 func TestBackoffDoublesWithinItsJitterUpToTheBound(t *testing.T) {
+	t.Parallel()
 	m, err := New(Config{RetryBase: time.Second, RetryMax: time.Hour})
 	if err != nil {
 		t.Fatal(err)

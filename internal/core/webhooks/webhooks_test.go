@@ -76,6 +76,7 @@ type receiver struct {
 	requests int
 	badSigs  []string
 	sigCount []int
+	changed  chan struct{} // closed, and replaced, at each request
 }
 
 func newReceiver(t *testing.T) *receiver {
@@ -83,7 +84,7 @@ func newReceiver(t *testing.T) *receiver {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &receiver{t: t, addr: ln.Addr().String(), status: http.StatusOK, seen: map[string]bool{}}
+	r := &receiver{t: t, addr: ln.Addr().String(), status: http.StatusOK, seen: map[string]bool{}, changed: make(chan struct{})}
 	r.serve(ln)
 	t.Cleanup(r.down)
 	return r
@@ -130,6 +131,7 @@ func (r *receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.requests++
+	defer func() { close(r.changed); r.changed = make(chan struct{}) }()
 	for _, s := range r.secrets {
 		if err := verify(s, req.Header, body); err != nil {
 			r.badSigs = append(r.badSigs, err.Error())
@@ -160,18 +162,33 @@ func (r *receiver) events() []api.Event {
 	return append([]api.Event(nil), r.got...)
 }
 
+// waitFor waits until the receiver has accepted n distinct events, and returns them.
 func (r *receiver) waitFor(n int, within time.Duration) []api.Event {
 	r.t.Helper()
-	deadline := time.Now().Add(within)
-	for time.Now().Before(deadline) {
-		if got := r.events(); len(got) >= n {
+	return r.until(fmt.Sprintf("%d distinct events", n), within, func() bool { return len(r.got) >= n })
+}
+
+// until waits for the receiver's requests to make ok (called under its lock) hold, and returns
+// the events it has accepted.
+func (r *receiver) until(what string, within time.Duration, ok func() bool) []api.Event {
+	r.t.Helper()
+	timeout := time.NewTimer(within)
+	defer timeout.Stop()
+	for {
+		r.mu.Lock()
+		done, changed := ok(), r.changed
+		r.mu.Unlock()
+		if done {
+			return r.events()
+		}
+		select {
+		case <-changed:
+		case <-timeout.C:
+			got := r.events()
+			r.t.Errorf("the receiver has %d distinct events after %s, without %s", len(got), within, what)
 			return got
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
-	got := r.events()
-	r.t.Errorf("the receiver has %d distinct events after %s, want %d", len(got), within, n)
-	return got
 }
 
 // fastRetries is a control plane whose webhooks retry within a second and may reach loopback.
@@ -232,6 +249,7 @@ func (e env) dump(t *testing.T) {
 // refuses connections, then answers 503, then is up, gets every event, each subject's in log
 // order, every request signed by a secret the receiver verifies itself.
 func TestEveryEventArrivesSignedAndInOrderAcrossAnOutage(t *testing.T) {
+	// Not parallel: its receiver listens again on the port it freed, which a test beside it could take.
 	ctx := context.Background()
 	e := start(t, fastRetries)
 	r := newReceiver(t)
@@ -258,26 +276,15 @@ func TestEveryEventArrivesSignedAndInOrderAcrossAnOutage(t *testing.T) {
 	e.emit(t, "other.tick", "a") // filtered out
 	// Each phase lasts until an attempt was made in it: on a loaded machine a fixed pause (retries
 	// wait for River's fetch poll, a second) may pass with none.
-	until := func(what string, ok func() bool) {
-		t.Helper()
-		for deadline := time.Now().Add(30 * time.Second); !ok(); time.Sleep(20 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("no %s within 30s", what)
-			}
-		}
-	}
-	until("attempt refused", func() bool {
-		var n int
-		err := e.DB.Pool.QueryRow(ctx, `SELECT count(*) FROM compute.webhook_attempts WHERE error LIKE '%connection refused%'`).Scan(&n)
-		return err == nil && n > 0
+	computetest.Eventually(t, 30*time.Second, "an attempt refused", func() bool {
+		return computetest.Count(t, e.DB.Pool, `SELECT count(*) FROM compute.webhook_attempts WHERE error LIKE '%connection refused%'`) > 0
 	})
 	r.answer(http.StatusServiceUnavailable)
 	r.up()
-	until("attempt answered 503", func() bool {
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		return r.requests > 0
-	})
+	r.until("an attempt answered 503", 30*time.Second, func() bool { return r.requests > 0 })
+	if t.Failed() {
+		t.FailNow()
+	}
 	r.answer(http.StatusOK)
 	for range 4 {
 		e.emit(t, "test.tick", subjects...)
@@ -288,9 +295,9 @@ func TestEveryEventArrivesSignedAndInOrderAcrossAnOutage(t *testing.T) {
 			e.dump(t)
 		}
 	}()
-	r.waitFor(36, 30*time.Second)
-	time.Sleep(300 * time.Millisecond)
-	got := r.events()
+	// The filtered event must not come: events are fanned out in log order, so the deliveries of
+	// the events after it (36, checked below) show it was passed over.
+	got := r.waitFor(36, 30*time.Second)
 	if len(got) != 36 {
 		t.Errorf("the receiver has %d distinct events, want 36 (the filtered one must not come)", len(got))
 	}
@@ -362,6 +369,7 @@ func TestEveryEventArrivesSignedAndInOrderAcrossAnOutage(t *testing.T) {
 // TestRotatedSecretsSignTogetherUntilThePreviousExpires checks rotation: both secrets sign while
 // the old one is kept, the new alone once it is dropped.
 func TestRotatedSecretsSignTogetherUntilThePreviousExpires(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	e := start(t, fastRetries)
 	r := newReceiver(t)
@@ -404,6 +412,7 @@ func TestRotatedSecretsSignTogetherUntilThePreviousExpires(t *testing.T) {
 // TestDeadDeliveriesAreRedeliveredOnDemand gives a delivery up after the dead-letter age, with
 // its event, and sends it again when asked.
 func TestDeadDeliveriesAreRedeliveredOnDemand(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	e := start(t, func(o *compute.Options) {
 		fastRetries(o)
@@ -419,27 +428,26 @@ func TestDeadDeliveriesAreRedeliveredOnDemand(t *testing.T) {
 	}
 	e.emit(t, "test.doomed", "x")
 	var dead api.WebhookDelivery
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
+	computetest.Eventually(t, 30*time.Second, "a dead delivery", func() bool {
 		page, err := e.cl.Webhooks.Deliveries(ctx, api.ListWebhookDeliveries{Webhook: w.ID, State: api.DeliveryDead})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if len(page.Items) == 1 {
 			dead = page.Items[0]
-			break
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if dead.ID == 0 || dead.Attempts < 2 {
-		t.Fatalf("no dead delivery after 30s with several attempts: %+v", dead)
+		return dead.ID != 0
+	})
+	if dead.Attempts < 2 {
+		t.Fatalf("a dead delivery without several attempts: %+v", dead)
 	}
 	var evs api.Page[api.Event]
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline) && len(evs.Items) == 0; time.Sleep(50 * time.Millisecond) {
+	computetest.Eventually(t, 30*time.Second, "a webhook.dead event", func() bool {
 		if evs, err = e.cl.Events.List(ctx, api.ListEvents{Type: "webhook.dead"}); err != nil {
 			t.Fatal(err)
 		}
-	}
+		return len(evs.Items) > 0
+	})
 	if len(evs.Items) != 1 || evs.Items[0].Subject != w.ID {
 		t.Fatalf("webhook.dead events: %+v, %v", evs.Items, err)
 	}
@@ -463,6 +471,7 @@ func TestDeadDeliveriesAreRedeliveredOnDemand(t *testing.T) {
 
 // TestTestEventsGoToTheirEndpointAlone sends webhooks.test to one of two endpoints.
 func TestTestEventsGoToTheirEndpointAlone(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	e := start(t, fastRetries)
 	r1, r2 := newReceiver(t), newReceiver(t)
@@ -495,6 +504,7 @@ func TestTestEventsGoToTheirEndpointAlone(t *testing.T) {
 // TestPrivateTargetsAreRefusedUnlessAllowed creates endpoints on a control plane with the
 // default options.
 func TestPrivateTargetsAreRefusedUnlessAllowed(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	e := start(t, func(o *compute.Options) { o.Outbound = compute.OutboundOptions{} })
 	for _, u := range []string{"http://127.0.0.1:9/x", "https://localhost/x", "http://[::1]/x", "http://10.1.2.3/x", "http://169.254.169.254/latest/meta-data", "http://[::ffff:127.0.0.1]/x", "http://100.64.0.1/"} {
