@@ -199,27 +199,22 @@ func (e env) start(t *testing.T, workflow string, input any) string {
 // wait polls workflows.get until the run is no longer running.
 func (e env) wait(t *testing.T, run string, within time.Duration) api.WorkflowRun {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		r, err := e.cl.Workflows.Get(context.Background(), api.GetWorkflow{Run: run})
-		if err != nil {
+	var r api.WorkflowRun
+	computetest.Eventually(t, within, "run "+run+" finished", func() bool {
+		var err error
+		if r, err = e.cl.Workflows.Get(context.Background(), api.GetWorkflow{Run: run}); err != nil {
 			t.Fatal(err)
 		}
-		if r.State != api.WorkflowRunning {
-			return r
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("run %s still running after %s: %+v", run, within, r)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return r.State != api.WorkflowRunning
+	})
+	return r
 }
 
 // events are the run's events, type/step, in log order, once its last is in the log.
 func (e env) events(t *testing.T, run string) []string {
 	t.Helper()
 	var types []string
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+	computetest.Eventually(t, 30*time.Second, "the last event of run "+run, func() bool {
 		page, err := e.cl.Events.List(context.Background(), api.ListEvents{Subject: run, PageRequest: api.PageRequest{Limit: 100}})
 		if err != nil {
 			t.Fatal(err)
@@ -228,10 +223,9 @@ func (e env) events(t *testing.T, run string) []string {
 		for _, ev := range page.Items {
 			types = append(types, ev.Type+"/"+ev.Data["step"].(string))
 		}
-		if n := len(page.Items); n > 0 && slices.Contains([]string{"workflow.succeeded", "workflow.failed", "workflow.cancelled"}, page.Items[n-1].Type) {
-			break
-		}
-	}
+		n := len(page.Items)
+		return n > 0 && slices.Contains([]string{"workflow.succeeded", "workflow.failed", "workflow.cancelled"}, page.Items[n-1].Type)
+	})
 	return types
 }
 
@@ -322,7 +316,15 @@ func TestCancellingARunStopsItsStepInFlight(t *testing.T) {
 		t.Fatal("the step in flight was not stopped within 15s of the cancel")
 	}
 	waitEffect(t, e, run, "end:cancelled", 1)
-	time.Sleep(500 * time.Millisecond) // a retry, were there one, would have run "never" and panicked
+	// A retry, were there one, would be a job of the run not finished with: once every job of the
+	// run is, none can run "never" (or the cancelled step again).
+	computetest.Eventually(t, 30*time.Second, "every job of the cancelled run finished with", func() bool {
+		return computetest.Count(t, e.DB.Pool, `SELECT count(*) FROM compute.river_job WHERE kind = 'workflow.step' AND args->>'run' = $1
+			AND state NOT IN ('completed', 'cancelled', 'discarded')`, run) == 0
+	})
+	if n := computetest.Count(t, e.DB.Pool, `SELECT count(*) FROM compute.river_job WHERE kind = 'workflow.step' AND args->>'run' = $1 AND (args->>'step')::int > 0`, run); n != 0 {
+		t.Errorf("%d jobs for a step after the cancelled one", n)
+	}
 	if r, _ := e.cl.Workflows.Get(context.Background(), api.GetWorkflow{Run: run}); r.State != api.WorkflowCancelled {
 		t.Errorf("after its step stopped the run is %s", r.State)
 	}
@@ -334,21 +336,18 @@ func TestCancellingARunStopsItsStepInFlight(t *testing.T) {
 // waitEffect waits until step of run has run n times.
 func waitEffect(t *testing.T, e env, run, step string, n int) []int {
 	t.Helper()
-	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+	var pids []int
+	computetest.Eventually(t, 60*time.Second, fmt.Sprintf("step %s of run %s run %d times", step, run, n), func() bool {
 		rows, err := e.DB.Pool.Query(context.Background(), `SELECT pid FROM compute.flowtest_effects WHERE run = $1 AND step = $2 ORDER BY at`, run, step)
 		if err != nil {
 			t.Fatal(err)
 		}
-		pids, err := pgx.CollectRows(rows, pgx.RowTo[int])
-		if err != nil {
+		if pids, err = pgx.CollectRows(rows, pgx.RowTo[int]); err != nil {
 			t.Fatal(err)
 		}
-		if len(pids) >= n {
-			return pids
-		}
-	}
-	t.Fatalf("step %s of run %s did not run %d times within 60s", step, run, n)
-	return nil
+		return len(pids) >= n
+	})
+	return pids
 }
 
 // TestKilledMidStepTheRunContinuesElsewhere runs a workflow's steps in a worker process that is
