@@ -3,15 +3,16 @@
 // starts and cancels their runs (Workflows), and drivers and profiles, a profile being a
 // composition of drivers, one per kind (power: ipmi or redfish; boot: pxe or virtual media;
 // image: streamed; later runtime and provider). Catalog holds what modules registered of them
-// and refuses what cannot work. The metal and vps modules build on it; a host's own
-// provisioning module does too.
+// and refuses what cannot work. The metal module builds on it, as the core's XID remediation
+// does and a host's own provisioning module may; vps registers no workflow or driver here yet.
 //
 // The types are generic in R, what the engine hands each step and end hook: the control plane's
 // is *modules.Runtime, so a module writes provision.Workflow[*modules.Runtime] and its steps take
 // a *provision.StepRun[*modules.Runtime]. That is what keeps this package below modules:
 // modules.Registry holds a Catalog[*modules.Runtime] and forwards Registry.Workflow, Driver and
-// Profile to it, and modules.Runtime.Workflows is a Workflows, so this package imports neither
-// modules nor anything under internal/ (an import the other way would be a cycle).
+// Profile to it, and modules.Runtime.Workflows is a Workflows. This package imports neither
+// modules (that would be a cycle) nor anything under internal/
+// (TestProvisionImportsNeitherModulesNorInternal).
 //
 // The engine that runs the workflows is the core's (internal/core/workflow,
 // docs/workflows.md): runs and steps in PostgreSQL, each step's attempts a River job, so a run
