@@ -100,7 +100,7 @@ func (n *simNode) apply(_ context.Context, _ uint32, payload []byte) error {
 	}
 	go func() {
 		n.stop()
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(200 * time.Millisecond) // bcd's restart takes a moment: the behaviour simulated, not a wait
 		if !broken {
 			n.mu.Lock()
 			n.version = r.Version
@@ -168,7 +168,7 @@ func (h *harness) join(t *testing.T, name, token string) *simNode {
 }
 
 func (h *harness) waitOnline(t *testing.T, n int) {
-	eventually(t, fmt.Sprintf("%d nodes online", n), 20*time.Second, func() bool {
+	computetest.Eventually(t, 20*time.Second, fmt.Sprintf("%d nodes online", n), func() bool {
 		page, err := h.env.Compute.API.Nodes.List(h.ctx, h.env.RootKey, api.ListNodes{Pool: "p1"})
 		if err != nil {
 			return false
@@ -183,17 +183,6 @@ func (h *harness) waitOnline(t *testing.T, n int) {
 	})
 }
 
-func eventually(t *testing.T, what string, within time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 func (h *harness) rollout(t *testing.T, id string) api.Rollout {
 	t.Helper()
 	r, err := h.env.Compute.API.Rollouts.Get(h.ctx, h.env.RootKey, api.RolloutRef{Rollout: id})
@@ -206,7 +195,7 @@ func (h *harness) rollout(t *testing.T, id string) api.Rollout {
 func (h *harness) waitState(t *testing.T, id, state string, within time.Duration) api.Rollout {
 	t.Helper()
 	var r api.Rollout
-	eventually(t, "rollout "+state, within, func() bool {
+	computetest.Eventually(t, within, "rollout "+state, func() bool {
 		r = h.rollout(t, id)
 		if r.State != state && (r.State == api.RolloutSucceeded || r.State == api.RolloutFailed || r.State == api.RolloutRolledBack) {
 			t.Fatalf("rollout ended %s (%s), want %s", r.State, r.Error, state)
@@ -232,6 +221,7 @@ func (h *harness) events(t *testing.T, subject string) []string {
 // TestRolloutInWaves rolls v2 out to three nodes with a budget of two: two waves, the second
 // started only once the first's nodes are back online on v2.
 func TestRolloutInWaves(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, 3, computetest.Options{})
 	a := h.env.Compute.API
 	r, err := a.Rollouts.Create(h.ctx, h.env.RootKey, api.CreateRollout{Pool: "p1", Release: v2.Version, MaxUnavailable: 2, WaveDeadline: "30s"})
@@ -265,7 +255,7 @@ func TestRolloutInWaves(t *testing.T) {
 	}
 	// The log is sequenced shortly after the commits.
 	want := []string{"rollout.created", "rollout.wave_started", "rollout.wave_succeeded", "rollout.wave_started", "rollout.wave_succeeded", "rollout.succeeded"}
-	eventually(t, "the rollout's events", 30*time.Second, func() bool { return slices.Equal(h.events(t, r.ID), want) })
+	computetest.Eventually(t, 30*time.Second, "the rollout's events", func() bool { return slices.Equal(h.events(t, r.ID), want) })
 	// A succeeded rollout can be rolled back: every node returns to v1.
 	if _, err := a.Rollouts.Rollback(h.ctx, h.env.RootKey, api.RolloutRef{Rollout: r.ID}); err != nil {
 		t.Fatal(err)
@@ -286,6 +276,7 @@ func TestRolloutInWaves(t *testing.T) {
 // is tried again and fails again; rolled back, its node returns to v1. With onFailure rollback,
 // the same failure rolls back by itself.
 func TestFailingWavePauses(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, 2, computetest.Options{})
 	a := h.env.Compute.API
 	r, err := a.Rollouts.Create(h.ctx, h.env.RootKey, api.CreateRollout{Pool: "p1", Release: v3.Version, WaveDeadline: "10s"})
@@ -300,12 +291,16 @@ func TestFailingWavePauses(t *testing.T) {
 		r.Nodes[1].State != api.RolloutNodePending {
 		t.Fatalf("nodes after the failed wave: %+v", r.Nodes)
 	}
-	eventually(t, "the failed wave's events", 30*time.Second, func() bool {
+	computetest.Eventually(t, 30*time.Second, "the failed wave's events", func() bool {
 		ev := h.events(t, r.ID)
 		return slices.Contains(ev, "rollout.wave_failed") && slices.Contains(ev, "rollout.paused")
 	})
-	// Paused, it stays paused: the second node is never told v3.
-	time.Sleep(3 * time.Second)
+	// Paused, it stays paused: the second node is never told v3. Its job ended with the pause,
+	// and only a resume makes another: once none is left to run, nothing advances it.
+	computetest.Eventually(t, 30*time.Second, "no job of the paused rollout left to run", func() bool {
+		return computetest.Count(t, h.env.DB.Pool, `SELECT count(*) FROM compute.river_job WHERE kind = 'rollout.advance' AND args->>'rollout' = $1
+			AND state NOT IN ('completed', 'cancelled', 'discarded')`, r.ID) == 0
+	})
 	if r2 := h.rollout(t, r.ID); r2.State != api.RolloutPaused || r2.Nodes[1].State != api.RolloutNodePending {
 		t.Fatalf("a paused rollout moved: %+v", r2)
 	}
@@ -345,6 +340,7 @@ func TestFailingWavePauses(t *testing.T) {
 // TestRolloutKeepsTheDisruptionBudget: a node of the pool outside the rollout that is offline
 // uses the budget up, and the rollout waits until it is back (here: retired).
 func TestRolloutKeepsTheDisruptionBudget(t *testing.T) {
+	t.Parallel()
 	// The API and gateway in one process, the worker that advances rollouts in another, started
 	// once the offline node is in place.
 	h := newHarness(t, 2, computetest.Options{Mode: compute.ModeGateway})
@@ -365,7 +361,7 @@ func TestRolloutKeepsTheDisruptionBudget(t *testing.T) {
 	if err := worker.Compute.Start(h.ctx); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the rollout waiting on the budget", 20*time.Second, func() bool {
+	computetest.Eventually(t, 20*time.Second, "the rollout waiting on the budget", func() bool {
 		r = h.rollout(t, r.ID)
 		return strings.Contains(r.Note, "1 nodes of the pool are unavailable")
 	})
@@ -383,6 +379,7 @@ func TestRolloutKeepsTheDisruptionBudget(t *testing.T) {
 
 // TestRolloutRefusals checks what rollouts.create and the state changes refuse.
 func TestRolloutRefusals(t *testing.T) {
+	t.Parallel()
 	env := computetest.New(t, computetest.Options{})
 	ctx := context.Background()
 	url := env.Server(t)
