@@ -20,21 +20,13 @@ import (
 // CommandBMC is the command kind a site agent carries out for the control plane: a sequence of
 // operations on a BMC of its site (power.Run), the password travelling as the command's
 // write-only secret.
-const CommandBMC = "metal.bmc"
+const CommandBMC = power.Command
 
 // BMCArgs are the arguments of a metal.bmc command; its secret is BMCSecret.
-type BMCArgs struct {
-	Machine  string     `json:"machine"`
-	Driver   string     `json:"driver"`
-	Address  string     `json:"address"`
-	Username string     `json:"username"`
-	Ops      []power.Op `json:"ops"`
-}
+type BMCArgs = power.CommandArgs
 
 // BMCSecret is a metal.bmc command's secret.
-type BMCSecret struct {
-	Password string `json:"password"`
-}
+type BMCSecret = power.CommandSecret
 
 func checkBMCArgs(_ context.Context, _ postgres.Querier, _ string, raw json.RawMessage) error {
 	var a BMCArgs

@@ -19,7 +19,7 @@ import (
 )
 
 // CommandBMC is the command kind of BMC operations (the metal module's metal.bmc).
-const CommandBMC = "metal.bmc"
+const CommandBMC = power.Command
 
 // Planner takes the site's plan: bcd site's services (bcd/internal/site).
 type Planner interface {
@@ -61,18 +61,9 @@ func Extension(planner Planner, opts Options) ext.Extension {
 	}
 }
 
-// bmcArgs are a metal.bmc command's arguments (the metal module's BMCArgs).
-type bmcArgs struct {
-	Machine  string     `json:"machine"`
-	Driver   string     `json:"driver"`
-	Address  string     `json:"address"`
-	Username string     `json:"username"`
-	Ops      []power.Op `json:"ops"`
-}
-
 func runBMC(ctx context.Context, drivers map[string]power.Driver, args map[string]any) (map[string]any, error) {
 	raw, _ := json.Marshal(args)
-	var a bmcArgs
+	var a power.CommandArgs
 	if err := json.Unmarshal(raw, &a); err != nil {
 		return nil, fmt.Errorf("metal.bmc: %w", err)
 	}
@@ -80,9 +71,7 @@ func runBMC(ctx context.Context, drivers map[string]power.Driver, args map[strin
 	if !ok {
 		return nil, fmt.Errorf("metal.bmc: this site agent has no power driver %q", a.Driver)
 	}
-	var secret struct {
-		Password string `json:"password"`
-	}
+	var secret power.CommandSecret
 	b := ext.SecretOf(ctx)
 	if b == nil {
 		return nil, errors.New("metal.bmc: the command carries no BMC password")
