@@ -19,7 +19,7 @@ func ExampleNew() {
 	ctx := context.Background()
 
 	// A development server stands in for the control plane; a client needs only its URL and a key.
-	dev, err := devserver.Start(ctx, devserver.Options{Addr: "127.0.0.1:0", GatewayAddr: "127.0.0.1:0",
+	dev, err := devserver.Start(ctx, devserver.Options{Addr: "127.0.0.1:0", GatewayAddr: "127.0.0.1:0", Embedded: true,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		log.Fatal(err)

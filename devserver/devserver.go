@@ -49,6 +49,9 @@ type Options struct {
 	// are refused when BETTER_COMPUTE_DATABASE_URL names another server.
 	PostgresPort     int
 	PostgresPassword string
+	// Embedded starts a private embedded PostgreSQL even where BETTER_COMPUTE_DATABASE_URL names a
+	// server: for programs (examples, tests) whose writes must not land in a shared database.
+	Embedded bool
 	// AllowPrivateWebhooks lets webhook endpoints be loopback and private addresses, to try
 	// webhooks with a receiver on this machine (compute.WebhookOptions.AllowPrivateTargets). For
 	// development only: every tenant's endpoints may then reach this host and its network.

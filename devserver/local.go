@@ -60,7 +60,7 @@ var ErrEmbeddedOnly = fmt.Errorf("a PostgreSQL port or password is chosen for th
 
 // database chooses the PostgreSQL: BETTER_COMPUTE_DATABASE_URL's, or an embedded one.
 func (s *Server) database(ctx context.Context, o Options) error {
-	if u := os.Getenv(postgres.EnvDatabaseURL); u != "" {
+	if u := os.Getenv(postgres.EnvDatabaseURL); u != "" && !o.Embedded {
 		if o.PostgresPort != 0 || o.PostgresPassword != "" {
 			return ErrEmbeddedOnly
 		}

@@ -25,7 +25,7 @@ import (
 func ExampleModule() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	dev, err := devserver.Start(ctx, devserver.Options{Addr: "127.0.0.1:0", GatewayAddr: "127.0.0.1:0",
+	dev, err := devserver.Start(ctx, devserver.Options{Addr: "127.0.0.1:0", GatewayAddr: "127.0.0.1:0", Embedded: true,
 		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Modules: func(string) ([]compute.Module, error) { return []compute.Module{pingmodule.Module{}}, nil }})
 	if err != nil {
