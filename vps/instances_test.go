@@ -13,6 +13,7 @@ import (
 	"github.com/better-compute/compute"
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/computetest"
+	"github.com/better-compute/compute/modules"
 	"github.com/better-compute/compute/sim"
 	"github.com/better-compute/compute/vps"
 	"github.com/better-compute/compute/vps/hostapi"
@@ -27,6 +28,19 @@ type fleet struct {
 	nodes  *sim.Fleet
 	host   *sim.Node // the VM host
 	hostID string
+	// rt is the runtime compute.Initialize handed the modules: what the vps module reads of the
+	// core (its services), read as the module reads it.
+	rt *modules.Runtime
+}
+
+// runtimeOf is a module that contributes nothing and keeps the runtime it is initialized with.
+type runtimeOf struct{ rt *modules.Runtime }
+
+func (*runtimeOf) Name() string { return "vps-test-runtime" }
+
+func (m *runtimeOf) Register(r *modules.Registry) error {
+	r.OnInitialize(func(_ context.Context, rt *modules.Runtime) error { m.rt = rt; return nil })
+	return nil
 }
 
 func newFleet(t *testing.T) *fleet {
@@ -43,8 +57,12 @@ func newFleetWith(t *testing.T, opts vps.Options) *fleet {
 	if err != nil {
 		t.Fatal(err)
 	}
-	env := computetest.New(t, computetest.Options{Modules: []compute.Module{m},
-		Configure: func(o *compute.Options) { o.HeartbeatInterval = 300 * time.Millisecond }})
+	// The gateway's default heartbeat interval: a node goes offline only when a test disconnects
+	// it (sim.Node.Disconnect takes it offline at the next flush), never because a loaded
+	// machine delayed its heartbeats past a short grace (a warm VM's host offline is no place
+	// for a sandbox).
+	spy := &runtimeOf{}
+	env := computetest.New(t, computetest.Options{Modules: []compute.Module{m, spy}})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	t.Cleanup(cancel)
 	url := env.Server(t)
@@ -65,7 +83,7 @@ func newFleetWith(t *testing.T, opts vps.Options) *fleet {
 	if err := nodes.WaitConnected(ctx); err != nil {
 		t.Fatal(err)
 	}
-	f := &fleet{Env: env, ctx: ctx, nodes: nodes}
+	f := &fleet{Env: env, ctx: ctx, nodes: nodes, rt: spy.rt}
 	f.host = nodes.Nodes[0]
 	f.hostID = f.host.NodeID()
 	if err := f.host.Reports.Report(ctx, hostapi.KindHost, hostapi.Host{Runtime: "libvirt-kvm"}); err != nil {
@@ -135,7 +153,13 @@ func (f *fleet) desired(t *testing.T, ok func(hostapi.Instances) bool) hostapi.I
 func (f *fleet) desiredOf(t *testing.T, n *sim.Node, ok func(hostapi.Instances) bool) hostapi.Instances {
 	t.Helper()
 	var last hostapi.Instances
-	for end := time.Now().Add(20 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+	done := false
+	defer func() { // what it was, when the wait failed
+		if !done {
+			t.Logf("the desired instances of %s: %+v", n.Name, last)
+		}
+	}()
+	computetest.Eventually(t, 20*time.Second, "the desired instances of "+n.Name+" as the test waits for", func() bool {
 		ds := n.Converger.Last()
 		last = hostapi.Instances{}
 		for _, p := range ds.GetParts() {
@@ -148,11 +172,9 @@ func (f *fleet) desiredOf(t *testing.T, n *sim.Node, ok func(hostapi.Instances) 
 				}
 			}
 		}
-		if ok(last) {
-			return last
-		}
-	}
-	t.Fatalf("the desired instances of %s: %+v", n.Name, last)
+		return ok(last)
+	})
+	done = true
 	return last
 }
 
@@ -170,6 +192,7 @@ func (f *fleet) reservations(t *testing.T) []api.Reservation {
 // holds; a placement on a node that is no VM host books nothing; concurrent creates on a host
 // with room for four give exactly four.
 func TestInstancesBookTheirCapacity(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	a, key := f.Compute.API, f.RootKey
 	held, err := a.Reservations.Create(f.ctx, key, api.CreateReservation{Pool: "mixed", Shape: api.Shape{GPUs: 2}, RequireLabels: map[string]string{"vm": "yes"}})
@@ -252,6 +275,7 @@ func TestInstancesBookTheirCapacity(t *testing.T) {
 // from the host; an instance whose reservation is released by hand ends with it; a flavor in
 // use is not removed.
 func TestInstancePowerStatusAndEnd(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	a, key := f.Compute.API, f.RootKey
 	i, err := f.create("web", "gpu1")
@@ -290,7 +314,7 @@ func TestInstancePowerStatusAndEnd(t *testing.T) {
 		t.Fatalf("after its host's report: %+v", got)
 	}
 	var types string
-	waitFor(t, 10*time.Second, "the instance's events", func() bool { // the log sequences them in the background
+	computetest.Eventually(t, 10*time.Second, "the instance's events", func() bool { // the log sequences them in the background
 		evs, err := a.Events.List(f.ctx, key, api.ListEvents{Subject: i.ID})
 		if err != nil {
 			t.Fatal(err)
@@ -346,7 +370,7 @@ func TestInstancePowerStatusAndEnd(t *testing.T) {
 	if _, err := a.Reservations.Release(f.ctx, key, api.ReleaseReservation{Reservation: j.ReservationID}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 20*time.Second, "the instance ends with its reservation", func() bool {
+	computetest.Eventually(t, 20*time.Second, "the instance ends with its reservation", func() bool {
 		got := f.do(t, vps.InstancesGet, j.ID)
 		return got.Status == "deleted" && got.DeletedReason == "reservation released"
 	})
@@ -356,6 +380,7 @@ func TestInstancePowerStatusAndEnd(t *testing.T) {
 // TestBadInstanceInputIsNamed: each malformed input is refused with invalid_argument naming its
 // field, and a reference to nothing with not_found; nothing is booked.
 func TestBadInstanceInputIsNamed(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	for _, c := range []struct {
 		m     any
@@ -401,6 +426,7 @@ func TestBadInstanceInputIsNamed(t *testing.T) {
 // host is sent each NIC and a NoCloud seed with the user-data and network config, instances.get
 // shows the addresses and never the user-data, and a delete frees the addresses.
 func TestInstanceNetworksAndSeed(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	key := f.RootKey
 	if _, err := compute.Invoke(f.ctx, f.Compute, key, vps.NetworksCreate, vps.CreateNetwork{Name: "lan", CIDR: "10.9.0.0/30", VLAN: 20}); err != nil {

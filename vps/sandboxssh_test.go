@@ -9,7 +9,6 @@ import (
 
 	"github.com/better-compute/compute"
 	"github.com/better-compute/compute/api"
-	"github.com/better-compute/compute/internal/core/access"
 	"github.com/better-compute/compute/internal/lib/sshkrl"
 	"github.com/better-compute/compute/vps"
 	"github.com/better-compute/compute/vps/hostapi"
@@ -20,6 +19,7 @@ import (
 // access.revoke does and not the others; once the sandbox went (its reservation released)
 // every certificate of the reservation not yet expired is in its KRL.
 func TestSandboxKRLFollowsRevocations(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	key := f.RootKey
 	if _, err := compute.Invoke(f.ctx, f.Compute, key, vps.SandboxTemplatesCreate, vps.CreateSandboxTemplate{Name: "t", Pool: "mixed",
@@ -70,7 +70,8 @@ func TestSandboxKRLFollowsRevocations(t *testing.T) {
 
 	f.sandbox(t, vps.SandboxesDelete, "s")
 	f.desired(t, func(d hostapi.Instances) bool { return len(d.Instances) == 0 })
-	b, err := access.Service{}.SSHRevoked(f.ctx, f.DB.Pool, sb.ReservationID)
+	// Its guest is told no more: the KRL is the one the module would hand it, from its runtime.
+	b, err := f.rt.Access.SSHRevoked(f.ctx, f.rt.DB.Pool, sb.ReservationID)
 	if err != nil {
 		t.Fatal(err)
 	}
