@@ -38,6 +38,7 @@ var seeds = []struct {
 // TestCloudInitGolden renders each seed's three NoCloud files and compares them with
 // testdata/cloudinit/<seed>/ (go test -run TestCloudInitGolden -update rewrites them).
 func TestCloudInitGolden(t *testing.T) {
+	t.Parallel()
 	for i, s := range seeds {
 		t.Run(s.name, func(t *testing.T) {
 			got := cloudInit(fmt.Sprintf("0190a0b0-0000-7000-8000-%012d", i), s.hostname, s.userData, s.nics)
@@ -72,6 +73,7 @@ func TestCloudInitGolden(t *testing.T) {
 // would) and checks what it made of it: each NIC matched by its MAC and named in order, its
 // addresses, the default routes on the first NIC only, the resolvers.
 func TestCloudInitNetworkConfigIsReadByCloudInit(t *testing.T) {
+	t.Parallel()
 	bin, err := exec.LookPath("cloud-init")
 	if err != nil {
 		t.Skip("cloud-init is not installed (Debian cloud-init; .ci/run installs it): the network-config is checked by the golden files only")
@@ -121,6 +123,7 @@ func TestCloudInitNetworkConfigIsReadByCloudInit(t *testing.T) {
 // TestValidateUserData: text up to the limit passes unchanged; binary, NUL and too much are
 // refused, naming the field.
 func TestValidateUserData(t *testing.T) {
+	t.Parallel()
 	if err := ValidateUserData("userData", "#cloud-config\n"+strings.Repeat("#", MaxUserData-14)); err != nil {
 		t.Errorf("user-data of exactly the limit: %v", err)
 	}

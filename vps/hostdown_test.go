@@ -8,6 +8,7 @@ import (
 
 	"github.com/better-compute/compute"
 	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/computetest"
 	"github.com/better-compute/compute/sim"
 	"github.com/better-compute/compute/vps"
 	"github.com/better-compute/compute/vps/hostapi"
@@ -47,6 +48,7 @@ func onNode(d hostapi.Instances) []string {
 // sandbox.lost). Once its runtime answers again, VMs are placed on it again. A VM host that goes
 // offline has its warm VMs replaced too, and nothing of them stays booked.
 func TestUnreachableRuntimeMovesWork(t *testing.T) {
+	t.Parallel()
 	f := newFleetWith(t, vps.Options{LostAfter: 2 * time.Second, WarmLostAfter: time.Second})
 	a, key := f.Compute.API, f.RootKey
 	other := f.nodes.Nodes[1]
@@ -65,7 +67,7 @@ func TestUnreachableRuntimeMovesWork(t *testing.T) {
 	warmUp := func(n *sim.Node, count int) {
 		t.Helper()
 		f.reportAsAskedBy(t, n, f.desiredOf(t, n, func(d hostapi.Instances) bool { return len(d.Instances) == count }))
-		waitFor(t, 20*time.Second, "the warm pool waits paused", func() bool {
+		computetest.Eventually(t, 20*time.Second, "the warm pool waits paused", func() bool {
 			tmpl, err := compute.Invoke(f.ctx, f.Compute, key, vps.SandboxTemplatesGet, vps.SandboxTemplateRef{Template: "py"})
 			if err != nil {
 				t.Fatal(err)
@@ -104,14 +106,14 @@ func TestUnreachableRuntimeMovesWork(t *testing.T) {
 	if err != nil || api2.NodeID != otherID {
 		t.Fatalf("an instance while a VM host cannot reach its runtime: %+v %v", api2, err)
 	}
-	waitFor(t, 10*time.Second, "the host's events", func() bool {
+	computetest.Eventually(t, 10*time.Second, "the host's events", func() bool {
 		return f.hasEvent(t, f.hostID, vps.EventVMHostRuntimeDown, func(d map[string]any) bool { return d["detail"] == why })
 	})
 
 	// Its tenants hear at once, without the host's details; past the grace their instance and
 	// sandbox are lost.
 	for _, c := range []struct{ id, status, lost string }{{web.ID, vps.EventInstanceStatus, vps.EventInstanceLost}, {old.ID, vps.EventSandboxStatus, vps.EventSandboxLost}} {
-		waitFor(t, 20*time.Second, "lost: "+c.id, func() bool {
+		computetest.Eventually(t, 20*time.Second, "lost: "+c.id, func() bool {
 			return f.hasEvent(t, c.id, c.status, func(d map[string]any) bool {
 				// The tenant hears what happened, not the host's paths (the operator's event has them).
 				return d["status"] == "error" && d["detail"] == "its host cannot reach its VM runtime"
@@ -139,7 +141,7 @@ func TestUnreachableRuntimeMovesWork(t *testing.T) {
 	if err != nil || db.NodeID != f.hostID {
 		t.Fatalf("an instance once the host's runtime came back: %+v %v", db, err)
 	}
-	waitFor(t, 10*time.Second, "the host's events", func() bool { return f.hasEvent(t, f.hostID, vps.EventVMHostRuntimeUp, nil) })
+	computetest.Eventually(t, 10*time.Second, "the host's events", func() bool { return f.hasEvent(t, f.hostID, vps.EventVMHostRuntimeUp, nil) })
 
 	// The other host goes offline: its warm VMs are replaced on the first; its tenants' sandbox
 	// and instance stay theirs, and nothing but live work is booked.

@@ -10,6 +10,7 @@ import (
 // tenant boots cached bytes only once it fetched them itself: vps/hostagent), so the desired
 // state names the tenant of the image each instance boots.
 func TestTheHostIsToldWhoseImageAnInstanceBoots(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	one, err := f.create("one", "cpu16") // on the VM host: it requires the label only that host has
 	if err != nil {

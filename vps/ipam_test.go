@@ -124,6 +124,7 @@ func v4(nics []hostapi.NIC) string {
 // range, the network or broadcast address; then every racer is told the network is exhausted
 // (a conflict, addresses_exhausted). Released addresses are given again, lowest first.
 func TestAllocationNeverGivesAnAddressTwice(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	e, cl := env(t)
 	n := mustNetwork(t, cl, CreateNetwork{Name: "small", CIDR: "10.9.0.0/28", Reserved: &AddressRange{First: "10.9.0.2", Last: "10.9.0.4"}})
@@ -222,6 +223,7 @@ func sortedKeys(m map[string]string) []string {
 // broadcast and gateway addresses, one outside its range and an IPv6 one of a network without
 // IPv6 are refused as bad input, naming the field. A tenant cannot lease on another's network.
 func TestStaticAddresses(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	e, cl := env(t)
 	mustNetwork(t, cl, CreateNetwork{Name: "lan", CIDR: "10.9.0.0/24", Reserved: &AddressRange{First: "10.9.0.2", Last: "10.9.0.9"}})
@@ -299,6 +301,7 @@ func TestStaticAddresses(t *testing.T) {
 // from what the desired state reads; released, they are all gone. An IPv6 range runs out on
 // its own.
 func TestNICsOfAnInstance(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	e, cl := env(t)
 	mustNetwork(t, cl, CreateNetwork{Name: "lan", CIDR: "10.20.0.0/24", DNS: []string{"10.20.0.1"}})

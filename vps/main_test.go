@@ -12,6 +12,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 
 // TestMigrationsDownAndUp: the module's schema goes down whole and comes back.
 func TestMigrationsDownAndUp(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t)
 	tables := func() int {

@@ -22,6 +22,7 @@ import (
 // tenants') are refused by the database's EXCLUDE constraints as conflicts, another tenant's
 // ranges are its own, and a network with leases stays.
 func TestNetworksOverTheAPI(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	e, cl := env(t)
 
@@ -122,6 +123,7 @@ func TestNetworksOverTheAPI(t *testing.T) {
 // TestBadNetworksAreRefusedNamingTheField: each mistake is invalid_argument naming its field,
 // over the API, and nothing is written.
 func TestBadNetworksAreRefusedNamingTheField(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	e, cl := env(t)
 	ok := CreateNetwork{Name: "n", CIDR: "10.20.0.0/24"}
@@ -238,6 +240,7 @@ func expectValid(in CreateNetwork) bool {
 // accepts, the table's CHECK and type constraints accept too, with the gateway it filled; what
 // it refuses for its range or gateway, the table refuses too.
 func TestNetworkValidationProperties(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for range 10 { // 1,000 inputs: the edges (a /31 with the default gateway, say) are rare
 		rapid.Check(t, func(rt *rapid.T) {

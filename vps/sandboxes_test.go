@@ -8,6 +8,7 @@ import (
 
 	"github.com/better-compute/compute"
 	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/computetest"
 	"github.com/better-compute/compute/sim"
 	"github.com/better-compute/compute/vps"
 	"github.com/better-compute/compute/vps/hostapi"
@@ -57,6 +58,7 @@ func powers(d hostapi.Instances) []string {
 // template's maxTTL; a template with live sandboxes stays, and without them goes with its warm
 // instances.
 func TestWarmPoolsTTLAndTemplates(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	a, key := f.Compute.API, f.RootKey
 	tmpl, err := compute.Invoke(f.ctx, f.Compute, key, vps.SandboxTemplatesCreate, vps.CreateSandboxTemplate{Name: "py", Pool: "mixed", Flavor: "cpu16",
@@ -125,14 +127,14 @@ func TestWarmPoolsTTLAndTemplates(t *testing.T) {
 	}
 
 	// The one with a TTL of a second expires.
-	waitFor(t, 20*time.Second, "the sandbox expires", func() bool {
+	computetest.Eventually(t, 20*time.Second, "the sandbox expires", func() bool {
 		s := f.sandbox(t, vps.SandboxesGet, second.ID)
 		return s.Status == "deleted" && s.DeletedReason == "expired"
 	})
 	if r, err := a.Reservations.Get(f.ctx, key, api.GetReservation{Reservation: second.ReservationID}); err != nil || r.State == api.ReservationActive {
 		t.Fatalf("the expired sandbox's reservation: %s %v", r.State, err)
 	}
-	waitFor(t, 10*time.Second, "sandbox.expired", func() bool {
+	computetest.Eventually(t, 10*time.Second, "sandbox.expired", func() bool {
 		evs, err := a.Events.List(f.ctx, key, api.ListEvents{Subject: second.ID, Type: vps.EventSandboxExpired})
 		return err == nil && len(evs.Items) == 1
 	})
@@ -180,6 +182,7 @@ func TestWarmPoolsTTLAndTemplates(t *testing.T) {
 // once per call; a deleted snapshot leaves the desired state; a snapshot of an ended sandbox,
 // or a restore of one not ready, is refused.
 func TestSnapshotsFollowTheHost(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	key := f.RootKey
 	if _, err := compute.Invoke(f.ctx, f.Compute, key, vps.SandboxTemplatesCreate, vps.CreateSandboxTemplate{Name: "t", Pool: "mixed", Flavor: "cpu16", Image: "guest"}); err != nil {
@@ -235,6 +238,7 @@ func TestSnapshotsFollowTheHost(t *testing.T) {
 
 // TestBadSandboxInputIsNamed: malformed templates and sandboxes are refused naming the field.
 func TestBadSandboxInputIsNamed(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	ok := vps.CreateSandboxTemplate{Name: "t", Pool: "mixed", Flavor: "cpu16", Image: "guest"}
 	for _, c := range []struct {
@@ -273,6 +277,7 @@ func TestBadSandboxInputIsNamed(t *testing.T) {
 // sandboxes gets a NIC with an address there (its seed says so), freed with the sandbox; a
 // network that does not exist is not found.
 func TestSandboxesOnANetwork(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t)
 	key := f.RootKey
 	if _, err := compute.Invoke(f.ctx, f.Compute, key, vps.SandboxTemplatesCreate, vps.CreateSandboxTemplate{Name: "t", Pool: "mixed", Flavor: "cpu16", Image: "guest",

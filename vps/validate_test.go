@@ -13,6 +13,7 @@ import (
 // TestListInputsCheckTheirPage: every list input of the module checks its page (a limit out of
 // range, a cursor too long) as well as its own fields, whatever else it embeds.
 func TestListInputsCheckTheirPage(t *testing.T) {
+	t.Parallel()
 	bad := []api.PageRequest{{Limit: -1}, {Limit: api.MaxPageLimit + 1}, {Cursor: strings.Repeat("x", 513)}}
 	for _, page := range bad {
 		for name, in := range map[string]interface{ Validate() error }{
@@ -37,6 +38,7 @@ func TestListInputsCheckTheirPage(t *testing.T) {
 // it is a second or more, and otherwise refused naming ttl (a sandbox that expired as it was
 // made, or on its extension, was accepted before).
 func TestSandboxTTLsAreAtLeastASecond(t *testing.T) {
+	t.Parallel()
 	rapid.Check(t, func(rt *rapid.T) {
 		d := time.Duration(rapid.Int64Range(1, int64(3*time.Second)).Draw(rt, "ttl"))
 		for name, err := range map[string]error{
