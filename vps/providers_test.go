@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/better-compute/compute"
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/client"
@@ -73,13 +75,30 @@ func (e providerEnv) waitInstance(t *testing.T, id string, what string, ok func(
 	t.Helper()
 	var i vps.ProviderInstance
 	var err error
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		if i, err = client.Call(context.Background(), e.cl, vps.ProviderInstancesGet, vps.ProviderInstanceRef{Instance: id}); err == nil && ok(i) {
-			return i
+	done := false
+	defer func() { // what it was, when the wait failed
+		if !done {
+			t.Logf("instance %s: %+v, %v", id, i, err)
 		}
-	}
-	t.Fatalf("instance %s never became %s: %+v, %v", id, what, i, err)
+	}()
+	computetest.Eventually(t, 30*time.Second, "instance "+id+" becomes "+what, func() bool {
+		i, err = client.Call(context.Background(), e.cl, vps.ProviderInstancesGet, vps.ProviderInstanceRef{Instance: id})
+		return err == nil && ok(i)
+	})
+	done = true
 	return i
+}
+
+// job is the state River has the job of kind for instance in ("" while there is none), and
+// how many times it was worked.
+func (e providerEnv) job(t *testing.T, kind, instance string) (state string, attempts int) {
+	t.Helper()
+	err := e.env.DB.Pool.QueryRow(context.Background(), `SELECT state::text, attempt FROM compute.river_job WHERE kind = $1 AND args->>'instance' = $2
+		ORDER BY id DESC LIMIT 1`, kind, instance).Scan(&state, &attempts)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		t.Fatal(err)
+	}
+	return state, attempts
 }
 
 func (e providerEnv) events(t *testing.T, typ, subject string) []api.Event {
@@ -125,6 +144,7 @@ func apiErr(err error) *api.Error {
 // a server deleted at the provider makes its instance lost; a server with our mark and no
 // instance is reported once; the account goes only when no server of it may remain.
 func TestProviderInstancesLiveAtTheProvider(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	e := startProviders(t)
 	cl := e.cl
@@ -216,11 +236,7 @@ func TestProviderInstancesLiveAtTheProvider(t *testing.T) {
 		t.Fatalf("delete: %+v, %v", d, err)
 	}
 	e.waitInstance(t, web2.ID, "deleted", func(i vps.ProviderInstance) bool { return i.Status == vps.ProviderDeleted })
-	for deadline := time.Now().Add(10 * time.Second); len(e.hz.Servers()) != 1; time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("web-2's server is still at the provider: %+v", e.hz.Servers())
-		}
-	}
+	computetest.Eventually(t, 10*time.Second, "web-2's server leaves the provider", func() bool { return len(e.hz.Servers()) == 1 })
 
 	// A server deleted at the provider: its instance is lost, with an event saying so.
 	e.hz.Remove(s.ID)
@@ -228,19 +244,21 @@ func TestProviderInstancesLiveAtTheProvider(t *testing.T) {
 	if !strings.Contains(lost.StatusDetail, web1.ServerID) || !strings.Contains(lost.StatusDetail, "not deleted by this control plane") {
 		t.Errorf("the lost instance says %q", lost.StatusDetail)
 	}
-	waitFor(t, 30*time.Second, "the lost event", func() bool {
+	computetest.Eventually(t, 30*time.Second, "the lost event", func() bool {
 		return slices.ContainsFunc(e.events(t, vps.EventInstanceStatus, web1.ID), func(ev api.Event) bool { return ev.Data["status"] == vps.ProviderLost })
 	})
 
 	// A server with our mark that no instance has: reported once, however many rounds see it.
 	stray := e.hz.Add(hetznerfake.Server{Name: "bc-0191e8a4-1111-7000-8000-00000000beef", Type: "cx22",
 		Labels: map[string]string{hetzner.ManagedLabel: hetzner.ManagedValue}})
-	waitFor(t, 30*time.Second, "the stray server to be noticed", func() bool {
+	computetest.Eventually(t, 30*time.Second, "the stray server to be noticed", func() bool {
 		p, err := client.Call(ctx, cl, vps.ProviderAccountsList, vps.ListProviderAccounts{})
 		return err == nil && len(p.Items) == 1 && slices.Contains(p.Items[0].UnknownServers, strconv.FormatInt(stray, 10))
 	})
-	time.Sleep(800 * time.Millisecond) // several more rounds
-	waitFor(t, 30*time.Second, "the unknown-server event", func() bool { return len(e.events(t, vps.EventProviderServerUnknown, acct.ID)) > 0 })
+	// Several more rounds see it: each lists the account's servers.
+	rounds := countRequests(e.hz, "GET /v1/servers")
+	computetest.Eventually(t, 30*time.Second, "three more rounds of the reconciler", func() bool { return countRequests(e.hz, "GET /v1/servers") >= rounds+3 })
+	computetest.Eventually(t, 30*time.Second, "the unknown-server event", func() bool { return len(e.events(t, vps.EventProviderServerUnknown, acct.ID)) > 0 })
 	if evs := e.events(t, vps.EventProviderServerUnknown, acct.ID); len(evs) != 1 || evs[0].Data["server"] != strconv.FormatInt(stray, 10) {
 		t.Errorf("unknown-server events: %+v, want one for %d", evs, stray)
 	}
@@ -288,6 +306,7 @@ func TestProviderInstancesLiveAtTheProvider(t *testing.T) {
 // map gives Hetzner) puts the instance in error at once, saying why, and is not retried; a
 // server made while its instance was being deleted is deleted.
 func TestProviderJobsRetryAndGiveUpOnRefusals(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	e := startProviders(t)
 	if _, err := client.Call(ctx, e.cl, vps.ProviderAccountsCreate, vps.CreateProviderAccount{Name: "hz", Kind: hetzner.Name,
@@ -318,7 +337,14 @@ func TestProviderJobsRetryAndGiveUpOnRefusals(t *testing.T) {
 	if !strings.Contains(refused.StatusDetail, "server type") {
 		t.Errorf("the refused instance says %q", refused.StatusDetail)
 	}
-	time.Sleep(1500 * time.Millisecond) // a retry would have come by now
+	// Its job ends for good after its one attempt: River never runs it again.
+	computetest.Eventually(t, 30*time.Second, "the refused instance's create job ends", func() bool {
+		st, attempts := e.job(t, "vps.provider.create", refused.ID)
+		if attempts > 1 || st == "retryable" {
+			t.Fatalf("a refusal was retried: its job is %s after %d attempts", st, attempts)
+		}
+		return st == "cancelled" || st == "completed" || st == "discarded"
+	})
 	if n := countRequests(e.hz, "POST /v1/servers"); n != posts {
 		t.Errorf("a refusal was retried: %d creations asked, want %d", n, posts)
 	}
@@ -335,7 +361,7 @@ func TestProviderJobsRetryAndGiveUpOnRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.waitInstance(t, quick.ID, "deleted", func(i vps.ProviderInstance) bool { return i.Status == vps.ProviderDeleted })
-	waitFor(t, 30*time.Second, "no server of the quick instance", func() bool {
+	computetest.Eventually(t, 30*time.Second, "no server of the quick instance", func() bool {
 		return !slices.ContainsFunc(e.hz.Servers(), func(s hetznerfake.Server) bool { return s.Name == "bc-"+quick.ID })
 	})
 
@@ -343,7 +369,7 @@ func TestProviderJobsRetryAndGiveUpOnRefusals(t *testing.T) {
 	if _, err := client.Call(ctx, e.cl, vps.ProviderInstancesReinstall, vps.ReinstallProviderInstance{Instance: "retry", Image: "ubuntu-24.04"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "the rebuild", func() bool {
+	computetest.Eventually(t, 30*time.Second, "the rebuild", func() bool {
 		return slices.ContainsFunc(e.hz.Servers(), func(s hetznerfake.Server) bool { return s.Name == "bc-"+i.ID && s.Image == "ubuntu-24.04" })
 	})
 	if _, err := client.Call(ctx, e.cl, vps.ProviderInstancesReinstall, vps.ReinstallProviderInstance{Instance: refused.ID}); apiErr(err).Details["reason"] != "no_server" {
@@ -369,6 +395,7 @@ func countRequests(hz *hetznerfake.API, what string) int {
 // and deleting that instance leaves alone the VM that took its VMID since; deleting an instance
 // destroys its VM.
 func TestProviderInstancesAtProxmox(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	e := startProviders(t)
 	const pxToken = "root@pam!bc=6f1c0d2e-Secret"
@@ -436,6 +463,7 @@ func TestProviderInstancesAtProxmox(t *testing.T) {
 // TestProviderInputsNameTheirField: each bad input of the provider methods is refused with
 // invalid_argument naming the field, and no message repeats a token.
 func TestProviderInputsNameTheirField(t *testing.T) {
+	t.Parallel()
 	ok := vps.CreateProviderInstance{Name: "web", Provider: "hz", Flavor: "small", Image: "ubuntu-24.04"}
 	for _, c := range []struct {
 		in    interface{ Validate() error }
