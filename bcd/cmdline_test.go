@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/base64"
 	"encoding/json"
 	"os"
@@ -9,29 +8,15 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/better-compute/compute/api"
-	"github.com/better-compute/compute/computetest"
 )
 
 // TestJoinFromTheKernelCommandLine: a deployed system's first boot joins with what its deploy
 // put on its kernel command line (URL, credential, hostname; flags win), and writes its lease
 // holder's SSH keys; a malformed key list is refused before anything is joined.
 func TestJoinFromTheKernelCommandLine(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the bcd binary")
-	}
-	bin := buildBCD(t)
-	env := computetest.New(t, computetest.Options{})
-	ctx := context.Background()
-	url := env.Server(t)
-	if _, err := env.Compute.API.Pools.Create(ctx, env.RootKey, api.CreatePool{Name: "metal"}); err != nil {
-		t.Fatal(err)
-	}
-	tok, err := env.Compute.API.JoinTokens.Create(ctx, env.RootKey, api.CreateJoinToken{Pool: "metal"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	t.Parallel()
+	e := newE2E(t, e2eOptions{NoGateway: true})
+	bin, url, tok := e.Bin, e.URL, e.Token
 	dir := t.TempDir()
 	keys := []string{"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl alice"}
 	raw, _ := json.Marshal(keys)

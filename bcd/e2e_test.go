@@ -9,82 +9,18 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
 
-	"github.com/better-compute/compute"
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/bcd/internal/cdi"
 	"github.com/better-compute/compute/computetest"
-	"github.com/better-compute/compute/postgres/pgtest"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
-
-// buildBCD builds the real binary once per test.
-func buildBCD(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "bcd")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build bcd: %v\n%s", err, out)
-	}
-	return bin
-}
-
-type runningNode struct {
-	cmd  *exec.Cmd
-	done chan error
-}
-
-func startNode(t *testing.T, bin string, args ...string) *runningNode {
-	t.Helper()
-	cmd := exec.Command(bin, append([]string{"node"}, args...)...)
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	n := &runningNode{cmd: cmd, done: make(chan error, 1)}
-	go func() { n.done <- cmd.Wait() }()
-	t.Cleanup(func() { n.kill() })
-	return n
-}
-
-func (n *runningNode) kill() {
-	if n.cmd.ProcessState == nil {
-		_ = n.cmd.Process.Signal(syscall.SIGKILL)
-		<-n.done
-	}
-}
-
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(45 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 func TestBCDEndToEnd(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the bcd binary")
-	}
-	bin := buildBCD(t)
-	env := computetest.New(t, computetest.Options{Configure: func(o *compute.Options) { o.HeartbeatInterval = 300 * time.Millisecond }})
+	t.Parallel()
+	e := newE2E(t, e2eOptions{})
 	ctx := context.Background()
-	url := env.Server(t)
-	gw, _ := env.Gateway(t, "")
-	a := env.Compute.API
-	if _, err := a.Pools.Create(ctx, env.RootKey, api.CreatePool{Name: "h100"}); err != nil {
-		t.Fatal(err)
-	}
-	tok, err := a.JoinTokens.Create(ctx, env.RootKey, api.CreateJoinToken{Pool: "h100"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, bin, url := e.API, e.Bin, e.URL
 	state, cdiDir := t.TempDir(), t.TempDir()
 
 	// A bad token is refused with the server's reason, and leaves no identity.
@@ -92,43 +28,20 @@ func TestBCDEndToEnd(t *testing.T) {
 	if err == nil || !strings.Contains(string(out), "unknown join token") {
 		t.Fatalf("join with a bad token: %v\n%s", err, out)
 	}
-	out, err = exec.Command(bin, "join", "--state-dir", state, "--url", url, "--token", tok.Token, "--hostname", "gpu-e2e").CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "joined as gpu-e2e") {
-		t.Fatalf("join: %v\n%s", err, out)
-	}
-	nodeArgs := []string{"--state-dir", state, "--cdi-dir", cdiDir, "--gateway", gw, "--fake-gpus", "8", "--fake-command-delay", "5s", "--log-level", "warn"}
-	n := startNode(t, bin, nodeArgs...)
+	n := e.node(nodeOptions{Name: "gpu-e2e", State: state, CDIDir: cdiDir, Args: []string{"--fake-command-delay", "5s"}})
 
 	// The node appears with its GPUs.
-	var nodeID string
-	eventually(t, "the node online with 8 GPUs", func() bool {
-		list, err := a.Nodes.List(ctx, env.RootKey, api.ListNodes{Pool: "h100"})
-		if err != nil || len(list.Items) != 1 || list.Items[0].Status != api.NodeOnline {
-			return false
-		}
-		nodeID = list.Items[0].ID
-		devs, err := a.Devices.List(ctx, env.RootKey, api.ListDevices{Node: nodeID})
-		return err == nil && len(devs) == 8
-	})
-	var st struct {
-		NodeName  string `json:"nodeName"`
-		Connected bool   `json:"connected"`
-		Running   bool   `json:"running"`
-		GPUs      int    `json:"gpus"`
-	}
-	eventually(t, "bcd status --json to show the session", func() bool {
-		out, err := exec.Command(bin, "status", "--json", "--state-dir", state).Output()
-		return err == nil && json.Unmarshal(out, &st) == nil && st.Running && st.Connected && st.GPUs == 8
-	})
+	nodeID := e.online("gpu-e2e")
+	waitStatus(t, bin, state, "the session, running with 8 GPUs", func(st status) bool { return st.Running && st.Connected && st.GPUs == 8 })
 
 	// A reservation makes a CDI spec appear, with the cgroup hook (this bcd) for its vCPUs;
 	// its release removes it.
-	r, err := a.Reservations.Create(ctx, env.RootKey, api.CreateReservation{Pool: "h100", Shape: api.Shape{GPUs: 4, VCPUs: 8}})
+	r, err := a.Reservations.Create(ctx, e.RootKey, api.CreateReservation{Pool: e2ePool, Shape: api.Shape{GPUs: 4, VCPUs: 8}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	spec := filepath.Join(cdiDir, "better-compute-"+r.ID+".json")
-	eventually(t, "the CDI spec of the reservation", func() bool {
+	computetest.Eventually(t, e2eWait, "the CDI spec of the reservation", func() bool {
 		b, err := os.ReadFile(spec)
 		return err == nil && strings.Contains(string(b), r.Allocations[0].GPUs[0].UUID)
 	})
@@ -141,91 +54,104 @@ func TestBCDEndToEnd(t *testing.T) {
 		!slices.Contains(h[0].Args, r.Allocations[0].CPUSet) {
 		t.Fatalf("the spec's hooks %+v (cpuset %q)", h, r.Allocations[0].CPUSet)
 	}
-	if _, err := a.Reservations.Release(ctx, env.RootKey, api.ReleaseReservation{Reservation: r.ID}); err != nil {
+	if _, err := a.Reservations.Release(ctx, e.RootKey, api.ReleaseReservation{Reservation: r.ID}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the CDI spec removed", func() bool {
+	computetest.Eventually(t, e2eWait, "the CDI spec removed", func() bool {
 		holders, _ := cdi.Holders(cdiDir)
 		return len(holders) == 0
 	})
 
 	// A GPU switched to MIG and a 3g slice of it booked: the spec names the MIG device bcd
 	// made (fake hardware's MIG), not the GPU.
-	devs, err := a.Devices.List(ctx, env.RootKey, api.ListDevices{Node: nodeID})
+	devs, err := a.Devices.List(ctx, e.RootKey, api.ListDevices{Node: nodeID})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Devices.SetMode(ctx, env.RootKey, api.SetGPUMode{Device: devs[7].ID, Mode: api.GPUModeMIG}); err != nil {
+	if _, err := a.Devices.SetMode(ctx, e.RootKey, api.SetGPUMode{Device: devs[7].ID, Mode: api.GPUModeMIG}); err != nil {
 		t.Fatal(err)
 	}
-	r, err = a.Reservations.Create(ctx, env.RootKey, api.CreateReservation{Pool: "h100", Shape: api.Shape{Model: "h100", MIGProfile: "3g.40gb"}})
+	r, err = a.Reservations.Create(ctx, e.RootKey, api.CreateReservation{Pool: e2ePool, Shape: api.Shape{Model: "h100", MIGProfile: "3g.40gb"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	spec = filepath.Join(cdiDir, "better-compute-"+r.ID+".json")
-	eventually(t, "the CDI spec of the MIG slice", func() bool {
+	computetest.Eventually(t, e2eWait, "the CDI spec of the MIG slice", func() bool {
 		b, err := os.ReadFile(spec)
 		return err == nil && strings.Contains(string(b), "NVIDIA_VISIBLE_DEVICES=MIG-fake-7-") && !strings.Contains(string(b), "NVIDIA_VISIBLE_DEVICES="+devs[7].UUID)
 	})
-	if _, err := a.Reservations.Release(ctx, env.RootKey, api.ReleaseReservation{Reservation: r.ID}); err != nil {
+	if _, err := a.Reservations.Release(ctx, e.RootKey, api.ReleaseReservation{Reservation: r.ID}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the MIG slice's spec removed", func() bool {
+	computetest.Eventually(t, e2eWait, "the MIG slice's spec removed", func() bool {
 		holders, _ := cdi.Holders(cdiDir)
 		return len(holders) == 0
 	})
 
 	// A command round trip.
-	cmd, err := a.Commands.Create(ctx, env.RootKey, api.CreateCommand{NodeRef: api.NodeRef{Node: nodeID}, Kind: api.CommandHealthCheck})
+	cmd, err := a.Commands.Create(ctx, e.RootKey, api.CreateCommand{NodeRef: api.NodeRef{Node: nodeID}, Kind: api.CommandHealthCheck})
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the health check's result", func() bool {
-		c, err := a.Commands.Get(ctx, env.RootKey, api.GetCommand{Command: cmd.ID})
+	computetest.Eventually(t, e2eWait, "the health check's result", func() bool {
+		c, err := a.Commands.Get(ctx, e.RootKey, api.GetCommand{Command: cmd.ID})
 		return err == nil && c.State == api.CommandSucceeded
 	})
 
-	// kill -9 while a command runs (it takes 5s: room for a loaded machine to see it dispatched
-	// and kill it), then restart: the result arrives once.
-	slow, err := a.Commands.Create(ctx, env.RootKey, api.CreateCommand{NodeRef: api.NodeRef{Node: nodeID}, Kind: api.CommandDiagRun})
+	// kill -9 while a command runs (it takes 5s on the fake hardware), then restart: the result
+	// arrives once. The node has the command once it has applied a desired state the gateway sent
+	// after it: one stream, sent and read in order. A reservation's CDI spec is that desired state.
+	slow, err := a.Commands.Create(ctx, e.RootKey, api.CreateCommand{NodeRef: api.NodeRef{Node: nodeID}, Kind: api.CommandDiagRun})
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the slow command dispatched", func() bool {
-		c, _ := a.Commands.Get(ctx, env.RootKey, api.GetCommand{Command: slow.ID})
+	computetest.Eventually(t, e2eWait, "the slow command dispatched", func() bool {
+		c, _ := a.Commands.Get(ctx, e.RootKey, api.GetCommand{Command: slow.ID})
 		return c.State == api.CommandDispatched
 	})
-	time.Sleep(300 * time.Millisecond)
+	after, err := a.Reservations.Create(ctx, e.RootKey, api.CreateReservation{Pool: e2ePool, Shape: api.Shape{GPUs: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	computetest.Eventually(t, e2eWait, "the CDI spec of a reservation made after the dispatch", func() bool {
+		_, err := os.Stat(filepath.Join(cdiDir, cdi.SpecName(after.ID)))
+		return err == nil
+	})
 	n.kill()
-	if c, _ := a.Commands.Get(ctx, env.RootKey, api.GetCommand{Command: slow.ID}); c.FinishedAt != nil {
+	if c, _ := a.Commands.Get(ctx, e.RootKey, api.GetCommand{Command: slow.ID}); c.FinishedAt != nil {
 		t.Fatalf("the command finished before the kill: %+v", c)
 	}
-	startNode(t, bin, nodeArgs...)
+	n.restart()
 	var done api.Command
-	eventually(t, "the interrupted command's result after the restart", func() bool {
-		done, _ = a.Commands.Get(ctx, env.RootKey, api.GetCommand{Command: slow.ID})
+	computetest.Eventually(t, e2eWait, "the interrupted command's result after the restart", func() bool {
+		done, _ = a.Commands.Get(ctx, e.RootKey, api.GetCommand{Command: slow.ID})
 		return done.FinishedAt != nil
 	})
 	if done.State != api.CommandSucceeded {
 		t.Fatalf("after the restart the command is %+v", done)
 	}
+	if !e.Log.Contains("running again a command a restart interrupted") {
+		t.Fatal("the restarted node did not say it ran the interrupted command again")
+	}
 	finished := *done.FinishedAt
-	// Acknowledged, the result leaves the journal, and it is never recorded again.
-	eventually(t, "no pending results", func() bool {
-		out, err := exec.Command(bin, "status", "--json", "--state-dir", state).Output()
-		var s struct {
-			PendingResults int `json:"pendingResults"`
-		}
-		return err == nil && json.Unmarshal(out, &s) == nil && s.PendingResults == 0
+	// Acknowledged, the result leaves the journal, and it is never recorded again: a command
+	// sent after it (one the fake hardware does not slow) comes back, and the first is as it was.
+	waitStatus(t, bin, state, "no pending results", func(st status) bool { return st.Running && st.PendingResults == 0 })
+	check, err := a.Commands.Create(ctx, e.RootKey, api.CreateCommand{NodeRef: api.NodeRef{Node: nodeID}, Kind: api.CommandInventoryRefresh})
+	if err != nil {
+		t.Fatal(err)
+	}
+	computetest.Eventually(t, e2eWait, "an inventory refresh's result after the acknowledgement", func() bool {
+		c, err := a.Commands.Get(ctx, e.RootKey, api.GetCommand{Command: check.ID})
+		return err == nil && c.FinishedAt != nil
 	})
-	time.Sleep(time.Second)
-	again, _ := a.Commands.Get(ctx, env.RootKey, api.GetCommand{Command: slow.ID})
+	again, _ := a.Commands.Get(ctx, e.RootKey, api.GetCommand{Command: slow.ID})
 	if !again.FinishedAt.Equal(finished) {
 		t.Fatal("the result was recorded twice")
 	}
 
 	// doctor, against the running node (fake hardware: NVML is not checked).
-	out, err = exec.Command(bin, "doctor", "--state-dir", state, "--cdi-dir", cdiDir, "--gateway", gw, "--json", "--config", writeFakeConfig(t)).Output()
+	out, err = exec.Command(bin, "doctor", "--state-dir", state, "--cdi-dir", cdiDir, "--gateway", e.Gateway, "--json", "--config", writeFakeConfig(t)).Output()
 	var report struct {
 		Version int
 		OK      bool
@@ -245,19 +171,9 @@ func TestBCDEndToEnd(t *testing.T) {
 	}
 }
 
-func writeFakeConfig(t *testing.T) string {
-	p := filepath.Join(t.TempDir(), "config.json")
-	if err := os.WriteFile(p, []byte(`{"fake": {"gpus": 8}}`), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
 func TestBCDRefusesBadSetups(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the bcd binary")
-	}
-	bin := buildBCD(t)
+	t.Parallel()
+	bin := bcdBinary(t)
 	state := t.TempDir()
 	// Not joined: node and status say so.
 	out, err := exec.Command(bin, "node", "--state-dir", state, "--fake-gpus", "1").CombinedOutput()

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/json"
 	"io"
 	"net"
 	"os"
@@ -12,28 +11,18 @@ import (
 	"runtime"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
-	"github.com/better-compute/compute"
+	"golang.org/x/sys/unix"
+
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/bcd/internal/selfupdate"
 	"github.com/better-compute/compute/computetest"
 	"github.com/better-compute/compute/internal/core/releases/releasetest"
 	"github.com/better-compute/compute/internal/lib/tufrepo"
 )
-
-// buildVersion builds the real bcd reporting version.
-func buildVersion(t *testing.T, dir, version string) string {
-	t.Helper()
-	bin := filepath.Join(dir, "bcd-"+version)
-	out, err := exec.Command("go", "build", "-ldflags", "-X github.com/better-compute/compute/bcd/app.version="+version, "-o", bin, ".").CombinedOutput()
-	if err != nil {
-		t.Fatalf("build bcd %s: %v\n%s", version, err, out)
-	}
-	return bin
-}
 
 // cutProxy is a TCP proxy in front of the gateway that a test can cut: every connection closed
 // and new ones refused, as a network that drops a node would.
@@ -90,27 +79,18 @@ func (p *cutProxy) setCut(cut bool) {
 	}
 }
 
-// supervised is a node run by bcd supervise, in a process group of its own so that the test
-// ends the supervisor and whatever binary it runs together.
+// supervised is a node run by bcd supervise: the supervisor and whatever binary it runs are
+// one process group, which the harness kills when the test ends.
 type supervised struct {
 	name, state string
-	cmd         *exec.Cmd
+	*proc
 }
 
-func startSupervised(t *testing.T, bin, name, state, gateway string) *supervised {
-	t.Helper()
-	cmd := exec.Command(bin, "supervise", "--state-dir", state, "--log-level", "warn", "--",
-		"node", "--cdi-dir", t.TempDir(), "--gateway", gateway, "--fake-gpus", "1", "--update-deadline", "15s", "--log-level", "warn")
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		_ = cmd.Wait()
-	})
-	return &supervised{name: name, state: state, cmd: cmd}
+func (e *e2e) supervise(bin, name, state, gateway string) *supervised {
+	e.t.Helper()
+	cmd := exec.Command(bin, "supervise", "--state-dir", state, "--log-level", "info", "--",
+		"node", "--cdi-dir", e.t.TempDir(), "--gateway", gateway, "--fake-gpus", "1", "--update-deadline", "15s", "--log-level", "info")
+	return &supervised{name: name, state: state, proc: e.start("bcd supervise "+name, cmd)}
 }
 
 func (n *supervised) slots() selfupdate.Slots {
@@ -133,13 +113,19 @@ func sum(t *testing.T, path string) [32]byte {
 // second node untouched, and is rolled back; then a build that exits at once, which the
 // supervisor rolls back, and the rollout with it.
 func TestSelfUpdateAndRollouts(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs several bcd binaries")
+	t.Parallel()
+	versions := []string{"v1.0.0", "v2.0.0", "v3.0.0"}
+	for _, v := range versions {
+		prebuild("bcd-"+v, ".", "-ldflags", "-X github.com/better-compute/compute/bcd/app.version="+v) // side by side
 	}
+	e := newE2E(t, e2eOptions{TokenUses: 2})
+	ctx := context.Background()
+	url, a, env := e.URL, e.API, e.Env
+	proxy := newCutProxy(t, e.Gateway)
 	dir := t.TempDir()
 	bins := map[string]string{}
-	for _, v := range []string{"v1.0.0", "v2.0.0", "v3.0.0"} {
-		bins[v] = buildVersion(t, dir, v)
+	for _, v := range versions {
+		bins[v] = bcdVersion(t, v)
 	}
 	exits := filepath.Join(dir, "bcd-exits")
 	if err := os.WriteFile(exits, []byte("#!/bin/sh\necho 'bcd v4: broken' >&2\nexit 1\n"), 0o755); err != nil {
@@ -147,12 +133,6 @@ func TestSelfUpdateAndRollouts(t *testing.T) {
 	}
 	bins["v4.0.0-exits"] = exits
 
-	env := computetest.New(t, computetest.Options{Configure: func(o *compute.Options) { o.HeartbeatInterval = 300 * time.Millisecond }})
-	ctx := context.Background()
-	url := env.Server(t)
-	gw, _ := env.Gateway(t, "")
-	proxy := newCutProxy(t, gw)
-	a := env.Compute.API
 	repo := releasetest.Init(t, env, url)
 	builds := map[tufrepo.Build][]byte{}
 	for v, path := range bins {
@@ -165,25 +145,19 @@ func TestSelfUpdateAndRollouts(t *testing.T) {
 	if p := repo.Publish(t, builds); len(p.Added) != 4 {
 		t.Fatalf("published %+v", p)
 	}
-	if _, err := a.Pools.Create(ctx, env.RootKey, api.CreatePool{Name: "gpu"}); err != nil {
-		t.Fatal(err)
-	}
-	tok, err := a.JoinTokens.Create(ctx, env.RootKey, api.CreateJoinToken{Pool: "gpu", MaxUses: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
+	tok := e.Token
 	var nodes []*supervised
 	for _, name := range []string{"n0", "n1"} {
 		state := t.TempDir()
 		if out, err := exec.Command(bins["v1.0.0"], "join", "--state-dir", state, "--url", url, "--token", tok.Token, "--hostname", name, "--ca-hash", tok.CAHash).CombinedOutput(); err != nil {
 			t.Fatalf("join %s: %v\n%s", name, err, out)
 		}
-		nodes = append(nodes, startSupervised(t, bins["v1.0.0"], name, state, proxy.addr))
+		nodes = append(nodes, e.supervise(bins["v1.0.0"], name, state, proxy.addr))
 	}
 	version := func(name string) (string, bool) {
 		var v string
 		var online bool
-		_ = env.DB.Pool.QueryRow(ctx, `SELECT coalesce(s.agent_version, ''), n.status = 'online' FROM compute.nodes n
+		_ = e.DB.Pool.QueryRow(ctx, `SELECT coalesce(s.agent_version, ''), n.status = 'online' FROM compute.nodes n
 			LEFT JOIN compute.node_sessions s ON s.node_id = n.id WHERE n.name = $1`, name).Scan(&v, &online)
 		return v, online
 	}
@@ -191,10 +165,10 @@ func TestSelfUpdateAndRollouts(t *testing.T) {
 		return func() bool { v, online := version(name); return online && v == want }
 	}
 	for _, n := range nodes {
-		eventuallyWithin(t, n.name+" online on v1.0.0", 30*time.Second, on(n.name, "v1.0.0"))
+		computetest.Eventually(t, e2eWait, n.name+" online on v1.0.0", on(n.name, "v1.0.0"))
 	}
 	get := func(id string) api.Rollout {
-		r, err := a.Rollouts.Get(ctx, env.RootKey, api.RolloutRef{Rollout: id})
+		r, err := a.Rollouts.Get(ctx, e.RootKey, api.RolloutRef{Rollout: id})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -202,12 +176,12 @@ func TestSelfUpdateAndRollouts(t *testing.T) {
 	}
 	waitRollout := func(id, state string, within time.Duration) api.Rollout {
 		var r api.Rollout
-		eventuallyWithin(t, "rollout "+state, within, func() bool { r = get(id); return r.State == state })
+		computetest.Eventually(t, within, "rollout "+state, func() bool { r = get(id); return r.State == state })
 		return r
 	}
 
 	// v2, one node at a time: two waves, each node re-exec'd into its other slot.
-	r, err := a.Rollouts.Create(ctx, env.RootKey, api.CreateRollout{Pool: "gpu", Release: "v2.0.0", MaxUnavailable: 1, WaveDeadline: "2m"})
+	r, err := a.Rollouts.Create(ctx, e.RootKey, api.CreateRollout{Pool: e2ePool, Release: "v2.0.0", MaxUnavailable: 1, WaveDeadline: "2m"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,18 +197,8 @@ func TestSelfUpdateAndRollouts(t *testing.T) {
 		if cur, _, _ := s.Current(); cur != selfupdate.SlotB || sum(t, s.Path(selfupdate.SlotB)) != sha256.Sum256(builds[tufrepo.Build{Version: "v2.0.0", OS: runtime.GOOS, Arch: runtime.GOARCH}]) {
 			t.Fatalf("%s: current slot %s does not hold v2", n.name, cur)
 		}
-		eventuallyWithin(t, n.name+"'s trial ended", 10*time.Second, func() bool { tr, _ := s.Trial(); return tr == nil })
-		if pid := n.cmd.Process.Pid; pid <= 0 {
-			t.Fatal("no supervisor")
-		}
-		var st struct {
-			Version string `json:"version"`
-			Running bool   `json:"running"`
-		}
-		eventuallyWithin(t, n.name+"'s status", 10*time.Second, func() bool {
-			out, err := exec.Command(s.CurrentPath(), "status", "--json", "--state-dir", n.state).Output()
-			return err == nil && json.Unmarshal(out, &st) == nil && st.Running && st.Version == "v2.0.0"
-		})
+		computetest.Eventually(t, e2eWait, n.name+"'s trial ended", func() bool { tr, _ := s.Trial(); return tr == nil })
+		waitStatus(t, s.CurrentPath(), n.state, n.name+"'s status, running v2.0.0", func(st status) bool { return st.Running && st.Version == "v2.0.0" })
 	}
 
 	// v3 cannot reach its gateway: the network is cut once its build is in n0's other slot,
@@ -242,30 +206,22 @@ func TestSelfUpdateAndRollouts(t *testing.T) {
 	n0 := nodes[0]
 	v3sum := sha256.Sum256(builds[tufrepo.Build{Version: "v3.0.0", OS: runtime.GOOS, Arch: runtime.GOARCH}])
 	// The cut must come between the install and the new binary's first connection: the install
-	// is a rename, so the slot's file changes at once, and a stat every millisecond or two sees it
-	// (hashing the binary each time, as this did, could see it after v3 had connected).
-	inode := func() uint64 {
-		fi, err := os.Stat(n0.slots().Path(selfupdate.SlotA))
-		if err != nil {
-			return 0
-		}
-		return fi.Sys().(*syscall.Stat_t).Ino
-	}
-	before := inode()
-	r, err = a.Rollouts.Create(ctx, env.RootKey, api.CreateRollout{Pool: "gpu", Release: "v3.0.0", WaveDeadline: "45s"})
+	// renames the verified build into the slot, which inotify tells at once.
+	installed := renamedInto(t, n0.slots().Path(selfupdate.SlotA))
+	r, err = a.Rollouts.Create(ctx, e.RootKey, api.CreateRollout{Pool: e2ePool, Release: "v3.0.0", WaveDeadline: "45s"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(time.Minute); inode() == before; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("timed out waiting for v3 in n0's slot a")
-		}
+	select {
+	case <-installed:
+	case <-time.After(e2eWait):
+		t.Fatal("v3 was not installed in n0's slot a")
 	}
 	proxy.setCut(true)
 	if sum(t, n0.slots().Path(selfupdate.SlotA)) != v3sum {
 		t.Fatal("n0's slot a changed, but not to v3")
 	}
-	eventuallyWithin(t, "n0 rolling v3 back", 45*time.Second, func() bool {
+	computetest.Eventually(t, e2eWait, "n0 rolling v3 back", func() bool {
 		rb, _ := n0.slots().LastRollback()
 		return rb != nil && rb.Version == "v3.0.0"
 	})
@@ -274,7 +230,7 @@ func TestSelfUpdateAndRollouts(t *testing.T) {
 		t.Fatalf("n0's rollback: %+v", rb)
 	}
 	proxy.setCut(false)
-	eventuallyWithin(t, "n0 back on v2.0.0", 30*time.Second, on("n0", "v2.0.0"))
+	computetest.Eventually(t, e2eWait, "n0 back on v2.0.0", on("n0", "v2.0.0"))
 	r = waitRollout(r.ID, api.RolloutPaused, time.Minute)
 	if !strings.Contains(r.Error, "wave 1 failed: n0 did not come back online on v3.0.0") || r.Nodes[1].Name != "n1" || r.Nodes[1].State != api.RolloutNodePending {
 		t.Fatalf("the v3 rollout: %+v", r)
@@ -283,46 +239,42 @@ func TestSelfUpdateAndRollouts(t *testing.T) {
 		t.Fatalf("n1, never in a wave, reports %s", v)
 	}
 	// Still told v3 (the rollout is paused, not rolled back), the node does not try it again, and
-	// says why.
-	var st struct {
-		Update struct {
-			Refused string `json:"refused"`
-		} `json:"update"`
-	}
-	eventuallyWithin(t, "n0's status naming the release it rolled back", 10*time.Second, func() bool {
-		out, err := exec.Command(n0.slots().CurrentPath(), "status", "--json", "--state-dir", n0.state).Output()
-		return err == nil && json.Unmarshal(out, &st) == nil && strings.Contains(st.Update.Refused, "v3.0.0 was installed and rolled back")
+	// says why; nor while the rollout is rolled back, below.
+	waitStatus(t, n0.slots().CurrentPath(), n0.state, "n0's status naming the release it rolled back", func(st status) bool {
+		return st.Update != nil && strings.Contains(st.Update.Refused, "v3.0.0 was installed and rolled back")
 	})
-	time.Sleep(3 * time.Second)
 	if tr, _ := n0.slots().Trial(); tr != nil {
 		t.Fatalf("n0 tried v3 again: %+v", tr)
 	}
 	if cur, _, _ := n0.slots().Current(); cur != selfupdate.SlotB {
 		t.Fatalf("n0 runs slot %s after the rollback", cur)
 	}
-	r, err = a.Rollouts.Rollback(ctx, env.RootKey, api.RolloutRef{Rollout: r.ID})
+	r, err = a.Rollouts.Rollback(ctx, e.RootKey, api.RolloutRef{Rollout: r.ID})
 	if err != nil {
 		t.Fatal(err)
 	}
 	r = waitRollout(r.ID, api.RolloutRolledBack, time.Minute)
+	if again, _ := n0.slots().LastRollback(); again == nil || !again.At.Equal(rb.At) {
+		t.Fatalf("n0 tried v3 again: its last rollback is %+v", again)
+	}
 	if r.Nodes[0].State != api.RolloutNodeReverted || r.Nodes[0].PreviousVersion != "v2.0.0" || r.Nodes[1].State != api.RolloutNodeSkipped {
 		t.Fatalf("rolled back: %+v", r.Nodes)
 	}
 
 	// A build that exits at once: the supervisor rolls it back, the wave fails, and the rollout
 	// rolls itself back.
-	r, err = a.Rollouts.Create(ctx, env.RootKey, api.CreateRollout{Pool: "gpu", Release: "v4.0.0-exits", WaveDeadline: "20s", OnFailure: api.OnFailureRollback})
+	r, err = a.Rollouts.Create(ctx, e.RootKey, api.CreateRollout{Pool: e2ePool, Release: "v4.0.0-exits", WaveDeadline: "20s", OnFailure: api.OnFailureRollback})
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventuallyWithin(t, "n0 rolling v4 back", time.Minute, func() bool {
+	computetest.Eventually(t, e2eWait, "n0 rolling v4 back", func() bool {
 		rb, _ := n0.slots().LastRollback()
 		return rb != nil && rb.Version == "v4.0.0-exits"
 	})
 	if rb, _ := n0.slots().LastRollback(); !strings.Contains(rb.Reason, "exited during its trial") {
 		t.Fatalf("n0's rollback: %+v", rb)
 	}
-	eventuallyWithin(t, "n0 back on v2.0.0", 30*time.Second, on("n0", "v2.0.0"))
+	computetest.Eventually(t, e2eWait, "n0 back on v2.0.0", on("n0", "v2.0.0"))
 	r = waitRollout(r.ID, api.RolloutRolledBack, time.Minute)
 	if !strings.Contains(r.Error, "wave 1 failed") {
 		t.Fatalf("the v4 rollout: %+v", r)
@@ -334,13 +286,37 @@ func TestSelfUpdateAndRollouts(t *testing.T) {
 	}
 }
 
-func eventuallyWithin(t *testing.T, what string, within time.Duration, cond func() bool) {
+// renamedInto returns a channel closed once a file is renamed to path (as an install puts a
+// verified build in place).
+func renamedInto(t *testing.T, path string) <-chan struct{} {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
+		t.Fatal(err)
 	}
+	f := os.NewFile(uintptr(fd), "inotify") // read through the runtime's poller: Close ends a Read
+	t.Cleanup(func() { f.Close() })
+	if _, err := unix.InotifyAddWatch(fd, filepath.Dir(path), unix.IN_MOVED_TO); err != nil {
+		t.Fatal(err)
+	}
+	renamed := make(chan struct{})
+	go func() {
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := f.Read(buf)
+			if err != nil {
+				return
+			}
+			for b := buf[:n]; len(b) >= unix.SizeofInotifyEvent; {
+				ev := (*unix.InotifyEvent)(unsafe.Pointer(&b[0]))
+				name := strings.TrimRight(string(b[unix.SizeofInotifyEvent:unix.SizeofInotifyEvent+ev.Len]), "\x00")
+				if name == filepath.Base(path) {
+					close(renamed)
+					return
+				}
+				b = b[unix.SizeofInotifyEvent+ev.Len:]
+			}
+		}
+	}()
+	return renamed
 }

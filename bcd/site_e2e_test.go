@@ -18,7 +18,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -159,23 +158,17 @@ func freePort(t *testing.T) int {
 // deployed system joining its pool. The machine boots unknown and asks to join; it is approved,
 // deployed (wiped, streamed, verified, booted), joins as a node, and is released (wiped, off).
 func TestASiteAgentCommissionsAndDeploysAMachine(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the bcd binary")
-	}
+	t.Parallel()
 	bmc, chassis := ipmisim.Start(t)
-	bin := buildBCD(t)
 	ctx := context.Background()
 	ln := computetest.Listener(t)
-	url := "http://" + ln.Addr().String()
-	m, err := metal.New(metal.Options{JoinURL: url})
+	m, err := metal.New(metal.Options{JoinURL: "http://" + ln.Addr().String()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	env := computetest.New(t, computetest.Options{Modules: []compute.Module{m},
-		Configure: func(o *compute.Options) { o.HeartbeatInterval = 300 * time.Millisecond }})
-	env.Serve(t, ln)
-	gw, _ := env.Gateway(t, "")
-	c, key := env.Compute, env.RootKey
+	e := newE2E(t, e2eOptions{Modules: []compute.Module{m}, Listener: ln})
+	bin, url, gw := e.Bin, e.URL, e.Gateway
+	c, key := e.Compute, e.RootKey
 	for _, call := range []func() error{
 		func() error { _, err := c.API.Sites.Create(ctx, key, api.CreateSite{Name: "fra1"}); return err },
 		func() error {
@@ -236,16 +229,12 @@ func TestASiteAgentCommissionsAndDeploysAMachine(t *testing.T) {
 	siteURL := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
 	site := exec.Command(bin, "site", "--state-dir", state, "--gateway", gw, "--address", "127.0.0.1", "--http", strings.TrimPrefix(siteURL, "http://"),
 		"--dhcp", "off", "--tftp", "off", "--kernel", filepath.Join(dir, "vmlinuz"), "--initrd", filepath.Join(dir, "initrd"),
-		"--cache-dir", filepath.Join(dir, "cache"), "--fetch-allow", "127.0.0.0/8", "--log-level", "warn")
-	site.Stdout, site.Stderr = os.Stderr, os.Stderr
-	if err := site.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = site.Process.Signal(syscall.SIGTERM); _ = site.Wait() })
-	eventually(t, "the site agent online, with its plan", func() bool {
+		"--cache-dir", filepath.Join(dir, "cache"), "--fetch-allow", "127.0.0.0/8", "--log-level", "info")
+	e.start("bcd site", site)
+	computetest.Eventually(t, e2eWait, "the site agent online, with its plan", func() bool {
 		var applied bool
 		var why string
-		err := env.DB.Pool.QueryRow(ctx, `SELECT d.applied_generation = d.generation, d.applied_error FROM compute.node_desired d
+		err := e.DB.Pool.QueryRow(ctx, `SELECT d.applied_generation = d.generation, d.applied_error FROM compute.node_desired d
 			JOIN compute.nodes n ON n.id = d.node_id WHERE n.role = 'site' AND n.status = 'online'`).Scan(&applied, &why)
 		if why != "" {
 			t.Fatalf("the site agent refused its plan: %s", why)
@@ -258,7 +247,7 @@ func TestASiteAgentCommissionsAndDeploysAMachine(t *testing.T) {
 	root, disk := machineTree(t, mac, 8<<20)
 	rd := runRamdisk(t, siteURL, mac, root, chassis)
 	var req metal.JoinRequest
-	eventually(t, "a join request from the machine's ramdisk", func() bool {
+	computetest.Eventually(t, e2eWait, "a join request from the machine's ramdisk", func() bool {
 		l, err := compute.Invoke(ctx, c, key, metal.JoinRequestsList, metal.ListJoinRequests{State: "pending"})
 		if err != nil || len(l.Items) != 1 {
 			return false
@@ -280,7 +269,7 @@ func TestASiteAgentCommissionsAndDeploysAMachine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the ramdisk to kexec the deployed system", func() bool {
+	computetest.Eventually(t, e2eWait, "the ramdisk to kexec the deployed system", func() bool {
 		run, err := c.API.Workflows.Get(ctx, key, api.GetWorkflow{Run: dr.Run})
 		if err != nil || run.State == api.WorkflowFailed {
 			t.Fatalf("the deploy: %+v, %v", run, err)
@@ -312,7 +301,7 @@ func TestASiteAgentCommissionsAndDeploysAMachine(t *testing.T) {
 		!strings.Contains(string(out), "joined as rack1-u01") {
 		t.Fatalf("the deployed system's join: %v\n%s", err, out)
 	}
-	eventually(t, "the deploy to succeed", func() bool {
+	computetest.Eventually(t, e2eWait, "the deploy to succeed", func() bool {
 		run, err := c.API.Workflows.Get(ctx, key, api.GetWorkflow{Run: dr.Run})
 		if err != nil || run.State == api.WorkflowFailed {
 			t.Fatalf("the deploy: %+v, %v", run, err)
@@ -332,11 +321,11 @@ func TestASiteAgentCommissionsAndDeploysAMachine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the site agent to boot the machine into its ramdisk again", func() bool {
+	computetest.Eventually(t, e2eWait, "the site agent to boot the machine into its ramdisk again", func() bool {
 		return len(ipmisim.Log(t, chassis)) == 6
 	})
 	rd = runRamdisk(t, siteURL, mac, root, chassis)
-	eventually(t, "the release to succeed", func() bool {
+	computetest.Eventually(t, e2eWait, "the release to succeed", func() bool {
 		run, err := c.API.Workflows.Get(ctx, key, api.GetWorkflow{Run: rr.Run})
 		if err != nil || run.State == api.WorkflowFailed {
 			t.Fatalf("the release: %+v, %v", run, err)

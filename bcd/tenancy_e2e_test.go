@@ -23,7 +23,6 @@ import (
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/sys/unix"
 
-	"github.com/better-compute/compute"
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/client"
 	"github.com/better-compute/compute/computetest"
@@ -38,9 +37,7 @@ import (
 // console named by hand and a partial holder's break-glass are refused; an ended
 // reservation's user, processes and home go.
 func TestTenantsSharingANodeAreConfined(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the bcd binary and sshd")
-	}
+	t.Parallel()
 	if os.Geteuid() != 0 {
 		t.Skip("not root: bcd makes a user per reservation, and the test makes device nodes and a mount namespace")
 	}
@@ -56,22 +53,12 @@ func TestTenantsSharingANodeAreConfined(t *testing.T) {
 	if err := exec.Command("unshare", "--mount", "--propagation", "private", "true").Run(); err != nil {
 		t.Skipf("cannot make a mount namespace here: %v", err)
 	}
-	bin := buildBCD(t)
-	env := computetest.New(t, computetest.Options{Configure: func(o *compute.Options) { o.HeartbeatInterval = 300 * time.Millisecond }})
+	e := newE2E(t, e2eOptions{})
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	url := env.Server(t)
-	gw, _ := env.Gateway(t, "")
-	a, rootKey := env.Compute.API, env.RootKey
-	if _, err := a.Pools.Create(ctx, rootKey, api.CreatePool{Name: "h100"}); err != nil {
-		t.Fatal(err)
-	}
-	tok, err := a.JoinTokens.Create(ctx, rootKey, api.CreateJoinToken{Pool: "h100"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tenantA, keyA := env.Tenant(t, "tenant-a")
-	_, keyB := env.Tenant(t, "tenant-b")
+	url, a, rootKey, db := e.URL, e.API, e.RootKey, e.DB.Pool
+	tenantA, keyA := e.Tenant(t, "tenant-a")
+	_, keyB := e.Tenant(t, "tenant-b")
 
 	// A directory the holders' users may walk through (t.TempDir is root's alone): their
 	// homes, and the GPUs' device nodes (character devices as /dev/null is, which open).
@@ -125,42 +112,25 @@ func TestTenantsSharingANodeAreConfined(t *testing.T) {
 		}
 	}()
 
-	// sshd reads a user's principals file as that user: its directory is under base.
-	state, sshdDir, cdiDir := filepath.Join(dir, "state"), filepath.Join(base, "sshd"), filepath.Join(dir, "cdi")
-	if out, err := exec.Command(bin, "join", "--state-dir", state, "--url", url, "--token", tok.Token, "--hostname", "shared-node").CombinedOutput(); err != nil {
-		t.Fatalf("join: %v\n%s", err, out)
-	}
-	// bcd in a mount namespace of its own, with a /proc of its own that it remounts hidepid=2.
-	node := exec.Command("unshare", "--mount", "--propagation", "private", "--", "sh", "-c", `mount -t proc proc /proc && exec "$@"`, "sh",
-		bin, "node", "--state-dir", state, "--cdi-dir", cdiDir, "--gateway", gw, "--fake-gpus", "8", "--exec", "--console", "=unix:"+sock,
-		"--sshd-dir", sshdDir, "--home", home, "--dev-root", devRoot, "--log-level", "warn")
-	node.Stdout, node.Stderr = os.Stderr, os.Stderr
-	if err := node.Start(); err != nil {
-		t.Fatal(err)
-	}
-	nodeDone := make(chan struct{})
-	go func() { _ = node.Wait(); close(nodeDone) }()
-	t.Cleanup(func() { _ = node.Process.Kill(); <-nodeDone })
-	eventually(t, "bcd's sshd_config", func() bool {
+	// sshd reads a user's principals file as that user: its directory is under base. bcd runs
+	// in a mount namespace of its own, with a /proc of its own that it remounts hidepid=2.
+	sshdDir := filepath.Join(base, "sshd")
+	node := e.node(nodeOptions{Name: "shared-node",
+		Under: []string{"unshare", "--mount", "--propagation", "private", "--", "sh", "-c", `mount -t proc proc /proc && exec "$@"`, "sh"},
+		Args:  []string{"--exec", "--console", "=unix:" + sock, "--sshd-dir", sshdDir, "--home", home, "--dev-root", devRoot}})
+	computetest.Eventually(t, e2eWait, "bcd's sshd_config", func() bool {
 		_, err := os.Stat(filepath.Join(sshdDir, "sshd_config"))
 		return err == nil
 	})
-	addr := startSSHD(t, sshdBin, dir, sshdDir, node.Process.Pid)
-	eventually(t, "the node online with 8 GPUs", func() bool {
-		list, err := a.Nodes.List(ctx, rootKey, api.ListNodes{Pool: "h100"})
-		if err != nil || len(list.Items) != 1 || list.Items[0].Status != api.NodeOnline {
-			return false
-		}
-		devs, err := a.Devices.List(ctx, rootKey, api.ListDevices{Node: list.Items[0].ID})
-		return err == nil && len(devs) == 8
-	})
+	addr := e.sshd(sshdBin, dir, sshdDir, node.Process.Pid)
+	e.online("shared-node")
 
 	// Two tenants, two GPUs each, on the one node.
-	resA, err := a.Reservations.Create(ctx, keyA, api.CreateReservation{Pool: "h100", Shape: api.Shape{GPUs: 2}})
+	resA, err := a.Reservations.Create(ctx, keyA, api.CreateReservation{Pool: e2ePool, Shape: api.Shape{GPUs: 2}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	resB, err := a.Reservations.Create(ctx, keyB, api.CreateReservation{Pool: "h100", Shape: api.Shape{GPUs: 2}})
+	resB, err := a.Reservations.Create(ctx, keyB, api.CreateReservation{Pool: e2ePool, Shape: api.Shape{GPUs: 2}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,7 +171,7 @@ func TestTenantsSharingANodeAreConfined(t *testing.T) {
 		res  api.Reservation
 		user string
 	}{{clA, resA, userA}, {clB, resB, userB}} {
-		eventually(t, "the holder's own user on the node", func() bool {
+		computetest.Eventually(t, e2eWait, "the holder's own user on the node", func() bool {
 			out, e := sh(c.cl, c.res, "id -un")
 			return e.ExitCode == 0 && strings.TrimSpace(out) == c.user
 		})
@@ -230,7 +200,7 @@ func TestTenantsSharingANodeAreConfined(t *testing.T) {
 		}{{clA, resA}, {clB, resB}} {
 			// The device groups follow the desired state, which bcd applies in its own time.
 			var out string
-			computetest.Eventually(t, 45*time.Second, "reservation "+c.res.ID+" opens its own GPUs", func() bool {
+			computetest.Eventually(t, e2eWait, "reservation "+c.res.ID+" opens its own GPUs", func() bool {
 				out, _ = sh(c.cl, c.res, probe)
 				return slices.Equal(strings.Fields(out), gpusOf(c.res))
 			})
@@ -269,7 +239,7 @@ func TestTenantsSharingANodeAreConfined(t *testing.T) {
 			t.Fatal(err)
 		}
 		pid := strings.TrimSpace(line)
-		eventually(t, "A's sleep", func() bool {
+		computetest.Eventually(t, e2eWait, "A's sleep", func() bool {
 			b, _ := os.ReadFile("/proc/" + pid + "/cmdline")
 			return strings.Contains(string(b), "sleep")
 		})
@@ -296,7 +266,7 @@ func TestTenantsSharingANodeAreConfined(t *testing.T) {
 			t.Fatal(err)
 		}
 		var out string
-		eventually(t, "A logs in as its own user", func() bool {
+		computetest.Eventually(t, e2eWait, "A logs in as its own user", func() bool {
 			out, err = sshAs(addr, userA, priv, certA.Certificate, "id -un; for i in 0 1 2 3 4 5 6 7; do if (: < "+devRoot+"/nvidia$i) 2>/dev/null; then echo $i; fi; done")
 			return err == nil
 		})
@@ -312,7 +282,7 @@ func TestTenantsSharingANodeAreConfined(t *testing.T) {
 		if _, err := sshAs(addr, userA, priv, certB.Certificate, "id -un"); err == nil {
 			t.Fatal("B's certificate logged in as A's user")
 		}
-		eventually(t, "B logs in as its own user", func() bool {
+		computetest.Eventually(t, e2eWait, "B logs in as its own user", func() bool {
 			out, err = sshAs(addr, userB, priv, certB.Certificate, "id -un; cat "+filepath.Join(home, userA, "secret"))
 			return strings.HasPrefix(out, userB)
 		})
@@ -331,7 +301,7 @@ func TestTenantsSharingANodeAreConfined(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, "the operator's break-glass login", func() bool {
+		computetest.Eventually(t, e2eWait, "the operator's break-glass login", func() bool {
 			out, err = sshAs(addr, me.Username, priv, bg.Certificate, "id -u")
 			return err == nil && strings.TrimSpace(out) == "0"
 		})
@@ -342,10 +312,10 @@ func TestTenantsSharingANodeAreConfined(t *testing.T) {
 		if _, err := a.Access.Exec(ctx, keyA, api.OpenTunnel{Reservation: resA.ID, Command: []string{"id"}, BreakGlass: true, Reason: "curious"}); !errors.As(err, &ae) || ae.Code != api.CodePermissionDenied {
 			t.Fatalf("a partial holder's break-glass exec: %v", err)
 		}
-		if _, err := a.Access.Exec(ctx, rootKey, api.OpenTunnel{Node: "shared-node", Pool: "h100", Command: []string{"id"}}); !errors.As(err, &ae) || ae.Code != api.CodeInvalidArgument {
+		if _, err := a.Access.Exec(ctx, rootKey, api.OpenTunnel{Node: "shared-node", Pool: e2ePool, Command: []string{"id"}}); !errors.As(err, &ae) || ae.Code != api.CodeInvalidArgument {
 			t.Fatalf("an operator's exec on a held node without break-glass: %v", err)
 		}
-		out, e := run(clRoot, api.OpenTunnel{Node: "shared-node", Pool: "h100", Command: []string{"id", "-u"}, BreakGlass: true, Reason: "pager: disk full"})
+		out, e := run(clRoot, api.OpenTunnel{Node: "shared-node", Pool: e2ePool, Command: []string{"id", "-u"}, BreakGlass: true, Reason: "pager: disk full"})
 		if e.ExitCode != 0 || strings.TrimSpace(out) != "0" {
 			t.Fatalf("an operator's break-glass exec: %q %+v", out, e)
 		}
@@ -355,9 +325,8 @@ func TestTenantsSharingANodeAreConfined(t *testing.T) {
 		if e.ExitCode != 0 || strings.TrimSpace(out) != "0" {
 			t.Fatalf("an operator's break-glass exec by a tenant's reservation: %q %+v", out, e)
 		}
-		var n int
-		if err := env.DB.Pool.QueryRow(ctx, `SELECT count(*) FROM compute.events WHERE type = 'access.break_glass' AND data->>'reason' = 'pager: disk full'`).Scan(&n); err != nil || n != 1 {
-			t.Fatalf("the break-glass event: %d, %v", n, err)
+		if n := computetest.Count(t, db, `SELECT count(*) FROM compute.events WHERE type = 'access.break_glass' AND data->>'reason' = 'pager: disk full'`); n != 1 {
+			t.Fatalf("%d break-glass events", n)
 		}
 	})
 
@@ -394,7 +363,7 @@ func TestTenantsSharingANodeAreConfined(t *testing.T) {
 		if _, err := a.Reservations.Release(ctx, keyB, api.ReleaseReservation{Reservation: resB.ID}); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, "B's user gone", func() bool {
+		computetest.Eventually(t, e2eWait, "B's user gone", func() bool {
 			_, err := user.Lookup(userB)
 			return err != nil
 		})
@@ -411,8 +380,8 @@ func TestTenantsSharingANodeAreConfined(t *testing.T) {
 			t.Fatal(err)
 		}
 		var whole api.Reservation
-		eventually(t, "the whole node free", func() bool {
-			whole, err = a.Reservations.Create(ctx, keyA, api.CreateReservation{Pool: "h100", Shape: api.Shape{GPUs: 8}})
+		computetest.Eventually(t, e2eWait, "the whole node free", func() bool {
+			whole, err = a.Reservations.Create(ctx, keyA, api.CreateReservation{Pool: e2ePool, Shape: api.Shape{GPUs: 8}})
 			return err == nil
 		})
 		users = append(users, api.ReservationUser(whole.ID))
@@ -421,7 +390,7 @@ func TestTenantsSharingANodeAreConfined(t *testing.T) {
 			t.Fatalf("the ticket of a holder of the whole node: %+v, %v", ticket, err)
 		}
 		var out string
-		eventually(t, "the whole holder's root", func() bool {
+		computetest.Eventually(t, e2eWait, "the whole holder's root", func() bool {
 			var e api.TunnelExit
 			out, e = sh(clA, whole, "id -u")
 			return e.ExitCode == 0
@@ -445,7 +414,7 @@ func TestTenantsSharingANodeAreConfined(t *testing.T) {
 			t.Fatal(err)
 		}
 		go io.Copy(io.Discard, r)
-		vcpu, err := a.Reservations.Create(ctx, keyB, api.CreateReservation{Pool: "h100", Shape: api.Shape{VCPUs: 1}})
+		vcpu, err := a.Reservations.Create(ctx, keyB, api.CreateReservation{Pool: e2ePool, Shape: api.Shape{VCPUs: 1}})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -7,13 +7,15 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
-	"github.com/better-compute/compute"
+	agentv1 "github.com/better-compute/compute/agent/v1"
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/client"
 	"github.com/better-compute/compute/computetest"
@@ -30,27 +32,12 @@ func (w *countWriter) Write(p []byte) (int, error) { w.n += len(p); return len(p
 // does not read, neither stalls the session), one-use tickets, the tunnel ended with its
 // reservation, the console, and the CLI.
 func TestTunnelsRunCommandsAndConsolesOnARealNode(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the bcd binary")
-	}
-	bin := buildBCD(t)
-	cli := filepath.Join(t.TempDir(), "better-compute")
-	if out, err := exec.Command("go", "build", "-o", cli, "../cmd/better-compute").CombinedOutput(); err != nil {
-		t.Fatalf("build the CLI: %v\n%s", err, out)
-	}
-	env := computetest.New(t, computetest.Options{Configure: func(o *compute.Options) { o.HeartbeatInterval = 300 * time.Millisecond }})
+	t.Parallel()
+	prebuild("better-compute", "../cmd/better-compute") // for the cli subtest, while the rest runs
+	e := newE2E(t, e2eOptions{})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	url := env.Server(t)
-	gw, _ := env.Gateway(t, "")
-	a, key := env.Compute.API, env.RootKey
-	if _, err := a.Pools.Create(ctx, key, api.CreatePool{Name: "h100"}); err != nil {
-		t.Fatal(err)
-	}
-	tok, err := a.JoinTokens.Create(ctx, key, api.CreateJoinToken{Pool: "h100"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	bin, url, a, key := e.Bin, e.URL, e.API, e.RootKey
 
 	// The node's console: a socket that answers each line it is sent.
 	dir := t.TempDir()
@@ -77,21 +64,16 @@ func TestTunnelsRunCommandsAndConsolesOnARealNode(t *testing.T) {
 		}
 	}()
 
-	state := filepath.Join(dir, "state")
-	if out, err := exec.Command(bin, "join", "--state-dir", state, "--url", url, "--token", tok.Token, "--hostname", "tun-node").CombinedOutput(); err != nil {
-		t.Fatalf("join: %v\n%s", err, out)
-	}
-	if out, err := exec.Command(bin, "node", "--state-dir", state, "--console", "ttyS0=unix:relative.sock").CombinedOutput(); err == nil || !strings.Contains(string(out), "want name=unix:/absolute/path") {
+	if out, err := exec.Command(bin, "node", "--state-dir", t.TempDir(), "--console", "ttyS0=unix:relative.sock").CombinedOutput(); err == nil || !strings.Contains(string(out), "want name=unix:/absolute/path") {
 		t.Fatalf("a relative console socket: %v\n%s", err, out)
 	}
-	startNode(t, bin, "--state-dir", state, "--cdi-dir", filepath.Join(dir, "cdi"), "--gateway", gw, "--fake-gpus", "8",
-		"--exec", "--console", "=unix:"+sock, "--console", "vm=unix:"+filepath.Join(dir, "vm.sock"), "--home", filepath.Join(dir, "home"),
-		"--proc-hidepid=false", "--log-level", "warn")
+	e.node(nodeOptions{Name: "tun-node", Args: []string{"--exec", "--console", "=unix:" + sock, "--console", "vm=unix:" + filepath.Join(dir, "vm.sock"),
+		"--home", filepath.Join(dir, "home"), "--proc-hidepid=false"}})
 	// The whole node: its holder runs commands as bcd's user and may attach to the node's own
 	// consoles (a holder of part of it is confined: tenancy_e2e_test.go).
 	var res api.Reservation
-	eventually(t, "a reservation on the node", func() bool {
-		res, err = a.Reservations.Create(ctx, key, api.CreateReservation{Pool: "h100", Shape: api.Shape{GPUs: 8}})
+	computetest.Eventually(t, e2eWait, "a reservation on the node", func() bool {
+		res, err = a.Reservations.Create(ctx, key, api.CreateReservation{Pool: e2ePool, Shape: api.Shape{GPUs: 8}})
 		return err == nil
 	})
 	t.Cleanup(func() { _ = exec.Command("userdel", api.ReservationUser(res.ID)).Run() })
@@ -99,7 +81,7 @@ func TestTunnelsRunCommandsAndConsolesOnARealNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the node's session", func() bool {
+	computetest.Eventually(t, e2eWait, "the node's session", func() bool {
 		tun, err := cl.Exec(ctx, api.OpenTunnel{Reservation: res.ID, Command: []string{"true"}})
 		if err != nil {
 			return false
@@ -154,7 +136,8 @@ func TestTunnelsRunCommandsAndConsolesOnARealNode(t *testing.T) {
 		if err := tun.Resize(ctx, 120, 40); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(100 * time.Millisecond) // the resize and the line travel as separate messages; the resize first
+		// The resize and the line travel in order (one WebSocket, one session), and the node
+		// sizes the terminal as it reads the resize, before it queues the line for the command.
 		tun.Write([]byte("\n"))
 		var last string
 		for sc.Scan() {
@@ -176,20 +159,36 @@ func TestTunnelsRunCommandsAndConsolesOnARealNode(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// A command that does not read its input, sent more than the window: the holder's
-		// writes wait, the session goes on.
-		deaf, err := cl.Exec(ctx, api.OpenTunnel{Reservation: res.ID, Command: []string{"sh", "-c", "sleep 2; echo done"}})
+		// A command that does not read its input (until the test lets it end), sent more than
+		// the window: the holder's writes wait, the session goes on.
+		letGo := filepath.Join(t.TempDir(), "let-go")
+		if err := syscall.Mkfifo(letGo, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		deaf, err := cl.Exec(ctx, api.OpenTunnel{Reservation: res.ID, Command: []string{"sh", "-c", "read -r _ < " + letGo + "; echo done"}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		wrote := make(chan error, 1)
+		windowSent, wrote := make(chan struct{}), make(chan error, 1)
 		go func() {
-			_, err := deaf.Write(bytes.Repeat([]byte("x"), 2<<20))
-			wrote <- err
+			chunk, sent := bytes.Repeat([]byte("x"), 32<<10), 0
+			for sent < 2<<20 {
+				if _, err := deaf.Write(chunk); err != nil {
+					wrote <- err
+					return
+				}
+				if sent += len(chunk); sent == agentv1.TunnelWindow {
+					close(windowSent)
+				}
+			}
+			wrote <- nil
 		}()
-		time.Sleep(time.Second)
+		<-windowSent
 		if out, _, e := run(api.OpenTunnel{Reservation: res.ID, Command: []string{"echo", "alive"}}, ""); out != "alive\n" || e.ExitCode != 0 {
 			t.Fatalf("beside stalled tunnels: %q %+v", out, e)
+		}
+		if err := os.WriteFile(letGo, []byte("go\n"), 0); err != nil {
+			t.Fatal(err)
 		}
 		var o bytes.Buffer
 		if e, err := deaf.Wait(ctx, &o, nil); err != nil || e.ExitCode != 0 || o.String() != "done\n" {
@@ -261,7 +260,7 @@ func TestTunnelsRunCommandsAndConsolesOnARealNode(t *testing.T) {
 		}
 		defer func() { _ = vm.Process.Kill(); _ = vm.Wait() }()
 		var tun *client.Tunnel
-		eventually(t, "the VM's console", func() bool {
+		computetest.Eventually(t, e2eWait, "the VM's console", func() bool {
 			tun, err = cl.Console(ctx, api.OpenTunnel{Reservation: res.ID, Console: "vm"})
 			if err != nil {
 				t.Fatal(err)
@@ -298,7 +297,7 @@ func TestTunnelsRunCommandsAndConsolesOnARealNode(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := env.DB.Pool.Exec(ctx, `UPDATE compute.access_tickets SET expires_at = now() - interval '1 second' WHERE used_at IS NULL`); err != nil {
+		if _, err := e.DB.Pool.Exec(ctx, `UPDATE compute.access_tickets SET expires_at = now() - interval '1 second' WHERE used_at IS NULL`); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := cl.OpenTunnel(ctx, late); !errors.As(err, &ae) || ae.Code != api.CodeUnauthenticated {
@@ -312,13 +311,13 @@ func TestTunnelsRunCommandsAndConsolesOnARealNode(t *testing.T) {
 		if _, err := a.Access.Exec(ctx, key, api.OpenTunnel{Reservation: res.ID}); !errors.As(err, &ae) || ae.Code != api.CodeInvalidArgument {
 			t.Fatalf("exec without a command: %v", err)
 		}
-		var n int
-		if err := env.DB.Pool.QueryRow(ctx, `SELECT count(*) FROM compute.events WHERE type = 'access.exec' AND data->>'reservation' = $1`, res.ID).Scan(&n); err != nil || n < 5 {
-			t.Fatalf("access.exec events: %d, %v", n, err)
+		if n := computetest.Count(t, e.DB.Pool, `SELECT count(*) FROM compute.events WHERE type = 'access.exec' AND data->>'reservation' = $1`, res.ID); n < 5 {
+			t.Fatalf("%d access.exec events", n)
 		}
 	})
 
 	t.Run("cli", func(t *testing.T) {
+		cli := goBuild(t, "better-compute", "../cmd/better-compute")
 		cmd := exec.Command(cli, "--url", url, "--api-key", key, "exec", "--reservation", res.ID, "--", "sh", "-c", "cat; echo to-stderr >&2; exit 3")
 		cmd.Stdin = strings.NewReader("from stdin\n")
 		var o, eb bytes.Buffer
@@ -332,17 +331,27 @@ func TestTunnelsRunCommandsAndConsolesOnARealNode(t *testing.T) {
 
 	// Last: the reservation ends, and its tunnel with it.
 	t.Run("reservation ends", func(t *testing.T) {
-		tun, err := cl.Exec(ctx, api.OpenTunnel{Reservation: res.ID, Command: []string{"sleep", "600"}})
+		tun, err := cl.Exec(ctx, api.OpenTunnel{Reservation: res.ID, Command: []string{"sh", "-c", "echo started; exec sleep 600"}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(200 * time.Millisecond)
+		r, w := io.Pipe()
+		exited := make(chan api.TunnelExit, 1)
+		lost := make(chan error, 1)
+		go func() {
+			e, err := tun.Wait(ctx, w, nil)
+			w.Close()
+			exited <- e
+			lost <- err
+		}()
+		if line, err := bufio.NewReader(r).ReadString('\n'); err != nil || line != "started\n" {
+			t.Fatalf("the command's first line: %q, %v", line, err)
+		}
+		go io.Copy(io.Discard, r)
 		if _, err := a.Reservations.Release(ctx, key, api.ReleaseReservation{Reservation: res.ID}); err != nil {
 			t.Fatal(err)
 		}
-		wctx, done := context.WithTimeout(ctx, 20*time.Second)
-		defer done()
-		if e, err := tun.Wait(wctx, io.Discard, nil); err != nil || e.ExitCode != -1 || !strings.Contains(e.Error, "no longer holds") {
+		if e, err := <-exited, <-lost; err != nil || e.ExitCode != -1 || !strings.Contains(e.Error, "no longer holds") {
 			t.Fatalf("the tunnel after the reservation ended: %+v, %v", e, err)
 		}
 		var ae *api.Error
