@@ -5,7 +5,6 @@
 package vmtest
 
 import (
-	"bytes"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,7 +16,9 @@ import (
 	golibvirt "github.com/digitalocean/go-libvirt"
 	"github.com/digitalocean/go-libvirt/socket/dialers"
 
+	"github.com/better-compute/compute/computetest"
 	"github.com/better-compute/compute/internal/lib/initramfs"
+	"github.com/better-compute/compute/internal/lib/initramfs/initramfstest"
 )
 
 // Unprivileged is the user libvirtd runs as when the test runs as root: session mode refuses
@@ -74,7 +75,7 @@ func Libvirtd(t testing.TB) Host {
 	cmd := exec.Command(bin, "--timeout", "0")
 	cmd.Env = []string{"HOME=" + home, "XDG_RUNTIME_DIR=" + run, "XDG_CONFIG_HOME=" + filepath.Join(home, ".config"),
 		"XDG_CACHE_HOME=" + filepath.Join(home, ".cache"), "PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
-	var log bytes.Buffer
+	var log computetest.Buffer // written by the command's output copier
 	cmd.Stdout, cmd.Stderr = &log, &log
 	if os.Geteuid() == 0 {
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid)}}
@@ -98,16 +99,12 @@ func Libvirtd(t testing.TB) Host {
 			t.Logf("libvirtd:\n%s", log.String())
 		}
 	})
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if _, err := os.Stat(sock); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("vmtest: libvirtd made no socket in 30 s:\n%s", log.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	// libvirtd says nothing when it is ready; it is once its socket is there (its log is shown
+	// when the test fails).
+	computetest.Eventually(t, 30*time.Second, "vmtest: libvirtd makes its socket "+sock, func() bool {
+		_, err := os.Stat(sock)
+		return err == nil
+	})
 	return Host{Socket: sock, Dir: dir, UID: uid}
 }
 
@@ -129,32 +126,40 @@ func Kernel(t testing.TB, h Host) string {
 	return p
 }
 
-// Initramfs builds the guest (./guest) into an initramfs where the host's user reads it.
+// Initramfs returns an initramfs whose init is the guest (./guest), where the host's user reads
+// it. The guest and the initramfs are built once per content for every test binary on the
+// machine (initramfstest's cache), and copied for the host: the cache is the test user's.
 func Initramfs(t testing.TB, h Host) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "init")
-	build := exec.Command("go", "build", "-o", bin, "github.com/better-compute/compute/vps/internal/vmtest/guest")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("vmtest: build the guest: %v\n%s", err, out)
-	}
-	init, err := os.ReadFile(bin)
+	init := initramfstest.Build(t, initramfstest.Go{Package: "github.com/better-compute/compute/vps/internal/vmtest/guest"})
+	guest, err := os.ReadFile(init)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var a initramfs.Archive
-	for _, err := range []error{a.AddFile("init", 0o755, init), a.AddCharDev("dev/console", 0o600, 5, 1), a.AddCharDev("dev/ttyS0", 0o600, 4, 64),
-		a.AddCharDev("dev/ttyS1", 0o600, 4, 65)} {
-		if err != nil {
-			t.Fatal(err)
+	ramdisk := initramfstest.File(t, "vmtest-initrd.gz", initramfstest.Key("vmtest-initrd", string(guest)), func(path string) error {
+		var a initramfs.Archive
+		for _, err := range []error{a.AddFile("init", 0o755, guest), a.AddCharDev("dev/console", 0o600, 5, 1), a.AddCharDev("dev/ttyS0", 0o600, 4, 64),
+			a.AddCharDev("dev/ttyS1", 0o600, 4, 65)} {
+			if err != nil {
+				return err
+			}
 		}
-	}
-	var buf bytes.Buffer
-	if _, err := a.WriteTo(&buf); err != nil { // gzip-compressed newc
+		f, err := os.Create(path)
+		if err != nil {
+			return err
+		}
+		if _, err := a.WriteTo(f); err != nil { // gzip-compressed newc
+			f.Close()
+			return err
+		}
+		return f.Close()
+	})
+	b, err := os.ReadFile(ramdisk)
+	if err != nil {
 		t.Fatal(err)
 	}
 	p := filepath.Join(h.Dir, "initrd.gz")
-	if err := os.WriteFile(p, buf.Bytes(), 0o644); err != nil {
+	if err := os.WriteFile(p, b, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	return p

@@ -22,6 +22,7 @@ import (
 // or defined, and a qcow2 given as raw is raw bytes to the guest, not the file its header
 // names. No libvirtd: the domain's XML and its disk are what is checked.
 func TestDisksAreBuiltOnlyOnImagesThatStandAlone(t *testing.T) {
+	t.Parallel()
 	if _, err := exec.LookPath("qemu-img"); err != nil {
 		t.Skipf("needs qemu-img (apt-get install qemu-utils): %v", err)
 	}
