@@ -13,6 +13,7 @@ import (
 // ticket and certificate here is one access.* event that names the reservation, and listing the
 // reservation's events finds them all.
 func TestEveryAccessTicketIsOneEvent(t *testing.T) {
+	t.Parallel()
 	ff := newFuzzFleet(t)
 	env := ff.env
 	ctx := context.Background()

@@ -23,6 +23,7 @@ import (
 // console a module serves, named by hand; the node's operator gets root with break-glass; a
 // holder of the whole node gets root, until another reservation comes.
 func TestTenantsSharingANodeGetNoRoot(t *testing.T) {
+	t.Parallel()
 	ff := newFuzzFleet(t)
 	env := ff.env
 	ctx := context.Background()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/better-compute/compute"
 	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/computetest"
 	"github.com/better-compute/compute/iam"
 	"github.com/better-compute/compute/internal/core/envelope"
 	"github.com/better-compute/compute/postgres/pgtest"
@@ -20,6 +21,7 @@ import (
 // TestAPIMatchesMethodTable checks that compute.API has exactly one call per core method, named
 // after it, with the table's input and output types.
 func TestAPIMatchesMethodTable(t *testing.T) {
+	t.Parallel()
 	want := map[string]bool{}
 	for _, m := range api.Methods() {
 		want[title(m.Group)+"."+title(m.Name)] = true
@@ -67,6 +69,7 @@ func title(s string) string {
 // TestInitializeConcurrently starts several control planes on one fresh database at once, as
 // several processes would; each must initialize, and the schema must be applied once.
 func TestInitializeConcurrently(t *testing.T) {
+	t.Parallel()
 	url := pgtest.URL(t) // an empty database
 	var wg sync.WaitGroup
 	errs := make([]error, 4)
@@ -97,25 +100,22 @@ func TestInitializeConcurrently(t *testing.T) {
 }
 
 func TestWorkerPrunesIdempotencyKeys(t *testing.T) {
+	t.Parallel()
 	env := newEnvMode(t, compute.ModeWorker)
 	ctx := context.Background()
 	if _, err := env.Compute.API.Pools.Create(api.WithIdempotencyKey(ctx, "old"), env.RootKey, api.CreatePool{Name: "p"}); err != nil {
 		t.Fatal(err)
 	}
-	if n := countRows(t, env, "compute.idempotency_keys"); n != 1 {
+	if n := computetest.Count(t, env.DB.Pool, "SELECT count(*) FROM compute.idempotency_keys"); n != 1 {
 		t.Fatalf("%d idempotency keys stored, want 1", n)
 	}
 	env.DB.SetNow(time.Now().Add(envelope.DefaultIdempotencyTTL + time.Hour))
 	if err := env.Compute.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for countRows(t, env, "compute.idempotency_keys") != 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the worker did not prune an expired idempotency key")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	computetest.Eventually(t, 10*time.Second, "the worker pruning an expired idempotency key", func() bool {
+		return computetest.Count(t, env.DB.Pool, "SELECT count(*) FROM compute.idempotency_keys") == 0
+	})
 	stopCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	if err := env.Compute.Stop(stopCtx); err != nil {
@@ -125,20 +125,29 @@ func TestWorkerPrunesIdempotencyKeys(t *testing.T) {
 
 // TestModeDecidesWorkers checks that an api process does not run the worker's background work.
 func TestModeDecidesWorkers(t *testing.T) {
+	t.Parallel()
 	env := newEnvMode(t, compute.ModeAPI)
 	ctx := context.Background()
 	if _, err := env.Compute.API.Pools.Create(api.WithIdempotencyKey(ctx, "old"), env.RootKey, api.CreatePool{Name: "p"}); err != nil {
 		t.Fatal(err)
 	}
 	env.DB.SetNow(time.Now().Add(envelope.DefaultIdempotencyTTL + time.Hour))
+	url := env.Server(t)
 	if err := env.Compute.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond)
-	if n := countRows(t, env, "compute.idempotency_keys"); n != 1 {
-		t.Fatalf("an api-mode process pruned idempotency keys (%d left); pruning is the worker's", n)
-	}
+	// Start launches every worker of the mode at once, and each runs its first round at once: a
+	// round of the api mode's pool-lease worker shows they have, and Stop waits for them all.
+	computetest.Eventually(t, 30*time.Second, "a round of the api mode's pool-lease worker", func() bool {
+		return value(scrape(t, url), "better_compute_worker_tick_seconds", map[string]string{"worker": "pool-lease"}) >= 1
+	})
 	if err := env.Compute.Stop(ctx); err != nil {
 		t.Fatal(err)
+	}
+	if n := computetest.Count(t, env.DB.Pool, "SELECT count(*) FROM compute.idempotency_keys"); n != 1 {
+		t.Fatalf("an api-mode process pruned idempotency keys (%d left); pruning is the worker's", n)
+	}
+	if n := value(scrape(t, url), "better_compute_worker_tick_seconds", map[string]string{"worker": "idempotency-prune"}); n != -1 {
+		t.Fatalf("an api-mode process ran %v rounds of the idempotency-prune worker", n)
 	}
 }

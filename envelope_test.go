@@ -78,16 +78,8 @@ func post(t *testing.T, base, key, method string, body string) call {
 	return do(t, http.MethodPost, base+api.BasePath+"/"+method, key, body)
 }
 
-func countRows(t *testing.T, env *computetest.Env, table string) int {
-	t.Helper()
-	var n int
-	if err := env.DB.Pool.QueryRow(context.Background(), "SELECT count(*) FROM "+table).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
 func TestEnvelopeErrors(t *testing.T) {
+	t.Parallel()
 	env := newEnv(t)
 	url := env.Server(t)
 	ctx := context.Background()
@@ -171,12 +163,13 @@ func TestEnvelopeErrors(t *testing.T) {
 			}
 		})
 	}
-	if n := countRows(t, env, "compute.pools"); n != 0 {
+	if n := computetest.Count(t, env.DB.Pool, "SELECT count(*) FROM compute.pools"); n != 0 {
 		t.Fatalf("refused calls created %d pools", n)
 	}
 }
 
 func TestMethodTableRoute(t *testing.T) {
+	t.Parallel()
 	env := newEnv(t)
 	c := do(t, http.MethodGet, env.Server(t)+api.BasePath+"/methods", "", "")
 	if c.status != 200 {
@@ -240,6 +233,7 @@ func anApproval(t *testing.T, env *computetest.Env) string {
 // exactly once, with its own action and in the caller's tenant, and that repeated reads are served
 // from the decision cache. A mutating method added to the table without a step here fails it.
 func TestOneDecisionPerMutation(t *testing.T) {
+	t.Parallel()
 	ff := newFuzzFleet(t)
 	env := ff.env
 	url := env.Server(t)
@@ -369,6 +363,7 @@ func TestOneDecisionPerMutation(t *testing.T) {
 func fixed(body string) func() string { return func() string { return body } }
 
 func TestIdempotencyKey(t *testing.T) {
+	t.Parallel()
 	env := newEnv(t)
 	url := env.Server(t)
 	first := do(t, "POST", url+api.BasePath+"/pools/create", env.RootKey, `{"name": "a100"}`, api.IdempotencyKeyHeader, "k-1")
@@ -382,7 +377,7 @@ func TestIdempotencyKey(t *testing.T) {
 	if again.header.Get("Idempotent-Replayed") != "true" {
 		t.Fatal("the repeat is not marked as replayed")
 	}
-	if n := countRows(t, env, "compute.pools"); n != 1 {
+	if n := computetest.Count(t, env.DB.Pool, "SELECT count(*) FROM compute.pools"); n != 1 {
 		t.Fatalf("two calls with one idempotency key made %d pools, want 1", n)
 	}
 	other := do(t, "POST", url+api.BasePath+"/pools/create", env.RootKey, `{"name": "b100"}`, api.IdempotencyKeyHeader, "k-1")

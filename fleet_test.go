@@ -13,6 +13,7 @@ import (
 var zeroTime time.Time
 
 func TestPoolsCRUDAndPagination(t *testing.T) {
+	t.Parallel()
 	env := newEnv(t)
 	ctx := context.Background()
 	a := env.Compute.API
@@ -83,6 +84,7 @@ func TestPoolsCRUDAndPagination(t *testing.T) {
 }
 
 func TestPoolWithNodesCannotBeDeleted(t *testing.T) {
+	t.Parallel()
 	env := newEnv(t)
 	ctx := context.Background()
 	a := env.Compute.API
@@ -121,6 +123,7 @@ func TestPoolWithNodesCannotBeDeleted(t *testing.T) {
 }
 
 func TestTenantIsolation(t *testing.T) {
+	t.Parallel()
 	env := newEnv(t)
 	ctx := context.Background()
 	a := env.Compute.API

@@ -48,22 +48,6 @@ func apiProcess(t *testing.T) (c *compute.Compute, elsewhere *iam.Local) {
 	return c, elsewhere
 }
 
-// eventually calls fn until it reports true, failing after 10 s, far inside the caches' hour.
-func eventually(t *testing.T, what string, fn func() (bool, error)) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		ok, err := fn()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not after 10 s: %v", what, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 func code(err error) api.Code {
 	var e *api.Error
 	if errors.As(err, &e) {
@@ -75,6 +59,7 @@ func code(err error) api.Code {
 // TestRevocationReachesCaches: a key revoked by another process stops working within the event
 // interval, though this process's IAM and decision caches would keep it for an hour.
 func TestRevocationReachesCaches(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	c, elsewhere := apiProcess(t)
 	key, err := elsewhere.CreateAdminKey(ctx, computetest.RootTenantID, "ops")
@@ -89,15 +74,16 @@ func TestRevocationReachesCaches(t *testing.T) {
 	if err := elsewhere.RevokeAPIKey(ctx, key.ID); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "a key revoked elsewhere is refused", func() (bool, error) {
+	computetest.Eventually(t, 30*time.Second, "a key revoked elsewhere refused", func() bool {
 		_, err := c.API.Pools.List(ctx, key.Token, api.ListPools{})
-		return code(err) == api.CodeUnauthenticated, err
+		return code(err) == api.CodeUnauthenticated
 	})
 }
 
 // TestBindingReachesCaches: a role bound by another process is used within the event interval,
 // though this process has the denial cached for an hour.
 func TestBindingReachesCaches(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	c, elsewhere := apiProcess(t)
 	svc, err := elsewhere.CreateIdentity(ctx, computetest.RootTenantID, iam.KindService, "reader")
@@ -119,15 +105,22 @@ func TestBindingReachesCaches(t *testing.T) {
 	if err := elsewhere.Bind(ctx, svc.ID, role.ID, computetest.RootTenantID); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "a role bound elsewhere is used", func() (bool, error) {
-		_, err := c.API.Pools.List(ctx, key.Token, api.ListPools{})
-		return err == nil, err
+	var last error
+	defer func() {
+		if t.Failed() {
+			t.Logf("the last answer: %v", last)
+		}
+	}()
+	computetest.Eventually(t, 30*time.Second, "a role bound elsewhere used", func() bool {
+		_, last = c.API.Pools.List(ctx, key.Token, api.ListPools{})
+		return last == nil
 	})
 }
 
 // TestPolicyConditionsSeeResources: conditions on resource.* read Better Compute's own resources
 // through the resolver it gives the embedded IAM.
 func TestPolicyConditionsSeeResources(t *testing.T) {
+	t.Parallel()
 	env := newEnv(t)
 	ctx := context.Background()
 	root := env.Compute.API
@@ -169,6 +162,7 @@ func ptr[T any](v T) *T { return &v }
 // confirmation_required with the confirmation's id; once the person approves, the same call
 // succeeds once, and the next is refused again.
 func TestConfirmationOverHTTP(t *testing.T) {
+	t.Parallel()
 	env := newEnv(t)
 	url := env.Server(t)
 	ctx := context.Background()
@@ -200,7 +194,7 @@ func TestConfirmationOverHTTP(t *testing.T) {
 	if c.status != 428 || c.errCode() != string(api.CodeConfirmationRequired) || id == "" {
 		t.Fatalf("before approval = %d %s", c.status, c.raw)
 	}
-	if n := countRows(t, env, "compute.sites"); n != 0 {
+	if n := computetest.Count(t, env.DB.Pool, "SELECT count(*) FROM compute.sites"); n != 0 {
 		t.Fatalf("%d sites before approval", n)
 	}
 	shown, err := env.IAM.Confirmation(ctx, id)
@@ -228,7 +222,7 @@ func TestConfirmationOverHTTP(t *testing.T) {
 	if c := post(t, url, key.Token, "sites/list", `{}`); c.status != 200 {
 		t.Fatalf("a read the delegation does not list = %d %s", c.status, c.raw)
 	}
-	if n := countRows(t, env, "compute.sites"); n != 1 {
+	if n := computetest.Count(t, env.DB.Pool, "SELECT count(*) FROM compute.sites"); n != 1 {
 		t.Fatalf("%d sites, want the one approved", n)
 	}
 }
@@ -236,6 +230,7 @@ func TestConfirmationOverHTTP(t *testing.T) {
 // TestRemoteIAM runs the control plane on a remote IAM: the embedded one served over HTTP on
 // loopback, as a Better IAM server would be.
 func TestRemoteIAM(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	sets, err := compute.MigrationSets()
 	if err != nil {

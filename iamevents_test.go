@@ -2,6 +2,7 @@ package compute
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,12 +19,19 @@ type gapPort struct {
 	*iam.Local
 	gap    func()
 	gapped atomic.Bool
+	// following is closed when the follower first asks for the events after its cursor: it has
+	// forgotten what it had to by then, and is following.
+	following chan struct{}
+	once      sync.Once
 }
 
 func (g *gapPort) Events(ctx context.Context, after int64, limit int) ([]iam.Event, int64, error) {
 	if after < 0 && !g.gapped.Load() {
 		g.gap()
 		g.gapped.Store(true)
+	}
+	if after >= 0 {
+		g.once.Do(func() { close(g.following) })
 	}
 	return g.Local.Events(ctx, after, limit)
 }
@@ -32,6 +40,7 @@ func (g *gapPort) Events(ctx context.Context, after int64, limit int) ([]iam.Eve
 // follows; a binding written while it starts must still reach a denial cached meanwhile (the
 // cause of TestBindingReachesCaches failing under load: the cursor was read after forgetting).
 func TestFollowerStartSeesEventsMeanwhile(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	db := pgtest.New(t, postgres.Core, iam.Migrations)
@@ -54,7 +63,7 @@ func TestFollowerStartSeesEventsMeanwhile(t *testing.T) {
 	cache := iam.NewDecisionCache(time.Hour, 100)
 	p := iam.Principal{ID: svc.ID, KeyID: "key_1"}
 	req := iam.Request{TenantID: "root", Action: "compute:pools:list", Resource: iam.Resource{Type: "compute-pool", ID: "*"}}
-	port := &gapPort{Local: local, gap: func() {
+	port := &gapPort{Local: local, following: make(chan struct{}), gap: func() {
 		cache.Put(p, req, iam.Decision{Allowed: false})
 		if err := local.Bind(ctx, svc.ID, role.ID, "root"); err != nil {
 			t.Error(err)
@@ -62,15 +71,13 @@ func TestFollowerStartSeesEventsMeanwhile(t *testing.T) {
 	}}
 	done := make(chan error, 1)
 	go func() { done <- iamEvents{cache}.follow(ctx, &modules.Runtime{IAM: port}) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, ok := cache.Get(p, req); !ok && port.gapped.Load() {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("a denial cached while the follower started outlived the binding written meanwhile")
-		}
-		time.Sleep(20 * time.Millisecond)
+	select {
+	case <-port.following:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the follower did not start following")
+	}
+	if _, ok := cache.Get(p, req); ok || !port.gapped.Load() {
+		t.Fatal("a denial cached while the follower started outlived the binding written meanwhile")
 	}
 	cancel()
 	if err := <-done; err != nil {

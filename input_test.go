@@ -20,6 +20,7 @@ import (
 // (NUL bytes, integers past int4, a year-9999 window, unknown enum values, a bad idempotency
 // key) is invalid_argument naming the field, and nothing is written.
 func TestBadInputNamesTheFieldAndChangesNothing(t *testing.T) {
+	t.Parallel()
 	ff := newFuzzFleet(t)
 	url := ff.env.Server(t)
 	cases := []struct {
@@ -72,13 +73,14 @@ func TestBadInputNamesTheFieldAndChangesNothing(t *testing.T) {
 
 func rowCounts(t *testing.T, env *computetest.Env) [5]int {
 	t.Helper()
-	return [5]int{countRows(t, env, "compute.sites"), countRows(t, env, "compute.pools"), countRows(t, env, "compute.reservations"),
-		countRows(t, env, "compute.quotas"), countRows(t, env, "compute.commands")}
+	return [5]int{computetest.Count(t, env.DB.Pool, "SELECT count(*) FROM compute.sites"), computetest.Count(t, env.DB.Pool, "SELECT count(*) FROM compute.pools"), computetest.Count(t, env.DB.Pool, "SELECT count(*) FROM compute.reservations"),
+		computetest.Count(t, env.DB.Pool, "SELECT count(*) FROM compute.quotas"), computetest.Count(t, env.DB.Pool, "SELECT count(*) FROM compute.commands")}
 }
 
 // TestInProcessInputIsCheckedToo: the in-process API runs the same checks, with invalid UTF-8
 // and NUL that JSON cannot carry, and a credential that is not text never reaches IAM.
 func TestInProcessInputIsCheckedToo(t *testing.T) {
+	t.Parallel()
 	env := newEnv(t)
 	ctx := context.Background()
 	a := env.Compute.API
@@ -138,6 +140,7 @@ var nanMethod = api.NewMethod[probeIn, nanOut]("probes", "nan", false, "compute-
 // TestAnswerThatCannotBeEncodedIs500: an answer that cannot be encoded is a 500 internal error
 // envelope, never a 2xx with an empty body.
 func TestAnswerThatCannotBeEncodedIs500(t *testing.T) {
+	t.Parallel()
 	mod := testModule{name: "nan", register: func(r *modules.Registry) error {
 		r.ResourceTypes(iam.ResourceType{Name: "compute-probe"})
 		r.Actions(modules.ActionsFor(nanMethod.Info())...)
@@ -159,6 +162,7 @@ func TestAnswerThatCannotBeEncodedIs500(t *testing.T) {
 // TestExtendNeverPassesMaxTime: extending by a duration, again and again, stops at api.MaxTime
 // with invalid_argument naming by, so every answer and list stays encodable.
 func TestExtendNeverPassesMaxTime(t *testing.T) {
+	t.Parallel()
 	ff := newFuzzFleet(t)
 	url := ff.env.Server(t)
 	ctx := context.Background()

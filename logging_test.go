@@ -1,13 +1,11 @@
 package compute_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/better-compute/compute"
@@ -43,28 +41,11 @@ func (logModule) Register(r *modules.Registry) error {
 	return nil
 }
 
-// syncBuffer is a log sink that the server's goroutines may write while the test reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestModuleLogLinesNameTheCallsRequestID calls a module's method over HTTP with a request id and
 // finds that id on the line the module logged, once.
 func TestModuleLogLinesNameTheCallsRequestID(t *testing.T) {
-	var logs syncBuffer
+	t.Parallel()
+	var logs computetest.Buffer
 	env := computetest.New(t, computetest.Options{Modules: []compute.Module{logModule{}}, Configure: func(o *compute.Options) {
 		o.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
 	}})

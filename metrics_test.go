@@ -76,6 +76,7 @@ func value(fams map[string]*dto.MetricFamily, name string, want map[string]strin
 }
 
 func TestMetrics(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	env := computetest.New(t, computetest.Options{Configure: func(o *compute.Options) { o.HeartbeatInterval = 200 * time.Millisecond }})
 	url := env.Server(t)
@@ -100,7 +101,7 @@ func TestMetrics(t *testing.T) {
 	if err := f.WaitConnected(wctx); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "8 schedulable GPUs", func() bool {
+	computetest.Eventually(t, 30*time.Second, "8 schedulable GPUs", func() bool {
 		s, err := a.Capacity.Summary(ctx, env.RootKey, api.SummarizeCapacity{Pool: "h100"})
 		return err == nil && len(s.Models) == 1 && s.Models[0].Free == 8
 	})
@@ -111,7 +112,7 @@ func TestMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the command's result", func() bool {
+	computetest.Eventually(t, 30*time.Second, "the command's result", func() bool {
 		c, err := a.Commands.Get(ctx, env.RootKey, api.GetCommand{Command: cmd.ID})
 		return err == nil && c.FinishedAt != nil
 	})
@@ -150,7 +151,7 @@ func TestMetrics(t *testing.T) {
 	}
 
 	var fams map[string]*dto.MetricFamily
-	waitFor(t, "a flush and the workers' rounds", func() bool {
+	computetest.Eventually(t, 30*time.Second, "a flush and the workers' rounds", func() bool {
 		fams = scrape(t, url)
 		return value(fams, "better_compute_worker_last_success_timestamp_seconds", map[string]string{"worker": "gateway.flush"}) > 0 &&
 			value(fams, "better_compute_worker_last_success_timestamp_seconds", map[string]string{"worker": "nodes"}) > 0 &&
@@ -202,6 +203,7 @@ func TestMetrics(t *testing.T) {
 
 // TestMetricsPerCompute checks that two control planes in one process keep their own series.
 func TestMetricsPerCompute(t *testing.T) {
+	t.Parallel()
 	env := computetest.New(t, computetest.Options{})
 	other := computetest.Attach(t, env, computetest.Options{})
 	if _, err := env.Compute.API.Pools.Create(context.Background(), env.RootKey, api.CreatePool{Name: "a"}); err != nil {
@@ -213,17 +215,5 @@ func TestMetricsPerCompute(t *testing.T) {
 	}
 	if n := value(scrape(t, other.Server(t)), "better_compute_api_calls_total", created); n != -1 {
 		t.Fatalf("the second's pools.create calls = %v, want none", n)
-	}
-}
-
-// waitFor polls cond until it holds or 15s pass.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }

@@ -26,6 +26,7 @@ func validOptions(t *testing.T) compute.Options {
 }
 
 func TestNewOptionErrors(t *testing.T) {
+	t.Parallel()
 	base := validOptions(t)
 	cases := []struct {
 		name  string
@@ -97,6 +98,7 @@ func probeModule(name string, withCatalog bool) testModule {
 }
 
 func TestNewRegistryErrors(t *testing.T) {
+	t.Parallel()
 	base := validOptions(t)
 	cases := []struct {
 		name    string
@@ -143,6 +145,7 @@ func TestNewRegistryErrors(t *testing.T) {
 }
 
 func TestNewStartsNothing(t *testing.T) {
+	t.Parallel()
 	o := validOptions(t)
 	c, err := compute.New(o)
 	if err != nil {

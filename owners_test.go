@@ -36,6 +36,7 @@ var knownWriters = map[string]string{
 // or of a migration's SQL (triggers and functions included), must be its owner's. Another
 // package calls the owner's functions.
 func TestOneWriterPerTable(t *testing.T) {
+	t.Parallel()
 	owner := map[string]string{} // table → package directory
 	type write struct{ pkg, table, at string }
 	var writes []write

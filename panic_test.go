@@ -44,7 +44,7 @@ func boomModule() testModule {
 	}
 	batch := func(ctx context.Context, tx pgx.Tx, _ *modules.Runtime, calls []*modules.BatchCall[boomIn]) ([]modules.BatchResult[boomOut], error) {
 		out := make([]modules.BatchResult[boomOut], len(calls))
-		time.Sleep(time.Duration(calls[0].In.PauseMS) * time.Millisecond)
+		time.Sleep(time.Duration(calls[0].In.PauseMS) * time.Millisecond) // a slow batch, as the test asks: the behaviour under test
 		for i, c := range calls {
 			if c.In.Panic {
 				panic("boom in a batch")
@@ -66,6 +66,7 @@ func boomModule() testModule {
 // HTTP; the host goes on, the other calls of its batch are answered, and its batch key is not
 // left stuck.
 func TestPanicInAMethod(t *testing.T) {
+	t.Parallel()
 	env := computetest.New(t, computetest.Options{Modules: []compute.Module{boomModule()}})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -114,6 +115,7 @@ func TestPanicInAMethod(t *testing.T) {
 // though calls of its key keep coming. (A leader once ran batches until the queue was empty, and
 // under steady load its caller waited a minute.)
 func TestBatchLeaderIsAnswered(t *testing.T) {
+	// Not parallel: it bounds the latency of calls under its own load, which tests beside it would add to.
 	env := computetest.New(t, computetest.Options{Modules: []compute.Module{boomModule()}})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

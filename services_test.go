@@ -66,6 +66,7 @@ func (orders) Register(r *modules.Registry) error {
 // transaction (rolled back with it), releases it, reads the clock, emits only registered
 // events, and seals secrets bound to their purpose.
 func TestRuntimeServices(t *testing.T) {
+	t.Parallel()
 	ff := newFuzzFleetWith(t, computetest.Options{Modules: []compute.Module{orders{}}})
 	env, ctx := ff.env, context.Background()
 	call := func(in placeOrder) (order, error) {
@@ -74,7 +75,7 @@ func TestRuntimeServices(t *testing.T) {
 	if _, err := call(placeOrder{Pool: "p1", GPUs: 2, Fail: true}); api.CodeOf(err) != api.CodeInternal {
 		t.Fatalf("the failing order = %v, want internal", err)
 	}
-	if n := countRows(t, env, "compute.reservations"); n != 0 {
+	if n := computetest.Count(t, env.DB.Pool, "SELECT count(*) FROM compute.reservations"); n != 0 {
 		t.Fatalf("a failed order left %d reservations", n)
 	}
 	o, err := call(placeOrder{Pool: "p1", GPUs: 2})
@@ -88,7 +89,7 @@ func TestRuntimeServices(t *testing.T) {
 	if err != nil || r.State != api.ReservationActive || len(r.Allocations[0].GPUs) != 2 {
 		t.Fatalf("the order's reservation = %+v, %v", r, err)
 	}
-	if n := count(t, env, `SELECT count(*) FROM compute.events WHERE type = 'order.placed' AND subject = $1`, o.Reservation); n != 1 {
+	if n := computetest.Count(t, env.DB.Pool, `SELECT count(*) FROM compute.events WHERE type = 'order.placed' AND subject = $1`, o.Reservation); n != 1 {
 		t.Fatalf("order.placed events = %d, want 1", n)
 	}
 	if _, err := compute.Invoke(ctx, env.Compute, env.RootKey, ordersCancel, api.GetReservation{Reservation: "not-an-id"}); api.CodeOf(err) != api.CodeNotFound {
@@ -119,13 +120,4 @@ func TestRuntimeServices(t *testing.T) {
 	if _, err := box.Open("bmc-password", sealed); err == nil {
 		t.Fatal("a damaged secret opened")
 	}
-}
-
-func count(t *testing.T, env *computetest.Env, q string, args ...any) int {
-	t.Helper()
-	var n int
-	if err := env.DB.Pool.QueryRow(context.Background(), q, args...).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
 }

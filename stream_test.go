@@ -220,9 +220,9 @@ func TestEventStreamsPerKeyAreCapped(t *testing.T) {
 		t.Fatalf("another key's stream: %d", r.StatusCode)
 	}
 	cancelFirst()
-	eventually(t, "the ended stream's place is given back", func() (bool, error) {
+	computetest.Eventually(t, 30*time.Second, "the ended stream's place given back", func() bool {
 		r, cancel := open(env.RootKey)
 		defer cancel()
-		return r.StatusCode == http.StatusOK, nil
+		return r.StatusCode == http.StatusOK
 	})
 }

@@ -15,6 +15,7 @@ import (
 // its own rows: a host transaction that fails after CreateTx leaves no reservation, no booking and
 // no host row; one that commits keeps all three; a refused call inside it leaves it usable.
 func TestCreateTxCommitsAndRollsBackWithTheHost(t *testing.T) {
+	t.Parallel()
 	ff := newFuzzFleet(t)
 	env, ctx := ff.env, context.Background()
 	if _, err := env.DB.Pool.Exec(ctx, `CREATE TABLE public.orders (id serial PRIMARY KEY, reservation_id uuid NOT NULL)`); err != nil {

@@ -6,12 +6,15 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/better-compute/compute/computetest"
 )
 
 // TestDatabaseGoneAnswersUnavailable: a call whose connection the database cuts (a restart, an
 // administrator) answers 503 unavailable, in words that name neither host nor user, and nothing
 // of it is written.
 func TestDatabaseGoneAnswersUnavailable(t *testing.T) {
+	t.Parallel()
 	env := newEnv(t)
 	url := env.Server(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -28,20 +31,10 @@ func TestDatabaseGoneAnswersUnavailable(t *testing.T) {
 	}
 	answered := make(chan call, 1)
 	go func() { answered <- post(t, url, env.RootKey, "pools/create", `{"name": "cut"}`) }()
-	for {
-		var n int
-		if err := env.DB.Pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query ILIKE '%compute.pools%'`).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		if n > 0 {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatal("the call never waited on the lock")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	computetest.Eventually(t, 30*time.Second, "the call waiting on the lock, its connection cut", func() bool {
+		return computetest.Count(t, env.DB.Pool, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query ILIKE '%compute.pools%'`) > 0
+	})
 	c := <-answered
 	if c.status != http.StatusServiceUnavailable || c.errCode() != "unavailable" || c.errDetail("reason") != "database_unavailable" {
 		t.Fatalf("a call whose connection was cut: %d %s", c.status, c.raw)
@@ -54,7 +47,7 @@ func TestDatabaseGoneAnswersUnavailable(t *testing.T) {
 	if err := lock.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if n := countRows(t, env, "compute.pools"); n != 0 {
+	if n := computetest.Count(t, env.DB.Pool, "SELECT count(*) FROM compute.pools"); n != 0 {
 		t.Fatalf("the cut call left %d pools", n)
 	}
 	if c := post(t, url, env.RootKey, "pools/create", `{"name": "after"}`); c.status != http.StatusOK {
