@@ -22,6 +22,7 @@ import (
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/client"
 	"github.com/better-compute/compute/computetest"
+	"github.com/better-compute/compute/internal/lib/initramfs/initramfstest"
 	"github.com/better-compute/compute/vps"
 	"github.com/better-compute/compute/vps/internal/vmtest"
 	"github.com/better-compute/compute/vps/runtime/libvirt"
@@ -47,10 +48,7 @@ func startVMHost(t *testing.T) *vmHost {
 	}
 	h := vmtest.Libvirtd(t)
 	kernel, initrd := vmtest.Kernel(t, h), vmtest.Initramfs(t, h)
-	bin := filepath.Join(t.TempDir(), "bcd")
-	if out, err := exec.Command("go", "build", "-o", bin, "../bcd").CombinedOutput(); err != nil {
-		t.Fatalf("build bcd: %v\n%s", err, out)
-	}
+	bin := buildBCD(t)
 
 	// The images, served as a registry would.
 	files := http.NewServeMux()
@@ -109,12 +107,17 @@ func startVMHost(t *testing.T) *vmHost {
 		t.Fatal(err)
 	}
 	// The node is a VM host once its first report is in.
-	waitFor(t, 60*time.Second, "the node is a VM host", func() bool {
-		var n int
-		_ = env.DB.Pool.QueryRow(ctx, `SELECT count(*) FROM compute.vps_hosts`).Scan(&n)
-		return n == 1
+	computetest.Eventually(t, 60*time.Second, "the node is a VM host (its first vps.host report)", func() bool {
+		return computetest.Count(t, env.DB.Pool, `SELECT count(*) FROM compute.vps_hosts`) == 1
 	})
 	return v
+}
+
+// buildBCD returns a bcd binary, built once per content for every test binary on the machine
+// (initramfstest's cache): static, as the VM tests of other packages build it.
+func buildBCD(t *testing.T) string {
+	t.Helper()
+	return initramfstest.Build(t, initramfstest.Go{Package: "github.com/better-compute/compute/bcd"})
 }
 
 // console opens the serial console of an instance or sandbox through ticket.
@@ -135,6 +138,7 @@ func (v *vmHost) console(t *testing.T, ticket api.TunnelTicket) *consoleReader {
 // follows; an image whose checksum lies never boots; a delete removes the VM and frees its
 // capacity for the next instance.
 func TestInstancesRunOnARealBCDHost(t *testing.T) {
+	t.Parallel()
 	v := startVMHost(t)
 	ctx, c, key, h := v.ctx, v.c, v.key, v.h
 	flavor, err := compute.Invoke(ctx, c, key, vps.FlavorsCreate, vps.CreateFlavor{Name: "tiny", VCPUs: 1, MemoryGiB: 1})
@@ -156,7 +160,7 @@ func TestInstancesRunOnARealBCDHost(t *testing.T) {
 	}
 	status := func(id, want string) {
 		t.Helper()
-		waitFor(t, 3*time.Minute, "instance "+id+" "+want, func() bool { return get(id).Status == want })
+		computetest.Eventually(t, 3*time.Minute, "instance "+id+" "+want, func() bool { return get(id).Status == want })
 	}
 	status(inst.ID, "running")
 
@@ -245,7 +249,7 @@ func TestInstancesRunOnARealBCDHost(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, time.Minute, "the VMs are deleted", func() bool {
+	computetest.Eventually(t, time.Minute, "the VMs are deleted", func() bool {
 		list, err := rt.List(ctx)
 		return err == nil && len(list) == 0
 	})
@@ -255,15 +259,6 @@ func TestInstancesRunOnARealBCDHost(t *testing.T) {
 	}
 	if got := get(inst.ID); got.Status != "deleted" || got.DeletedReason != "deleted" {
 		t.Fatalf("the deleted instance: %s (%s)", got.Status, got.DeletedReason)
-	}
-}
-
-func waitFor(t *testing.T, limit time.Duration, what string, ok func() bool) {
-	t.Helper()
-	for end := time.Now().Add(limit); !ok(); time.Sleep(200 * time.Millisecond) {
-		if time.Now().After(end) {
-			t.Fatalf("%s: not within %s", what, limit)
-		}
 	}
 }
 

@@ -30,13 +30,11 @@ import (
 // libvirtd is installed), the host says so (vmhost.runtime_up) and takes instances again: one
 // is defined there, stopped, as asked.
 func TestUnreachableRuntimeOnARealBCDHost(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds bcd")
 	}
-	bin := filepath.Join(t.TempDir(), "bcd")
-	if out, err := exec.Command("go", "build", "-o", bin, "../bcd").CombinedOutput(); err != nil {
-		t.Fatalf("build bcd: %v\n%s", err, out)
-	}
+	bin := buildBCD(t)
 	kernel := []byte("not a kernel: the instance is only defined, stopped")
 	sum := sha256.Sum256(kernel)
 	images := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write(kernel) }))
@@ -101,7 +99,7 @@ func TestUnreachableRuntimeOnARealBCDHost(t *testing.T) {
 		}
 		return slices.ContainsFunc(evs.Items, func(e api.Event) bool { return ok(e.Data) })
 	}
-	waitFor(t, time.Minute, "vmhost.runtime_down naming the socket", func() bool {
+	computetest.Eventually(t, time.Minute, "vmhost.runtime_down naming the socket", func() bool {
 		return hostEvent(vps.EventVMHostRuntimeDown, func(d map[string]any) bool {
 			detail, _ := d["detail"].(string)
 			return d["runtime"] == "libvirt-kvm" && strings.Contains(detail, sock)
@@ -133,14 +131,14 @@ func TestUnreachableRuntimeOnARealBCDHost(t *testing.T) {
 		if err := os.Symlink(h.Socket, sock); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, time.Minute, "vmhost.runtime_up", func() bool {
+		computetest.Eventually(t, time.Minute, "vmhost.runtime_up", func() bool {
 			return hostEvent(vps.EventVMHostRuntimeUp, func(map[string]any) bool { return true })
 		})
 		inst, err := create()
 		if err != nil {
 			t.Fatalf("an instance once the host reaches its runtime: %v", err)
 		}
-		waitFor(t, 2*time.Minute, "the instance is defined, stopped", func() bool {
+		computetest.Eventually(t, 2*time.Minute, "the instance is defined, stopped", func() bool {
 			got, err := compute.Invoke(ctx, c, key, vps.InstancesGet, vps.InstanceRef{Instance: inst.ID})
 			if err != nil {
 				t.Fatal(err)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/better-compute/compute"
+	"github.com/better-compute/compute/computetest"
 	"github.com/better-compute/compute/vps"
 )
 
@@ -23,6 +24,7 @@ import (
 // image names, and no domain is defined for it. A flat qcow2 image boots, on its own overlay
 // whose backing format the host wrote, not probed.
 func TestAnImageThatNamesAHostFileNeverBootsOnARealBCDHost(t *testing.T) {
+	t.Parallel()
 	if _, err := exec.LookPath("qemu-img"); err != nil {
 		t.Skipf("needs qemu-img (apt-get install qemu-utils): %v", err)
 	}
@@ -86,7 +88,7 @@ func TestAnImageThatNamesAHostFileNeverBootsOnARealBCDHost(t *testing.T) {
 	}
 
 	evil := create("backed.qcow2")
-	waitFor(t, 3*time.Minute, "the instance of the backed image in error", func() bool { return get(evil.ID).Status == "error" })
+	computetest.Eventually(t, 3*time.Minute, "the instance of the backed image in error", func() bool { return get(evil.ID).Status == "error" })
 	if d := get(evil.ID).StatusDetail; !strings.Contains(d, "names another file") || !strings.Contains(d, host) {
 		t.Fatalf("the error of an image backed by a host file: %q", d)
 	}
@@ -97,7 +99,7 @@ func TestAnImageThatNamesAHostFileNeverBootsOnARealBCDHost(t *testing.T) {
 	}
 
 	honest := create("flat.qcow2")
-	waitFor(t, 3*time.Minute, "the instance of the flat image running", func() bool { return get(honest.ID).Status == "running" })
+	computetest.Eventually(t, 3*time.Minute, "the instance of the flat image running", func() bool { return get(honest.ID).Status == "running" })
 	overlay := filepath.Join(h.Dir, "vps", "instances", honest.ID, "disk.qcow2")
 	if _, err := os.Stat(overlay); err != nil {
 		if _, err := exec.LookPath("virsh"); err == nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/better-compute/compute"
 	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/computetest"
 	"github.com/better-compute/compute/vps"
 	"github.com/better-compute/compute/vps/runtime/libvirt"
 	"golang.org/x/crypto/ssh"
@@ -20,39 +21,39 @@ import (
 // again while it cannot yet (the VM not yet made, its console not yet bound).
 func (v *vmHost) answers(t *testing.T, sandbox string, within time.Duration) {
 	t.Helper()
-	end := time.Now().Add(within)
-	for time.Now().Before(end) {
+	deadline := time.Now().Add(within)
+	computetest.Eventually(t, within, "sandbox "+sandbox+"'s guest answers on its console", func() bool {
 		ticket, err := compute.Invoke(v.ctx, v.c, v.key, vps.SandboxesConsole, vps.SandboxRef{Sandbox: sandbox})
 		if err != nil {
 			t.Fatal(err)
 		}
 		tun, err := v.cl.OpenTunnel(v.ctx, ticket)
 		if err != nil {
-			time.Sleep(20 * time.Millisecond)
-			continue
+			return false
 		}
+		defer tun.Close()
 		con := newConsoleReader(v.ctx, tun)
-		for attached := true; attached && time.Now().Before(end); {
-			tun.Write([]byte("ping\n"))
-			wait := time.After(100 * time.Millisecond)
-			for waiting := true; waiting; {
-				select {
-				case l, ok := <-con.lines:
-					if !ok {
-						attached, waiting = false, false
-					} else if strings.Contains(l, `you said "ping"`) {
-						tun.Close()
-						return
-					}
-				case <-wait:
-					waiting = false
+		// Attached, ask again and again: a guest still booting answers a later ping.
+		ping := time.NewTicker(100 * time.Millisecond)
+		defer ping.Stop()
+		end := time.NewTimer(time.Until(deadline))
+		defer end.Stop()
+		for tun.Write([]byte("ping\n")); ; {
+			select {
+			case l, ok := <-con.lines:
+				if !ok {
+					return false // detached: attach again
 				}
+				if strings.Contains(l, `you said "ping"`) {
+					return true
+				}
+			case <-ping.C:
+				tun.Write([]byte("ping\n"))
+			case <-end.C:
+				return false
 			}
 		}
-		tun.Close()
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("sandbox %s's guest did not answer within %s", sandbox, within)
+	})
 }
 
 // applied waits until node has applied the desired state it has now: what a call just changed
@@ -63,7 +64,7 @@ func (v *vmHost) applied(t *testing.T, node string) {
 	if err := v.env.DB.Pool.QueryRow(v.ctx, `SELECT generation FROM compute.node_desired WHERE node_id = $1`, node).Scan(&want); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, time.Minute, "the host applies its desired state", func() bool {
+	computetest.Eventually(t, time.Minute, "the host applies its desired state", func() bool {
 		var got int64
 		err := v.env.DB.Pool.QueryRow(v.ctx, `SELECT applied_generation FROM compute.node_desired WHERE node_id = $1`, node).Scan(&got)
 		return err == nil && got >= want
@@ -71,6 +72,29 @@ func (v *vmHost) applied(t *testing.T, node string) {
 }
 
 var tickRE = regexp.MustCompile(`bc-guest: tick (\d+)`)
+
+// quiet waits until the console has said nothing for d, as a paused guest's does. The lines on
+// their way when the guest paused (through QEMU, bcd, the gateway and the tunnel) may still come,
+// a tick or two; a guest that runs on ticks every second, and fails the test at its third line.
+func (c *consoleReader) quiet(t *testing.T, d time.Duration) {
+	t.Helper()
+	var said []string
+	for {
+		silence := time.NewTimer(d) // the behaviour under test: d without a line
+		select {
+		case l, ok := <-c.lines:
+			silence.Stop()
+			if !ok {
+				t.Fatal("the console ended")
+			}
+			if said = append(said, l); len(said) > 2 {
+				t.Fatalf("a paused guest talks on: %q", said)
+			}
+		case <-silence.C:
+			return
+		}
+	}
+}
 
 // nextTick returns the number of the next tick the console shows.
 func (c *consoleReader) nextTick(t *testing.T, within time.Duration) int {
@@ -99,6 +123,7 @@ func (c *consoleReader) nextTick(t *testing.T, within time.Duration) int {
 // (its guest falls silent) and resumes; a snapshot with memory is saved and restored (the guest
 // counts on from where it was saved); deleting everything leaves no VM.
 func TestSandboxesOnARealBCDHost(t *testing.T) {
+	t.Parallel()
 	v := startVMHost(t)
 	ctx, c, key := v.ctx, v.c, v.key
 	if _, err := compute.Invoke(ctx, c, key, vps.FlavorsCreate, vps.CreateFlavor{Name: "tiny", VCPUs: 1, MemoryGiB: 1}); err != nil {
@@ -191,7 +216,7 @@ func TestSandboxesOnARealBCDHost(t *testing.T) {
 		return login(reservation, certFor(reservation), command)
 	}
 	var out string
-	waitFor(t, 3*time.Minute, "SSH to the sandbox", func() bool {
+	computetest.Eventually(t, 3*time.Minute, "SSH to the sandbox", func() bool {
 		began := time.Now()
 		out, err = run(cold.ReservationID, "echo hello over ssh")
 		t.Logf("exec over SSH took %s: %v", time.Since(began).Round(time.Millisecond), err)
@@ -221,7 +246,7 @@ func TestSandboxesOnARealBCDHost(t *testing.T) {
 	}
 
 	// Warm: one waits paused; taken, it answers as soon as it is resumed.
-	waitFor(t, 3*time.Minute, "a warm instance waits", func() bool {
+	computetest.Eventually(t, 3*time.Minute, "a warm instance waits", func() bool {
 		tm, err := compute.Invoke(ctx, c, key, vps.SandboxTemplatesGet, vps.SandboxTemplateRef{Template: "warm"})
 		return err == nil && tm.WarmReady == 1
 	})
@@ -243,7 +268,7 @@ func TestSandboxesOnARealBCDHost(t *testing.T) {
 	// Paused, the guest is silent; resumed, it answers.
 	status := func(name, want string) {
 		t.Helper()
-		waitFor(t, time.Minute, name+" "+want, func() bool {
+		computetest.Eventually(t, time.Minute, name+" "+want, func() bool {
 			s, err := compute.Invoke(ctx, c, key, vps.SandboxesGet, vps.SandboxRef{Sandbox: name})
 			return err == nil && s.Status == want
 		})
@@ -258,19 +283,7 @@ func TestSandboxesOnARealBCDHost(t *testing.T) {
 		t.Fatal(err)
 	}
 	status("warm1", "paused")
-	time.Sleep(time.Second) // a tick on its way when it paused (through QEMU, bcd, the gateway and the tunnel)
-	for drained := false; !drained; {
-		select {
-		case <-wcon.lines:
-		default:
-			drained = true
-		}
-	}
-	select {
-	case l := <-wcon.lines:
-		t.Fatalf("a paused guest said %q", l)
-	case <-time.After(2500 * time.Millisecond):
-	}
+	wcon.quiet(t, 2500*time.Millisecond)
 	if _, err := compute.Invoke(ctx, c, key, vps.SandboxesResume, vps.SandboxRef{Sandbox: "warm1"}); err != nil {
 		t.Fatal(err)
 	}
@@ -283,7 +296,7 @@ func TestSandboxesOnARealBCDHost(t *testing.T) {
 	tick := func() int {
 		t.Helper()
 		var n int
-		waitFor(t, 2*time.Minute, "a tick of cold1", func() bool {
+		computetest.Eventually(t, 2*time.Minute, "a tick of cold1", func() bool {
 			ticket, err := compute.Invoke(ctx, c, key, vps.SandboxesConsole, vps.SandboxRef{Sandbox: "cold1"})
 			if err != nil {
 				t.Fatal(err)
@@ -317,7 +330,7 @@ func TestSandboxesOnARealBCDHost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 2*time.Minute, "the snapshot is ready", func() bool {
+	computetest.Eventually(t, 2*time.Minute, "the snapshot is ready", func() bool {
 		l, err := compute.Invoke(ctx, c, key, vps.SandboxSnapshotsList, vps.ListSnapshots{SandboxRef: vps.SandboxRef{Sandbox: "cold1"}})
 		if err != nil || len(l.Items) != 1 {
 			t.Fatalf("snapshots: %+v %v", l.Items, err)
@@ -329,15 +342,14 @@ func TestSandboxesOnARealBCDHost(t *testing.T) {
 	})
 	saved := tick() // the snapshot was saved between before and this
 	later := saved
-	for later < saved+6 { // the guest runs on well past it
-		time.Sleep(time.Second)
+	for later < saved+6 { // the guest runs on well past it; each tick() waits for a later line
 		later = tick()
 	}
 	if _, err := compute.Invoke(ctx, c, key, vps.SandboxSnapshotsRestore, vps.SnapshotRef{Snapshot: snap.ID}); err != nil {
 		t.Fatal(err)
 	}
 	var back int
-	waitFor(t, 2*time.Minute, "the guest counts from its snapshot", func() bool {
+	computetest.Eventually(t, 2*time.Minute, "the guest counts from its snapshot", func() bool {
 		back = tick()
 		return back < later
 	})
@@ -363,7 +375,7 @@ func TestSandboxesOnARealBCDHost(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rt.Close()
-	waitFor(t, time.Minute, "no VM is left", func() bool {
+	computetest.Eventually(t, time.Minute, "no VM is left", func() bool {
 		list, err := rt.List(ctx)
 		return err == nil && len(list) == 0
 	})
