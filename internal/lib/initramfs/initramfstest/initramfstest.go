@@ -253,7 +253,11 @@ func (g Go) key() (string, error) {
 		files := slices.Concat(p.GoFiles, p.SFiles, p.EmbedFiles, p.SysoFiles, p.TestGoFiles, p.XTestGoFiles, p.TestEmbedFiles, p.XTestEmbedFiles)
 		slices.Sort(files)
 		for _, f := range slices.Compact(files) {
-			b, err := os.ReadFile(filepath.Join(p.Dir, f))
+			path := f
+			if !filepath.IsAbs(f) { // a test binary's generated main is named by its path in the build cache
+				path = filepath.Join(p.Dir, f)
+			}
+			b, err := os.ReadFile(path)
 			if err != nil {
 				return "", err
 			}
