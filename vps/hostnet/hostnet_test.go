@@ -96,6 +96,7 @@ func needVLAN(t *testing.T, h *netlink.Handle) {
 // the second time changes nothing. A link of the bridge's name that is no bridge, and a segment
 // that is not valid, are refused, saying what is wrong.
 func TestEnsureMakesABridgeOnce(t *testing.T) {
+	t.Parallel()
 	_, l, h := namespace(t)
 	if err := l.Ensure(hostnet.Segment{Bridge: "br0"}); err != nil {
 		t.Fatal(err)
@@ -138,6 +139,7 @@ func TestEnsureMakesABridgeOnce(t *testing.T) {
 // made anew). What is in the way is refused, naming it: a link of the bridge's name that is no
 // bridge, a sub-interface name taken by another VLAN, a bridge asked to carry a second VLAN.
 func TestEnsureMakesAVLANSegmentOnce(t *testing.T) {
+	t.Parallel()
 	_, l, h := namespace(t)
 	needVLAN(t, h)
 	veth(t, h, "up0", "up0-peer")
@@ -193,6 +195,7 @@ func TestEnsureMakesAVLANSegmentOnce(t *testing.T) {
 // instance's tap is plugged into its bridge, and removing it twice is no error; an untagged
 // bridge is the host's and stays.
 func TestRemoveLeavesASegmentInUse(t *testing.T) {
+	t.Parallel()
 	_, l, h := namespace(t)
 	needVLAN(t, h)
 	veth(t, h, "up0", "up0-peer")
@@ -237,6 +240,7 @@ func TestRemoveLeavesASegmentInUse(t *testing.T) {
 // into the VLAN bridge untagged, as an instance's tap is) across the host's uplink to a "switch"
 // namespace, and checks that it arrived tagged: on the switch's VLAN 100 sub-interface.
 func TestAGuestOnAVLANBridgeReachesTheVLAN(t *testing.T) {
+	t.Parallel()
 	_, l, h := namespace(t)
 	needVLAN(t, h)
 	guestNS, _, guest := namespace(t)

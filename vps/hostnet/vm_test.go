@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/better-compute/compute/internal/lib/initramfs"
+	"github.com/better-compute/compute/internal/lib/initramfs/initramfstest"
 )
 
 // The VLAN tests need a kernel with 802.1Q. Where the test's own kernel lacks it (a microVM's,
@@ -76,6 +76,7 @@ func vmInit(m *testing.M) {
 // TestVLANTestsInAVM runs the VLAN tests in a VM where this kernel cannot make VLAN links. It
 // skips where they ran here, with -short, or without QEMU, Debian's kernel or its modules.
 func TestVLANTestsInAVM(t *testing.T) {
+	t.Parallel()
 	if os.Geteuid() != 0 {
 		t.Skip("the VLAN tests run as root")
 	}
@@ -98,31 +99,21 @@ func TestVLANTestsInAVM(t *testing.T) {
 	vmlinuz := kernels[len(kernels)-1]
 	version := strings.TrimPrefix(filepath.Base(vmlinuz), "vmlinuz-")
 
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "hostnet.test")
-	build := exec.Command("go", "test", "-c", "-o", bin, "github.com/better-compute/compute/vps/hostnet")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0") // static: the ramdisk has no C library
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build the test binary: %v\n%s", err, out)
+	if _, err := initramfs.Resolve(filepath.Join(initramfs.ModulesDirDefault, version), vmModules); err != nil {
+		t.Skipf("this kernel lacks 802.1Q, and no ramdisk with %s's modules can be made to run the VLAN tests on it: %v", version, err)
 	}
-	rd, err := os.Create(filepath.Join(dir, "initrd.gz"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := initramfs.Build(rd, initramfs.Options{Init: bin, KernelVersion: version, Modules: vmModules}); err != nil {
-		rd.Close()
-		t.Skipf("this kernel lacks 802.1Q, and no ramdisk with %s's modules could be made to run the VLAN tests on it: %v", version, err)
-	}
-	if err := rd.Close(); err != nil {
-		t.Fatal(err)
-	}
+	// This test binary, static (the ramdisk has no C library), and the ramdisk: each made once
+	// per content for every test binary on the machine.
+	bin := initramfstest.Build(t, initramfstest.Go{Package: "github.com/better-compute/compute/vps/hostnet", Test: true})
+	rd := initramfstest.Ramdisk(t, initramfs.Options{Init: bin, KernelVersion: version, Modules: vmModules})
 
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	cmdline := "console=ttyS0 panic=-1 quiet -- -test.v -test.run=^(" + strings.Join(vlanTests, "|") + ")$"
 	cmd := exec.CommandContext(ctx, qemu, "-machine", "q35,accel=tcg", "-m", "512", "-nographic", "-vga", "none", "-no-reboot",
-		"-nic", "none", "-kernel", vmlinuz, "-initrd", rd.Name(), "-append", cmdline)
-	var console lockedBuffer
+		"-nic", "none", "-kernel", vmlinuz, "-initrd", rd, "-append", cmdline)
+	// One writer for both, read once Run returns: exec's one copier has finished writing then.
+	var console bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &console, &console
 	cmd.WaitDelay = 10 * time.Second
 	err = cmd.Run()
@@ -143,22 +134,4 @@ func TestVLANTestsInAVM(t *testing.T) {
 	} else {
 		t.Logf("the VLAN tests passed on %s in QEMU", version)
 	}
-}
-
-// lockedBuffer is QEMU's console, written by its output copiers.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
