@@ -55,6 +55,7 @@ func (noReports) Report(context.Context, string, any) error { return nil }
 // reservation, or to a name that is not one of its instances'. A property over names, owners
 // and askers.
 func TestConsolesServeTheirOwnersAlone(t *testing.T) {
+	t.Parallel()
 	a, err := New(Options{Runtime: consoleRuntime{made: map[string]runtime.Instance{}}, Dir: t.TempDir(), Reporter: noReports{}})
 	if err != nil {
 		t.Fatal(err)
@@ -100,6 +101,7 @@ func TestConsolesServeTheirOwnersAlone(t *testing.T) {
 // the host (a holder's confined user) must not: once the instance is converged, both are 0600,
 // bcd's (root) and the hypervisor's own.
 func TestHypervisorSocketsAreTheAgentsAlone(t *testing.T) {
+	t.Parallel()
 	rt := openRuntime{consoleRuntime{made: map[string]runtime.Instance{}}}
 	a, err := New(Options{Runtime: rt, Dir: t.TempDir(), Reporter: noReports{}})
 	if err != nil {

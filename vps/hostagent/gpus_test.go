@@ -10,6 +10,7 @@ import (
 // each UUID (NVML's form normalized), MIG devices by their UUID; a GPU the host does not have,
 // or a host that reads none, is refused naming it.
 func TestPassThrough(t *testing.T) {
+	t.Parallel()
 	a := &Agent{opts: Options{GPUs: func(context.Context) (map[string]string, error) {
 		return map[string]string{"GPU-a": "00000000:3B:00.0", "GPU-b": "0000:af:00.0", "GPU-c": ""}, nil
 	}}}

@@ -526,6 +526,7 @@ func TestCachedBytesGoOnlyToTenantsThatFetchedThem(t *testing.T) {
 // fill the host's disk before its checksum is known: a fetch stops past MaxImageBytes, keeps
 // nothing, and says why; an image of the limit is kept.
 func TestAnImageLargerThanTheHostTakesIsRefused(t *testing.T) {
+	t.Parallel()
 	body := bytes.Repeat([]byte("i"), 1000)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/endless" {

@@ -94,6 +94,7 @@ func startAgent(t *testing.T, sock string) (*hostagent.Agent, reports) {
 // vps.host report, naming why; a convergence fails naming the runtime. Once a libvirtd answers at that path, the host reports its runtime
 // reachable, then its instances.
 func TestUnreachableRuntimeIsReported(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name string
 		make func(t *testing.T, sock string)

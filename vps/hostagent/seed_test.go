@@ -16,6 +16,7 @@ import (
 // cloud-init does, finds an iso9660 volume labelled cidata) with the three files by their full
 // names; an unchanged seed is not written again, a changed one is.
 func TestSeedIsANoCloudVolume(t *testing.T) {
+	t.Parallel()
 	a := &Agent{opts: Options{Dir: t.TempDir()}}
 	ci := &hostapi.CloudInit{MetaData: "instance-id: i-1\nlocal-hostname: web\n", UserData: "#cloud-config\nruncmd: [true]\n",
 		NetworkConfig: "version: 2\nethernets: {}\n"}

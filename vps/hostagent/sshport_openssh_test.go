@@ -1,7 +1,6 @@
 package hostagent
 
 import (
-	"bytes"
 	"crypto/ed25519"
 	"crypto/rand"
 	"errors"
@@ -17,6 +16,8 @@ import (
 
 	"github.com/creack/pty"
 	"golang.org/x/crypto/ssh"
+
+	"github.com/better-compute/compute/computetest"
 )
 
 // TestSSHPortServesOpenSSH: the wrapper docs/sandboxes.md gives images with OpenSSH, on a
@@ -24,6 +25,7 @@ import (
 // port, with a real sshd -i per session: certificates of the CA log in, and one is refused once
 // the agent's KRL revokes it, while the other logs in still.
 func TestSSHPortServesOpenSSH(t *testing.T) {
+	t.Parallel()
 	const sshd = "/usr/sbin/sshd"
 	if _, err := os.Stat(sshd); err != nil {
 		t.Skip("OpenSSH's sshd is not installed (Debian package openssh-server; .ci/run installs it)")
@@ -70,7 +72,7 @@ func TestSSHPortServesOpenSSH(t *testing.T) {
 	t.Cleanup(func() { master.Close(); tty.Close() })
 	a := testAgent(t)
 	bridge(t, a.guestPortPath("sbx"), master)
-	var log lockedBuffer
+	var log computetest.Buffer // the wrapper's and sshd's stderr
 	wrapper := exec.Command("sh", script)
 	wrapper.Env = append(os.Environ(), "BC_SSH_TTY="+tty.Name(), "BC_SSH_KRL="+krl, "BC_SSHD="+sshd+" -e -f "+cfg)
 	wrapper.Stderr = &log
@@ -210,23 +212,6 @@ func bridge(t *testing.T, path string, master *os.File) {
 			c.Close()
 		}
 	}()
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 func newTestSigner(t *testing.T) ssh.Signer {

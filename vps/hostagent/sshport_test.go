@@ -150,6 +150,7 @@ func testAgent(t *testing.T) *Agent {
 // once the guest holds the latest KRL the agent was given; the client sees nothing the guest
 // wrote outside its session; the port goes with its instance.
 func TestSSHPortHandsTheGuestItsKRL(t *testing.T) {
+	t.Parallel()
 	a := testAgent(t)
 	port := newFakePort(t, a.guestPortPath("sbx"))
 	a.serveSSHPorts(map[string][]byte{"sbx": []byte("krl one")})
@@ -202,6 +203,7 @@ func TestSSHPortHandsTheGuestItsKRL(t *testing.T) {
 // seen before, random bytes, an answer to any challenge it reads), the guest believes no KRL but
 // the agent's, and no client reads a challenge.
 func TestSSHPortClientsCannotForgeTheKRL(t *testing.T) {
+	t.Parallel()
 	a := testAgent(t)
 	port := newFakePort(t, a.guestPortPath("sbx"))
 	const real = "the agent's KRL"
@@ -272,6 +274,7 @@ func TestSSHPortClientsCannotForgeTheKRL(t *testing.T) {
 // TestCopySessionStopsAtTheMarker, a property over where the guest's reads split: what
 // precedes the end marker reaches the client whole and at once, nothing after it ever does.
 func TestCopySessionStopsAtTheMarker(t *testing.T) {
+	t.Parallel()
 	for seed := range uint64(500) {
 		rng := mrand.New(mrand.NewPCG(seed, 2))
 		before := make([]byte, rng.IntN(200))
