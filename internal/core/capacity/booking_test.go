@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/better-compute/compute/computetest"
 	"github.com/better-compute/compute/postgres"
 )
 
 // TestConstraintRefusesDoubleBookingInSQL bypasses every line of Go: plain INSERTs, and the
 // database alone refuses what the hardware would refuse.
 func TestConstraintRefusesDoubleBookingInSQL(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t, fleetSpec{nodes: 1, gpus: 2})
 	node := f.nodes[0].ID
 	ctx := context.Background()
@@ -61,7 +63,7 @@ func TestConstraintRefusesDoubleBookingInSQL(t *testing.T) {
 	refused("share 1 twice", insert(65, 66, b, c))
 	refused("the whole GPU 1 while shares are held", insert(64, 128, b, c))
 
-	n := f.count(t, `SELECT count(*) FROM compute.bookings a JOIN compute.bookings b ON a.id < b.id AND a.node_id = b.node_id
+	n := computetest.Count(t, f.DB.Pool, `SELECT count(*) FROM compute.bookings a JOIN compute.bookings b ON a.id < b.id AND a.node_id = b.node_id
 		AND a.resource = b.resource AND a.atoms && b.atoms AND a.during && b.during`)
 	if n != 0 {
 		t.Fatalf("%d pairs of bookings overlap", n)

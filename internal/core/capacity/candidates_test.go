@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/computetest"
 	"github.com/better-compute/compute/internal/core/capacity"
 )
 
@@ -12,6 +13,7 @@ import (
 // an index condition, so the full nodes (the fewest free, first in the index's order) are never
 // read one by one, however many there are.
 func TestCandidateWalkSkipsFullNodes(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t, fleetSpec{nodes: 6, gpus: 2})
 	for range 8 { // 4 of the 6 nodes full
 		f.mustReserve(t, api.CreateReservation{Shape: api.Shape{GPUs: 1, Model: "h100"}})
@@ -39,6 +41,7 @@ func TestCandidateWalkSkipsFullNodes(t *testing.T) {
 // TestSpotPassFindsSpotHeldNode: when no node has the GPUs free, a normal request walks the nodes
 // with spot holders and preempts them.
 func TestSpotPassFindsSpotHeldNode(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t, fleetSpec{nodes: 3, gpus: 2})
 	f.mustReserve(t, api.CreateReservation{Shape: api.Shape{GPUs: 2, Model: "h100"}})
 	f.mustReserve(t, api.CreateReservation{Shape: api.Shape{GPUs: 1, Model: "h100"}})
@@ -49,7 +52,7 @@ func TestSpotPassFindsSpotHeldNode(t *testing.T) {
 	if len(r.Allocations) != 1 {
 		t.Fatalf("allocations %+v", r.Allocations)
 	}
-	if n := f.count(t, `SELECT count(*) FROM compute.reservations WHERE state = 'preempted'`); n != 1 {
+	if n := computetest.Count(t, f.DB.Pool, `SELECT count(*) FROM compute.reservations WHERE state = 'preempted'`); n != 1 {
 		t.Fatalf("%d reservations preempted, want 1 (a spot one, e.g. %s)", n, spot.ID)
 	}
 }

@@ -10,6 +10,7 @@ import (
 )
 
 func TestDevicesMapAnswersEachGPUNow(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t, fleetSpec{nodes: 3, gpus: 2})
 	a := f.Compute.API
 	whole := f.mustReserve(t, api.CreateReservation{Shape: api.Shape{GPUs: 2}, Duration: "8h"})

@@ -2,8 +2,11 @@ package capacity_test
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
+	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -140,15 +143,6 @@ func (f *testFleet) mustReserve(t *testing.T, in api.CreateReservation) api.Rese
 	return r
 }
 
-func (f *testFleet) count(t *testing.T, q string, args ...any) int {
-	t.Helper()
-	var n int
-	if err := f.DB.Pool.QueryRow(f.ctx, q, args...).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
 func (f *testFleet) summary(t *testing.T) api.PoolCapacity {
 	t.Helper()
 	s, err := f.Compute.API.Capacity.Summary(f.ctx, f.RootKey, api.SummarizeCapacity{Pool: "gpu"})
@@ -167,3 +161,23 @@ func gpuIndexes(a api.Allocation) []int {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+var (
+	checksOnce  sync.Once
+	checksGiven bool // -rapid.checks was on the command line
+)
+
+// rapidChecks has the test's rapid.Check run n cases, unless -rapid.checks was given, and puts
+// the flag back after the test: it was once left set, and every later test ran the first one's
+// count. The flag is the process's, so the tests that call this do not run in parallel.
+func rapidChecks(t *testing.T, n int) {
+	fl := flag.Lookup("rapid.checks")
+	checksOnce.Do(func() { flag.Visit(func(f *flag.Flag) { checksGiven = checksGiven || f == fl }) })
+	if fl == nil || checksGiven {
+		return
+	}
+	if err := fl.Value.Set(strconv.Itoa(n)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = fl.Value.Set(fl.DefValue) })
+}

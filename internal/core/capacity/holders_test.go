@@ -15,6 +15,7 @@ import (
 )
 
 func TestDevicesListAnswersHolders(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t, fleetSpec{nodes: 1, gpus: 4})
 	node := f.nodes[0]
 	now := f.mustReserve(t, api.CreateReservation{Shape: api.Shape{GPUs: 2}, Duration: "8h"})
@@ -71,6 +72,7 @@ func TestDevicesListAnswersHolders(t *testing.T) {
 }
 
 func TestReservationsListByNode(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t, fleetSpec{nodes: 2, gpus: 8, vcpus: 4})
 	a := f.mustReserve(t, api.CreateReservation{Shape: api.Shape{GPUs: 8}})
 	b := f.mustReserve(t, api.CreateReservation{Shape: api.Shape{GPUs: 8}})
@@ -104,6 +106,7 @@ func TestReservationsListByNode(t *testing.T) {
 }
 
 func TestReservationRecordsWhyItEnded(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t, fleetSpec{nodes: 2, gpus: 8})
 	get := func(id string) api.Reservation {
 		t.Helper()
@@ -188,6 +191,7 @@ func sorted(s []string) []string {
 }
 
 func TestSpotShowsItsPreemptionAhead(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t, fleetSpec{nodes: 1, gpus: 8})
 	spot := f.mustReserve(t, api.CreateReservation{Shape: api.Shape{GPUs: 8}, Spot: true})
 	normal := f.mustReserve(t, api.CreateReservation{Shape: api.Shape{GPUs: 8}, Start: ptr(t0.Add(time.Hour)), Duration: "1h"})

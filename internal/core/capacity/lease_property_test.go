@@ -1,7 +1,6 @@
 package capacity_test
 
 import (
-	"flag"
 	"fmt"
 	"sync"
 	"testing"
@@ -40,11 +39,10 @@ func genLeaseOp() *rapid.Generator[leaseOp] {
 // others), releases through either, and cordons and uncordons, from several goroutines at once;
 // then no two bookings overlap, every rollup equals a recount, and the holder placed from memory.
 func TestPropertyMemoryAndDatabaseInterleaved(t *testing.T) {
+	// Not parallel: it sets -rapid.checks, the process's (rapidChecks).
 	f := newFleet(t, fleetSpec{nodes: 3, gpus: 8, domains: 2, vcpus: 16, mem: 64, lease: true})
 	other := f.attach(t, -1)
-	if fl := flag.Lookup("rapid.checks"); fl != nil && fl.Value.String() == fl.DefValue {
-		_ = fl.Value.Set("25")
-	}
+	rapidChecks(t, 25)
 	var mu sync.Mutex
 	var placedFromMemory int64
 	rapid.Check(t, func(rt *rapid.T) {

@@ -42,6 +42,7 @@ func (f *testFleet) attach(t *testing.T, lease time.Duration) *computetest.Env {
 // (a ghost row, as a killed process leaves) loses it to the waiting process within the lease time.
 // Each handover increases the epoch.
 func TestLeaseIsTakenRenewedAndHandedOver(t *testing.T) {
+	// Not parallel: its lease takeovers are bounded in time, which tests beside it would slow.
 	f := newFleet(t, fleetSpec{nodes: 2, gpus: 8, lease: true})
 	a := leasesOf(f.Compute)
 	if h, e, live := f.leaseRow(t); h != a.Holder() || e != 1 || !live {
@@ -84,12 +85,8 @@ func TestLeaseIsTakenRenewedAndHandedOver(t *testing.T) {
 		t.Fatal(err)
 	}
 	ghost := time.Now()
-	for bl.Held(f.pool.ID) { // b hears at its next renewal that it lost the lease
-		if time.Since(ghost) > 5*leaseTTL {
-			t.Fatal("b still trusts a lease it lost")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	// b hears at its next renewal that it lost the lease.
+	computetest.Eventually(t, 5*leaseTTL, "b no longer trusting the lease it lost", func() bool { return !bl.Held(f.pool.ID) })
 	awaitLease(t, b.Compute, f.pool.ID)
 	took := time.Since(ghost)
 	// The bound: the lease time, then one renewal round, then the load; five lease times is
@@ -115,6 +112,7 @@ func placed(r api.Reservation) string {
 // memory by the lease holder, the other through the database, land on the same nodes and GPUs,
 // releases between them included.
 func TestMemoryPlacesAsTheDatabaseDoes(t *testing.T) {
+	// Not parallel: its lease holder trusts its memory for a lease time, and a loaded machine's pause sends placements to the database, which the test counts.
 	spec := fleetSpec{nodes: 4, gpus: 8, domains: 2}
 	db := newFleet(t, spec)
 	spec.lease = true
@@ -170,6 +168,7 @@ func TestMemoryPlacesAsTheDatabaseDoes(t *testing.T) {
 // TestStaleMemoryNeverDoubleBooks: memory that another writer got ahead of never books what the
 // database holds, and still places (or answers no room) correctly.
 func TestStaleMemoryNeverDoubleBooks(t *testing.T) {
+	// Not parallel: its lease holder trusts its memory for a lease time, and a loaded machine's pause sends placements to the database, which the test counts.
 	// Two nodes of two GPUs. The first placement takes GPU 0 of the node first in id order (a);
 	// GPU 1 of a is then the best fit of the next.
 	setup := func(t *testing.T, delta bool) (f *testFleet, l *capacity.Leases, a, b string) {
@@ -187,7 +186,7 @@ func TestStaleMemoryNeverDoubleBooks(t *testing.T) {
 	}
 	noOverlap := func(t *testing.T, f *testFleet) {
 		t.Helper()
-		if n := f.count(t, `SELECT count(*) FROM compute.bookings x JOIN compute.bookings y ON x.id < y.id AND x.node_id = y.node_id
+		if n := computetest.Count(t, f.DB.Pool, `SELECT count(*) FROM compute.bookings x JOIN compute.bookings y ON x.id < y.id AND x.node_id = y.node_id
 			AND x.resource = y.resource AND x.atoms && y.atoms AND x.during && y.during`); n != 0 {
 			t.Fatalf("%d pairs of bookings overlap", n)
 		}
@@ -289,6 +288,7 @@ func TestStaleMemoryNeverDoubleBooks(t *testing.T) {
 // TestLeaseHolderAnswersAsBefore: what a placement from memory answers and writes is what the
 // database path would: the reservation as reservations.get reads it back, its events, the rollups.
 func TestLeaseHolderAnswersAsBefore(t *testing.T) {
+	// Not parallel: its lease holder trusts its memory for a lease time, and a loaded machine's pause sends placements to the database, which the test counts.
 	f := newFleet(t, fleetSpec{nodes: 2, gpus: 8, lease: true})
 	r := f.mustReserve(t, api.CreateReservation{Shape: api.Shape{GPUs: 2, Model: "h100"}, Duration: "2h", Labels: map[string]string{"team": "a"}})
 	got, err := f.Compute.API.Reservations.Get(f.ctx, f.RootKey, api.GetReservation{Reservation: r.ID})
@@ -299,7 +299,7 @@ func TestLeaseHolderAnswersAsBefore(t *testing.T) {
 		got.Labels["team"] != "a" || !slices.Equal(gpuIndexes(got.Allocations[0]), []int{0, 1}) {
 		t.Fatalf("answered %+v, read back %+v", r, got)
 	}
-	if n := f.count(t, `SELECT count(*) FROM compute.events WHERE type = 'reservation.created' AND subject = $1`, r.ID); n != 1 {
+	if n := computetest.Count(t, f.DB.Pool, `SELECT count(*) FROM compute.events WHERE type = 'reservation.created' AND subject = $1`, r.ID); n != 1 {
 		t.Errorf("%d reservation.created events, want 1", n)
 	}
 	if d, err := capacity.Drift(f.ctx, f.DB.Pool); err != nil || len(d) != 0 {

@@ -33,6 +33,7 @@ func rollupModel(s NodeSnapshot) string {
 // later, spot; nodes not schedulable) exactly as the planner from scratch does over every node the
 // candidate query would return, with the clock moving between calls.
 func TestMemoryPlacesAsThePlannerFromScratch(t *testing.T) {
+	t.Parallel()
 	now := time.Date(2030, 3, 4, 10, 0, 0, 0, time.UTC)
 	at := func(t *rapid.T, label string, ends bool) *time.Time {
 		choices := []time.Duration{-time.Hour, 0, 30 * time.Minute, 2 * time.Hour}
@@ -141,6 +142,7 @@ func cmpString(a, b string) int {
 // reload that could not see it; a node whose rollup another writer changed is taken out of
 // placement until it is read again.
 func TestMemoryForgetsAndKeepsItsOwnWrites(t *testing.T) {
+	t.Parallel()
 	now := time.Date(2030, 3, 4, 10, 0, 0, 0, time.UTC)
 	gpus := func() []GPUState {
 		var out []GPUState

@@ -24,7 +24,9 @@ func noRoom(t *testing.T, err error, reason, says string) map[string]any {
 }
 
 func TestNoRoomNamesTheCause(t *testing.T) {
+	t.Parallel()
 	t.Run("a future booking in the way, and when it is free", func(t *testing.T) {
+		t.Parallel()
 		f := newFleet(t, fleetSpec{nodes: 1, gpus: 8})
 		f.mustReserve(t, api.CreateReservation{Shape: api.Shape{GPUs: 8}, Start: ptr(t0.Add(2 * time.Hour)), Duration: "1h"})
 		_, err := f.reserve(api.CreateReservation{Shape: api.Shape{GPUs: 8}, Duration: "4h"})
@@ -36,6 +38,7 @@ func TestNoRoomNamesTheCause(t *testing.T) {
 		f.mustReserve(t, api.CreateReservation{Shape: api.Shape{GPUs: 8}, Duration: "2h"})
 	})
 	t.Run("held now, free later", func(t *testing.T) {
+		t.Parallel()
 		f := newFleet(t, fleetSpec{nodes: 1, gpus: 8})
 		f.mustReserve(t, api.CreateReservation{Shape: api.Shape{GPUs: 6}, Duration: "2h"})
 		_, err := f.reserve(api.CreateReservation{Shape: api.Shape{GPUs: 4}, Duration: "1h"})
@@ -51,6 +54,7 @@ func TestNoRoomNamesTheCause(t *testing.T) {
 		}
 	})
 	t.Run("no node with those labels", func(t *testing.T) {
+		t.Parallel()
 		f := newFleet(t, fleetSpec{nodes: 2, gpus: 8})
 		_, err := f.reserve(api.CreateReservation{Shape: api.Shape{GPUs: 1}, RequireLabels: map[string]string{"zone": "b"}})
 		if d := noRoom(t, err, capacity.NoRoomLabels, "no node has the labels asked for (zone=b)"); d["matchingLabels"] != 0 || d["nodes"] != 2 {
@@ -58,11 +62,13 @@ func TestNoRoomNamesTheCause(t *testing.T) {
 		}
 	})
 	t.Run("no GPUs of the model", func(t *testing.T) {
+		t.Parallel()
 		f := newFleet(t, fleetSpec{nodes: 1, gpus: 8})
 		_, err := f.reserve(api.CreateReservation{Shape: api.Shape{GPUs: 1, Model: "a100"}})
 		noRoom(t, err, capacity.NoRoomModel, "no node has a100 GPUs (the nodes have h100)")
 	})
 	t.Run("GPUs in the wrong mode", func(t *testing.T) {
+		t.Parallel()
 		f := newFleet(t, fleetSpec{nodes: 1, gpus: 2})
 		devs, err := f.Compute.API.Devices.List(f.ctx, f.RootKey, api.ListDevices{Node: f.nodes[0].ID})
 		if err != nil {
@@ -85,6 +91,7 @@ func TestNoRoomNamesTheCause(t *testing.T) {
 		}
 	})
 	t.Run("no node large enough", func(t *testing.T) {
+		t.Parallel()
 		f := newFleet(t, fleetSpec{nodes: 2, gpus: 8, domains: 2})
 		_, err := f.reserve(api.CreateReservation{Shape: api.Shape{GPUs: 16}})
 		if d := noRoom(t, err, capacity.NoRoomTooLarge, "the largest have 8 GPUs,"); d["maxGPUs"] != 8 {
@@ -96,6 +103,7 @@ func TestNoRoomNamesTheCause(t *testing.T) {
 		noRoom(t, err, capacity.NoRoomNoNodes, "only 2 nodes is in the pool, and the request needs 3")
 	})
 	t.Run("nodes offline, unhealthy or cordoned", func(t *testing.T) {
+		t.Parallel()
 		f := newFleet(t, fleetSpec{nodes: 3, gpus: 8})
 		if _, err := f.DB.Pool.Exec(f.ctx, `UPDATE compute.nodes SET status = CASE WHEN id = $1 THEN 'offline' ELSE status END,
 			health = CASE WHEN id = $2 THEN 'unhealthy' ELSE health END`, f.nodes[0].ID, f.nodes[1].ID); err != nil {
@@ -114,6 +122,7 @@ func TestNoRoomNamesTheCause(t *testing.T) {
 		}
 	})
 	t.Run("quota", func(t *testing.T) {
+		t.Parallel()
 		f := newFleet(t, fleetSpec{nodes: 1, gpus: 8})
 		tenant, key := f.Tenant(t, "small")
 		if _, err := f.Compute.API.Quotas.Set(f.ctx, f.RootKey, api.SetQuota{TenantID: tenant, Pool: "gpu", Resource: api.QuotaGPUs, Limit: 1}); err != nil {

@@ -17,6 +17,7 @@ import (
 // sibling itself gets the very answer it gets for one that does not exist, on every capacity and
 // quota method, so that it cannot learn what another tenant has.
 func TestNoExistenceOracle(t *testing.T) {
+	t.Parallel()
 	env := computetest.New(t, computetest.Options{})
 	env.DB.SetNow(t0)
 	ctx := context.Background()

@@ -15,6 +15,7 @@ import (
 // would wait forever; under load with a larger pool the same wait left every connection idle in
 // transaction.
 func TestNoConnectionWaitInsideTransaction(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t, fleetSpec{nodes: 2, gpus: 8, vcpus: 64, mem: 256, maxConns: 2})
 	ctx, cancel := context.WithTimeout(f.ctx, 60*time.Second)
 	defer cancel()

@@ -1,7 +1,6 @@
 package capacity_test
 
 import (
-	"flag"
 	"fmt"
 	"sync"
 	"testing"
@@ -48,6 +47,7 @@ func genOp() *rapid.Generator[op] {
 // with SQL that no atom was ever held twice at one instant, that quotas hold and match what is
 // held, and that every node's rollup adds up to what its bookings say.
 func TestPropertyNoAtomHeldTwice(t *testing.T) {
+	// Not parallel: it sets -rapid.checks, the process's (rapidChecks).
 	f := newFleet(t, fleetSpec{nodes: 3, gpus: 8, domains: 2, vcpus: 32, mem: 64})
 	tenant, key := f.Tenant(t, "prop")
 	if _, err := f.Compute.API.Quotas.Set(f.ctx, f.RootKey, api.SetQuota{TenantID: tenant, Pool: "gpu", Resource: api.QuotaGPUs, Limit: 12}); err != nil {
@@ -59,9 +59,7 @@ func TestPropertyNoAtomHeldTwice(t *testing.T) {
 	keys := []string{f.RootKey, key}
 	// Each check runs dozens of concurrent transactions; 40 keep the suite quick. More with
 	// -rapid.checks=N.
-	if fl := flag.Lookup("rapid.checks"); fl != nil && fl.Value.String() == fl.DefValue {
-		_ = fl.Value.Set("40")
-	}
+	rapidChecks(t, 40)
 	checks := 0
 	rapid.Check(t, func(rt *rapid.T) {
 		checks++

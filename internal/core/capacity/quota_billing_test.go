@@ -7,10 +7,12 @@ import (
 	"time"
 
 	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/computetest"
 	"github.com/better-compute/compute/internal/core/capacity"
 )
 
 func TestQuotaHoldsUnderConcurrency(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t, fleetSpec{nodes: 4, gpus: 8})
 	tenant, key := f.Tenant(t, "acme")
 	// The platform (root) sets acme's quota in its pool; acme cannot raise it itself.
@@ -44,7 +46,7 @@ func TestQuotaHoldsUnderConcurrency(t *testing.T) {
 	if err != nil || len(list.Items) != 1 || list.Items[0].Used != 8 {
 		t.Fatalf("acme's quotas = %+v, %v", list, err)
 	}
-	if n := f.count(t, `SELECT coalesce(sum(upper(atoms) - lower(atoms)), 0) / 64 FROM compute.bookings b JOIN compute.reservations r ON r.id = b.reservation_id WHERE r.tenant_id = $1`, tenant); n != 8 {
+	if n := computetest.Count(t, f.DB.Pool, `SELECT coalesce(sum(upper(atoms) - lower(atoms)), 0) / 64 FROM compute.bookings b JOIN compute.reservations r ON r.id = b.reservation_id WHERE r.tenant_id = $1`, tenant); n != 8 {
 		t.Fatalf("acme holds %d GPUs, want 8", n)
 	}
 	_, err = f.Compute.API.Reservations.Create(f.ctx, key, api.CreateReservation{Pool: "gpu", Shape: api.Shape{GPUs: 1}})
@@ -74,6 +76,7 @@ func TestQuotaHoldsUnderConcurrency(t *testing.T) {
 }
 
 func TestBillingOnReservedTime(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t, fleetSpec{nodes: 1, gpus: 8, vcpus: 32, mem: 128})
 	f.DB.SetNow(t0.Add(15 * time.Minute)) // 10:15
 	r := f.mustReserve(t, api.CreateReservation{Shape: api.Shape{GPUs: 2, VCPUs: 4}, Duration: "4h"})
@@ -121,6 +124,7 @@ func TestBillingOnReservedTime(t *testing.T) {
 // or not any of their hours had closed, so with more open bookings than a batch (billBatch) the
 // ones after them were never billed.
 func TestBillingReachesEveryBooking(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t, fleetSpec{nodes: 1, gpus: 8})
 	f.DB.SetNow(t0) // 10:00
 	f.mustReserve(t, api.CreateReservation{Shape: api.Shape{GPUs: 1}, Duration: "10h"})

@@ -7,11 +7,13 @@ import (
 	"time"
 
 	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/computetest"
 	"github.com/better-compute/compute/internal/core/capacity"
 	"github.com/better-compute/compute/internal/core/events"
 )
 
 func TestWholeGPUsPackToKeepNVLinkSetsWhole(t *testing.T) {
+	t.Parallel()
 	// One node, 8 GPUs in two NVLink domains of 4.
 	f := newFleet(t, fleetSpec{nodes: 1, gpus: 8, domains: 2})
 	a := f.mustReserve(t, api.CreateReservation{Shape: api.Shape{GPUs: 2, Model: "h100"}})
@@ -52,6 +54,7 @@ func TestWholeGPUsPackToKeepNVLinkSetsWhole(t *testing.T) {
 }
 
 func TestMIGSlicesAndTimeSliceShares(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t, fleetSpec{nodes: 1, gpus: 2})
 	devs, err := f.Compute.API.Devices.List(f.ctx, f.RootKey, api.ListDevices{Node: f.nodes[0].ID})
 	if err != nil || len(devs) != 2 || devs[0].Model != "h100" || !slices.Contains(devs[0].MIGProfiles, "3g.40gb") {
@@ -98,6 +101,7 @@ func TestMIGSlicesAndTimeSliceShares(t *testing.T) {
 }
 
 func TestVCPUsAndMemory(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t, fleetSpec{nodes: 1, gpus: 0, vcpus: 16, mem: 64})
 	a := f.mustReserve(t, api.CreateReservation{Shape: api.Shape{VCPUs: 6, MemoryGiB: 24}})
 	b := f.mustReserve(t, api.CreateReservation{Shape: api.Shape{VCPUs: 6, MemoryGiB: 24}})
@@ -123,12 +127,13 @@ func TestVCPUsAndMemory(t *testing.T) {
 }
 
 func TestGangAllOrNothing(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t, fleetSpec{nodes: 3, gpus: 8})
 	_, err := f.reserve(api.CreateReservation{Shape: api.Shape{GPUs: 8}, Members: 4})
 	if api.CodeOf(err) != api.CodeConflict || err.(*api.Error).Details["membersPlaced"] != 3 {
 		t.Fatalf("4×8 on 3 nodes = %v, want conflict after 3 members", err)
 	}
-	if n := f.count(t, `SELECT count(*) FROM compute.bookings`); n != 0 {
+	if n := computetest.Count(t, f.DB.Pool, `SELECT count(*) FROM compute.bookings`); n != 0 {
 		t.Fatalf("a refused gang left %d bookings", n)
 	}
 	r := f.mustReserve(t, api.CreateReservation{Shape: api.Shape{GPUs: 8}, Members: 3})
@@ -145,6 +150,7 @@ func TestGangAllOrNothing(t *testing.T) {
 }
 
 func TestSpotIsPreemptedNeverTheOtherWay(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t, fleetSpec{nodes: 1, gpus: 8})
 	spot := f.mustReserve(t, api.CreateReservation{Shape: api.Shape{GPUs: 8}, Spot: true})
 	if s := f.summary(t); s.Models[0].Spot != 8 || s.Models[0].Free != 0 {
@@ -174,6 +180,7 @@ func TestSpotIsPreemptedNeverTheOtherWay(t *testing.T) {
 }
 
 func TestCalendarExpiryAndAvailability(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t, fleetSpec{nodes: 1, gpus: 8})
 	now := f.mustReserve(t, api.CreateReservation{Shape: api.Shape{GPUs: 8}, Duration: "2h"})
 	if now.EndsAt == nil || !now.EndsAt.Equal(t0.Add(2*time.Hour)) {
@@ -226,6 +233,7 @@ func TestCalendarExpiryAndAvailability(t *testing.T) {
 }
 
 func TestCancelExtendRelease(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t, fleetSpec{nodes: 1, gpus: 8})
 	a := f.mustReserve(t, api.CreateReservation{Shape: api.Shape{GPUs: 4}, Duration: "1h"})
 	b := f.mustReserve(t, api.CreateReservation{Shape: api.Shape{GPUs: 4}, Start: ptr(t0.Add(2 * time.Hour)), Duration: "1h"})
@@ -266,6 +274,7 @@ func TestCancelExtendRelease(t *testing.T) {
 }
 
 func TestBadRequestsBookNothing(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t, fleetSpec{nodes: 1, gpus: 8})
 	cases := map[string]api.CreateReservation{
 		"unknown pool":        {Pool: "nowhere", Shape: api.Shape{GPUs: 1}},
@@ -294,7 +303,7 @@ func TestBadRequestsBookNothing(t *testing.T) {
 			t.Errorf("%s: an error without a message", name)
 		}
 	}
-	if n := f.count(t, `SELECT count(*) FROM compute.reservations`); n != 0 {
+	if n := computetest.Count(t, f.DB.Pool, `SELECT count(*) FROM compute.reservations`); n != 0 {
 		t.Fatalf("bad requests made %d reservations", n)
 	}
 	_ = fmt.Sprint
@@ -303,6 +312,7 @@ func TestBadRequestsBookNothing(t *testing.T) {
 // TestOneDecisionPerReservationMutation: each mutation, batched or not, asks IAM exactly once,
 // with its own action; the lifecycle worker and billing never ask.
 func TestOneDecisionPerReservationMutation(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t, fleetSpec{nodes: 2, gpus: 8})
 	check := func(what, action string, run func() error) {
 		t.Helper()

@@ -1,7 +1,6 @@
 package capacity_test
 
 import (
-	"flag"
 	"fmt"
 	"strings"
 	"sync"
@@ -11,6 +10,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/computetest"
 	"github.com/better-compute/compute/internal/core/capacity"
 )
 
@@ -64,6 +64,7 @@ func genRollupOp() *rapid.Generator[rollupOp] {
 // requests with invalid_argument), no call may fail with internal or unavailable, and after
 // each round's tick every node's rollup equals a recount from its bookings.
 func TestPropertyRollupIsExact(t *testing.T) {
+	// Not parallel: it sets -rapid.checks, the process's (rapidChecks).
 	f := newFleet(t, fleetSpec{nodes: 4, gpus: 8, domains: 2, vcpus: 32, mem: 64})
 	// One GPU of every node in MIG mode, one in time-slice mode: three kinds of GPU per node.
 	for _, n := range f.nodes {
@@ -78,9 +79,7 @@ func TestPropertyRollupIsExact(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if fl := flag.Lookup("rapid.checks"); fl != nil && fl.Value.String() == fl.DefValue {
-		_ = fl.Value.Set("25")
-	}
+	rapidChecks(t, 25)
 	rapid.Check(t, func(rt *rapid.T) {
 		now := t0
 		f.DB.SetNow(now)
@@ -183,14 +182,10 @@ func checkRecount(rt *rapid.T, f *testFleet) {
 // the node's lock, say) counted the ended booking as held, because now() is the transaction's
 // start. It runs on the real clock, which is what the fix is about.
 func TestRollupCountsAsOfItsStatement(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t, fleetSpec{nodes: 1, gpus: 8})
 	f.DB.ResetNow()
 	r := f.mustReserve(t, api.CreateReservation{Shape: api.Shape{GPUs: 1}, Duration: "1h"})
-	end := time.Now().Add(time.Second)
-	if _, err := f.DB.Pool.Exec(f.ctx, `UPDATE compute.bookings SET during = tstzrange(lower(during), $2) WHERE reservation_id = $1`,
-		r.ID, end); err != nil {
-		t.Fatal(err)
-	}
 	tx, err := f.DB.Pool.Begin(f.ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -199,7 +194,20 @@ func TestRollupCountsAsOfItsStatement(t *testing.T) {
 	if _, err := tx.Exec(f.ctx, `SELECT 1`); err != nil { // the transaction starts while the booking holds
 		t.Fatal(err)
 	}
-	time.Sleep(time.Until(end) + 200*time.Millisecond)
+	// The booking ends a moment after the transaction began, and the transaction goes on past the
+	// end on the real clock, as the database reads it: the passing of time is what is under test.
+	var end time.Time
+	if err := f.DB.Pool.QueryRow(f.ctx, `UPDATE compute.bookings SET during = tstzrange(lower(during), pg_catalog.clock_timestamp() + interval '50 milliseconds')
+		WHERE reservation_id = $1 RETURNING upper(during)`, r.ID).Scan(&end); err != nil {
+		t.Fatal(err)
+	}
+	computetest.Eventually(t, 10*time.Second, "the database's clock past the booking's end", func() bool {
+		var past bool
+		if err := tx.QueryRow(f.ctx, `SELECT pg_catalog.clock_timestamp() >= $1`, end).Scan(&past); err != nil {
+			t.Fatal(err)
+		}
+		return past
+	})
 	if err := capacity.RefreshNodes(f.ctx, tx, f.nodes[0].ID); err != nil {
 		t.Fatal(err)
 	}

@@ -55,6 +55,7 @@ func (f *testFleet) written(t *testing.T, id string) written {
 // TestWrittenRows pins what the booking writer writes for a lone call (a gang with vCPUs, memory
 // and labels; a spot reservation for later) and for calls that may share a batch.
 func TestWrittenRows(t *testing.T) {
+	t.Parallel()
 	f := newFleet(t, fleetSpec{nodes: 2, gpus: 4, vcpus: 16, mem: 64})
 	end := t0.Add(time.Hour)
 
