@@ -167,7 +167,7 @@ type Go struct {
 // the flags. The go command runs in the test's directory, inside the module.
 func Build(t testing.TB, g Go) string {
 	t.Helper()
-	key, err := g.key()
+	key, err := g.cachedKey()
 	if err != nil {
 		t.Fatalf("initramfstest: %s: %v", g.Package, err)
 	}
@@ -188,6 +188,26 @@ func Build(t testing.TB, g Go) string {
 		}
 		return nil
 	})
+}
+
+// keys are the keys found in this test binary: go list runs once per program.
+var keys struct {
+	sync.Mutex
+	m map[Go]func() (string, error)
+}
+
+func (g Go) cachedKey() (string, error) {
+	keys.Lock()
+	if keys.m == nil {
+		keys.m = map[Go]func() (string, error){}
+	}
+	k := keys.m[g]
+	if k == nil {
+		k = sync.OnceValues(g.key)
+		keys.m[g] = k
+	}
+	keys.Unlock()
+	return k()
 }
 
 func (g Go) ldflags() string {

@@ -160,6 +160,7 @@ func TestBuildFollowsTheSource(t *testing.T) {
 		t.Errorf("the same source gave %s, then %s", first, again)
 	}
 	write("main.go", "package main\n\nimport \"fmt\"\n\nfunc main() { fmt.Println(\"two\") }\n")
+	forgetKeys() // a test binary keeps the keys it found: the source is taken not to change under it
 	second := Build(t, g)
 	if second == first || run(second) != "two" {
 		t.Errorf("after a change: %s says %q; want a new binary saying two", second, run(second))
@@ -167,4 +168,24 @@ func TestBuildFollowsTheSource(t *testing.T) {
 	if b, _ := os.ReadFile(second); bytes.Contains(b, []byte("/lib64/ld-linux")) {
 		t.Error("the binary is dynamically linked")
 	}
+
+	// A test binary: its generated main is named by its path in the build cache.
+	write("main_test.go", "package main\n\nimport \"testing\"\n\nfunc TestSays(t *testing.T) { t.Log(\"three\") }\n")
+	tg := g
+	tg.Test = true
+	tbin := Build(t, tg)
+	if out, err := exec.Command(tbin, "-test.v", "-test.run", "TestSays").CombinedOutput(); err != nil || !strings.Contains(string(out), "three") {
+		t.Errorf("the test binary: %v\n%s", err, out)
+	}
+	write("main_test.go", "package main\n\nimport \"testing\"\n\nfunc TestSays(t *testing.T) { t.Log(\"four\") }\n")
+	forgetKeys()
+	if again := Build(t, tg); again == tbin {
+		t.Error("a changed test file gave the same test binary")
+	}
+}
+
+func forgetKeys() {
+	keys.Lock()
+	defer keys.Unlock()
+	keys.m = nil
 }
