@@ -16,6 +16,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/better-compute/compute/computetest"
 	"github.com/better-compute/compute/vps/runtime"
 )
 
@@ -24,6 +25,7 @@ import (
 // nothing more, the VM is created as the instance says, its console greets while it runs, and
 // its socket goes when it stops.
 func TestEnsureRunsPausesAndStops(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	in := h.instance("a")
 	h.ensure(in, runtime.StateRunning)
@@ -89,6 +91,7 @@ func TestEnsureRunsPausesAndStops(t *testing.T) {
 // TestEnsureNewInstanceInEachPowerState: an instance asked paused boots and pauses; one asked
 // stopped is created and not booted, and a VMM holds it.
 func TestEnsureNewInstanceInEachPowerState(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	p := h.instance("p")
 	p.Power = runtime.PowerPaused
@@ -107,6 +110,7 @@ func TestEnsureNewInstanceInEachPowerState(t *testing.T) {
 // its console socket in cloud-hypervisor after vm.delete, so the runtime must remove it before
 // the VM is created again (this failed with "address already in use" before).
 func TestEnsureAppliesANewShapeAtTheNextStart(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	in := h.instance("a")
 	in.Power = runtime.PowerStopped
@@ -145,6 +149,7 @@ func TestEnsureAppliesANewShapeAtTheNextStart(t *testing.T) {
 // whose record names another instance is listed in error; a VMM that runs and does not answer
 // is in error, with its pid.
 func TestListReturnsOnlyItsOwnVMs(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	h.ensure(h.instance("a"), runtime.StateRunning)
 	b := h.instance("b")
@@ -182,6 +187,7 @@ func TestListReturnsOnlyItsOwnVMs(t *testing.T) {
 // TestReboot: a running instance reboots with vm.reboot and serves its console again; a paused
 // or stopped one is refused, saying why; a missing one is runtime.ErrNotFound.
 func TestReboot(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	ctx := context.Background()
 	in := h.instance("a")
@@ -213,6 +219,7 @@ func TestReboot(t *testing.T) {
 // removes the taps, the console socket and the VM's directory; deleting again, or deleting an
 // instance that never was, is not an error. A VMM that does not answer is killed.
 func TestDeleteRemovesEverything(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	ctx := context.Background()
 	in := h.instance("a")
@@ -267,6 +274,7 @@ func TestDeleteRemovesEverything(t *testing.T) {
 // over the same StateDir lists them, converges them without starting new ones, and deletes
 // them.
 func TestRestartedRuntimeFindsItsVMMs(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	ctx := context.Background()
 	a, b := h.instance("a"), h.instance("b")
@@ -302,6 +310,7 @@ func TestRestartedRuntimeFindsItsVMMs(t *testing.T) {
 // it is asked to run, when a new VMM boots it; with --no-shutdown the VMM stays with the VM
 // created, and boots it again.
 func TestGuestPowerOff(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	in := h.instance("a")
 	h.ensure(in, runtime.StateRunning)
@@ -328,13 +337,9 @@ func TestGuestPowerOff(t *testing.T) {
 	if err := syscall.Kill(pid, syscall.SIGUSR1); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for st := h2.r.status(context.Background(), h2.r.files("b"), "b"); st.State != runtime.StateStopped; st = h2.r.status(context.Background(), h2.r.files("b"), "b") {
-		if time.Now().After(deadline) {
-			t.Fatalf("status after a power-off with --no-shutdown: %+v", st)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	computetest.Eventually(t, 5*time.Second, "b stopped after a power-off with --no-shutdown", func() bool {
+		return h2.r.status(context.Background(), h2.r.files("b"), "b").State == runtime.StateStopped
+	})
 	m = h2.mark("b")
 	h2.ensure(in2, runtime.StateRunning)
 	h2.expectOps("b", m, "PUT vm.boot")
@@ -348,6 +353,7 @@ func TestGuestPowerOff(t *testing.T) {
 // for others do not wait for them, and once no call holds or waits for an instance's lock the
 // runtime keeps nothing of it (it once kept a mutex for every instance it ever saw).
 func TestInstanceLocksSerializeAndAreForgotten(t *testing.T) {
+	t.Parallel()
 	r := &Runtime{locks: map[string]*instanceLock{}}
 	var inside, most atomic.Int32
 	var wg sync.WaitGroup
@@ -360,7 +366,7 @@ func TestInstanceLocksSerializeAndAreForgotten(t *testing.T) {
 			n := inside.Add(1)
 			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
 			}
-			time.Sleep(time.Millisecond)
+			time.Sleep(time.Millisecond) // the behaviour under test: a call that holds its lock a while, so that another let in would be seen inside
 			inside.Add(-1)
 		})
 	}

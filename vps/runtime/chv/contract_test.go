@@ -18,6 +18,7 @@ import (
 // TestTheRuntimeCallsOnlyDescribedOperations reads the runtime's source for the operations it
 // names and checks each against the vendored OpenAPI description, with the method it uses.
 func TestTheRuntimeCallsOnlyDescribedOperations(t *testing.T) {
+	t.Parallel()
 	spec, err := loadSpec(specPath)
 	if err != nil {
 		t.Fatal(err)
@@ -64,6 +65,7 @@ func TestTheRuntimeCallsOnlyDescribedOperations(t *testing.T) {
 // TestTheRuntimesBodiesMatchTheirSchemas: every body the runtime sends, with every field it can
 // set, is valid against its schema.
 func TestTheRuntimesBodiesMatchTheirSchemas(t *testing.T) {
+	t.Parallel()
 	spec, err := loadSpec(specPath)
 	if err != nil {
 		t.Fatal(err)
@@ -103,6 +105,7 @@ func TestTheRuntimesBodiesMatchTheirSchemas(t *testing.T) {
 // silently ignore (a misspelt field) or refuse (a wrong type, a missing field, a value out of
 // its enum or range).
 func TestTheValidatorIsStrict(t *testing.T) {
+	t.Parallel()
 	spec, err := loadSpec(specPath)
 	if err != nil {
 		t.Fatal(err)
@@ -129,6 +132,7 @@ func TestTheValidatorIsStrict(t *testing.T) {
 // (or 404 for an unknown operation) and recorded, so that the harness fails the test that sent
 // it; the fake's own answers are valid against the description.
 func TestTheFakeRefusesAndRecordsViolations(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	h.allowViolations = true
 	ctx := context.Background()

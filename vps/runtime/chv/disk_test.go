@@ -82,6 +82,7 @@ func sum(t *testing.T, path string) [32]byte {
 // instances and keeps by its checksum; each instance boots from its own qcow2 overlay on it,
 // in its directory, and the image never changes (the VM was given the image itself before).
 func TestEachInstanceWritesItsOwnDisk(t *testing.T) {
+	t.Parallel()
 	needQemuUtils(t)
 	h := newHarness(t)
 	image := rawImage(t, h.base, 0xAA)
@@ -138,6 +139,7 @@ func TestEachInstanceWritesItsOwnDisk(t *testing.T) {
 // the format the instance says, never probed: a qcow2 given as raw is raw bytes to the guest,
 // not the file its header names.
 func TestAnImageThatNamesAHostFileGetsNoDisk(t *testing.T) {
+	t.Parallel()
 	needQemuUtils(t)
 	h := newHarness(t)
 	host := filepath.Join(h.base, "shadow")

@@ -15,6 +15,7 @@ import (
 // says what failed, with cloud-hypervisor's own words where it gave some, and leaves nothing of
 // the instance: no VMM, directory, tap or console socket.
 func TestFailuresOfANewInstanceLeaveNothing(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		fail string
 		want []string
@@ -28,6 +29,7 @@ func TestFailuresOfANewInstanceLeaveNothing(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.fail, func(t *testing.T) {
+			t.Parallel()
 			// Short timeouts only where the case waits them out: a loaded machine starts the fake
 			// (a re-exec of this test binary) slowly, and answers slowly.
 			h := newHarness(t, func(o *Options) {
@@ -38,7 +40,7 @@ func TestFailuresOfANewInstanceLeaveNothing(t *testing.T) {
 					o.CallTimeout = 2 * time.Second
 				}
 			})
-			t.Setenv(fakeFailEnv, c.fail)
+			h.fakeFails(c.fail)
 			in := h.instance("f")
 			start := time.Now()
 			st, err := h.r.Ensure(context.Background(), in)
@@ -58,7 +60,7 @@ func TestFailuresOfANewInstanceLeaveNothing(t *testing.T) {
 				t.Fatalf("List = %+v, %v; want nothing", list, err)
 			}
 			// Once the VMM behaves, the instance is made as if nothing had happened.
-			t.Setenv(fakeFailEnv, "")
+			h.fakeFails("")
 			h.ensure(in, runtime.StateRunning)
 			greets(t, in.Console, "f")
 		})
@@ -68,11 +70,12 @@ func TestFailuresOfANewInstanceLeaveNothing(t *testing.T) {
 // TestFailuresOfAnExistingInstanceKeepIt: an instance that exists is not undone by a call that
 // fails: it stays as it was, and a later call converges it.
 func TestFailuresOfAnExistingInstanceKeepIt(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
-	t.Setenv(fakeFailEnv, "vm.pause=500")
+	h.fakeFails("vm.pause=500")
 	in := h.instance("e")
 	h.ensure(in, runtime.StateRunning)
-	t.Setenv(fakeFailEnv, "")
+	h.fakeFails("")
 	in.Power = runtime.PowerPaused
 	if _, err := h.r.Ensure(context.Background(), in); err == nil || !strings.Contains(err.Error(), "PUT vm.pause: 500") {
 		t.Fatalf("Ensure paused with a VMM that fails vm.pause: %v", err)

@@ -23,12 +23,14 @@ package chv
 //     the VM down and leaves it Created, as cloud-hypervisor's event loop does;
 //   - vm.boot opens what the VM needs as cloud-hypervisor's does: its disks (a qcow2 image with a
 //     backing file only with backing_files), its VFIO devices' sysfs paths, and, with
-//     BC_CHV_FAKE_TAPS=1, its tap devices in the VMM's network namespace.
+//     fake-taps, its tap devices in the VMM's network namespace.
 //
 // It appends every request to StateDir/fake-<vm>.jsonl (the directory above its socket's) for
-// the tests to read. BC_CHV_FAKE_FAIL injects failures: "start=exit" (exit at start),
-// "<op>=<status>" (answer op with that status), "vm.info=garbage" (a body that is not JSON),
-// "vmm.ping=hang" (never answer a ping).
+// the tests to read. What a test asks of the fakes its runtime starts is in files of StateDir
+// (harness.fakeFails, harness.fakeTaps), so that tests running side by side ask each its own:
+// fake-fail injects failures, "start=exit" (exit at start), "<op>=<status>" (answer op with that
+// status), "vm.info=garbage" (a body that is not JSON), "vmm.ping=hang" (never answer a ping),
+// comma-separated; fake-taps has the fake check its taps.
 
 import (
 	"context"
@@ -52,9 +54,10 @@ import (
 )
 
 const (
-	fakeEnv     = "BC_CHV_FAKE"
-	fakeFailEnv = "BC_CHV_FAKE_FAIL"
-	fakeTapsEnv = "BC_CHV_FAKE_TAPS"
+	fakeEnv = "BC_CHV_FAKE"
+	// fakeFailFile and fakeTapsFile, in StateDir, say what the fakes started there do.
+	fakeFailFile = "fake-fail"
+	fakeTapsFile = "fake-taps"
 )
 
 func TestMain(m *testing.M) {
@@ -105,16 +108,6 @@ type fakeVMM struct {
 }
 
 func fakeMain(specPath string, args []string) int {
-	fail := map[string]string{}
-	for _, kv := range strings.Split(os.Getenv(fakeFailEnv), ",") {
-		if op, what, ok := strings.Cut(kv, "="); ok {
-			fail[op] = what
-		}
-	}
-	if fail["start"] == "exit" {
-		fmt.Fprintln(os.Stderr, "fake cloud-hypervisor: failing at start as the test asked")
-		return 1
-	}
 	var socket string
 	noShutdown := false
 	for i, a := range args {
@@ -127,6 +120,20 @@ func fakeMain(specPath string, args []string) int {
 		fmt.Fprintln(os.Stderr, "fake cloud-hypervisor: no --api-socket")
 		return 2
 	}
+	stateDir := filepath.Dir(filepath.Dir(socket))
+	fail := map[string]string{}
+	asked, _ := os.ReadFile(filepath.Join(stateDir, fakeFailFile))
+	for _, kv := range strings.Split(strings.TrimSpace(string(asked)), ",") {
+		if op, what, ok := strings.Cut(kv, "="); ok {
+			fail[op] = what
+		}
+	}
+	if fail["start"] == "exit" {
+		fmt.Fprintln(os.Stderr, "fake cloud-hypervisor: failing at start as the test asked")
+		return 1
+	}
+	_, err := os.Stat(filepath.Join(stateDir, fakeTapsFile))
+	checkTaps := err == nil
 	spec, err := loadSpec(specPath)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "fake cloud-hypervisor:", err)
@@ -135,7 +142,7 @@ func fakeMain(specPath string, args []string) int {
 	vmDir := filepath.Dir(socket)
 	f := &fakeVMM{
 		spec: spec, name: filepath.Base(vmDir), fail: fail, exitCh: make(chan struct{}),
-		checkTaps: os.Getenv(fakeTapsEnv) == "1", noShutdown: noShutdown,
+		checkTaps: checkTaps, noShutdown: noShutdown,
 		log: filepath.Join(filepath.Dir(vmDir), "fake-"+filepath.Base(vmDir)+".jsonl"),
 	}
 	f.record(fakeRequest{Start: args, PID: os.Getpid()})

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/better-compute/compute/computetest"
 	"github.com/better-compute/compute/vps/runtime"
 )
 
@@ -71,6 +72,23 @@ func (h *harness) instance(id string) runtime.Instance {
 		NICs: []runtime.NIC{{MAC: "52:54:00:AB:CD:01", Bridge: "br0", VLAN: 7}}}
 }
 
+// fakeFails has the fake cloud-hypervisors this harness starts from now on fail as spec says
+// (fakeMain's fake-fail); "" has them behave.
+func (h *harness) fakeFails(spec string) { h.fakeFile(fakeFailFile, spec) }
+
+// fakeTaps has the fake cloud-hypervisors this harness starts from now on check their taps.
+func (h *harness) fakeTaps() { h.fakeFile(fakeTapsFile, "1") }
+
+func (h *harness) fakeFile(name, content string) {
+	h.t.Helper()
+	if err := os.MkdirAll(h.stateDir, 0o750); err != nil {
+		h.t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(h.stateDir, name), []byte(content), 0o644); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
 func (h *harness) ensure(in runtime.Instance, want string) {
 	h.t.Helper()
 	st, err := h.r.Ensure(context.Background(), in)
@@ -111,17 +129,11 @@ func stopProcess(t *testing.T, pid int) {
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	computetest.Eventually(t, 5*time.Second, "pid "+strconv.Itoa(pid)+" stops (T in /proc/<pid>/stat)", func() bool {
 		stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-		if i := bytes.LastIndexByte(stat, ')'); err == nil && i > 0 && i+2 < len(stat) && stat[i+2] == 'T' {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pid %d did not stop: %s, %v", pid, stat, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		i := bytes.LastIndexByte(stat, ')')
+		return err == nil && i > 0 && i+2 < len(stat) && stat[i+2] == 'T'
+	})
 }
 
 // waitGone waits for pid to exit.

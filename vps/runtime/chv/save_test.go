@@ -34,6 +34,7 @@ func lsDir(t *testing.T, dir string) []string {
 // the disk as it was. Restore replaces the VM by the saved one, disk included, and leaves it in
 // the asked power state, also on a host where the instance was deleted.
 func TestSaveAndRestore(t *testing.T) {
+	t.Parallel()
 	needQemuUtils(t)
 	h := newHarness(t)
 	ctx := context.Background()
@@ -133,6 +134,7 @@ func TestSaveAndRestore(t *testing.T) {
 // not one, or is another instance's, are refused, saying why; a snapshot that fails resumes
 // the VM and leaves no partial state; a Restore that fails for a new instance leaves nothing.
 func TestSaveAndRestoreRefusals(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	ctx := context.Background()
 	in := h.instance("a")
@@ -171,7 +173,7 @@ func TestSaveAndRestoreRefusals(t *testing.T) {
 	}
 
 	// A snapshot that fails: the VM runs on, and the old state is kept.
-	t.Setenv(fakeFailEnv, "vm.snapshot=500")
+	h.fakeFails("vm.snapshot=500")
 	c := h.instance("c")
 	h.ensure(c, runtime.StateRunning)
 	m := h.mark("c")
@@ -187,7 +189,7 @@ func TestSaveAndRestoreRefusals(t *testing.T) {
 	}
 
 	// A restore that fails for an instance the host does not have leaves nothing of it.
-	t.Setenv(fakeFailEnv, "vm.restore=500")
+	h.fakeFails("vm.restore=500")
 	if err := h.r.Delete(ctx, "a"); err != nil {
 		t.Fatal(err)
 	}

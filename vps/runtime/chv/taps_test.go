@@ -89,6 +89,7 @@ func portVLANs(t *testing.T, link netlink.Link) map[uint16]string {
 // test's own: a persistent single-queue tap with a virtio-net header (as cloud-hypervisor opens
 // it), up, on its bridge; every call converges; a link that is not a tap is never taken for one.
 func TestNetlinkTaps(t *testing.T) {
+	t.Parallel()
 	inFreshNetns(t)
 	ctx := context.Background()
 	var taps NetlinkTaps
@@ -158,6 +159,7 @@ func TestNetlinkTaps(t *testing.T) {
 // TestNetlinkTapsOnVLANs: on a bridge with VLAN filtering a tap is an access port of its VLAN
 // alone (the bridge's default VLAN 1 removed), and follows a change of VLAN.
 func TestNetlinkTapsOnVLANs(t *testing.T) {
+	t.Parallel()
 	inFreshNetns(t)
 	ctx := context.Background()
 	var taps NetlinkTaps
@@ -183,10 +185,11 @@ func TestNetlinkTapsOnVLANs(t *testing.T) {
 // and up, as cloud-hypervisor opens it; a tap that went (a host reboot) is made again at the
 // next boot; Delete removes them.
 func TestRuntimeWithNetlinkTaps(t *testing.T) {
+	t.Parallel()
 	inFreshNetns(t)
 	br := addBridge(t, "br0", false)
-	t.Setenv(fakeTapsEnv, "1")
 	h := newHarness(t, func(o *Options) { o.Taps = NetlinkTaps{} })
+	h.fakeTaps()
 	in := h.instance("a")
 	in.NICs = []runtime.NIC{{MAC: "52:54:00:00:00:01", Bridge: "br0"}, {Bridge: "br0"}}
 	h.ensure(in, runtime.StateRunning)

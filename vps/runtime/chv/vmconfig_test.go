@@ -14,6 +14,7 @@ import (
 // TestNewChecksItsOptions: a bad option is refused, naming it; a missing binary says where to
 // get cloud-hypervisor.
 func TestNewChecksItsOptions(t *testing.T) {
+	t.Parallel()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -44,6 +45,7 @@ func TestNewChecksItsOptions(t *testing.T) {
 // TestEnsureRefusesBadInstances: an instance the runtime cannot make is refused before
 // anything is made, the error naming the field.
 func TestEnsureRefusesBadInstances(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	long := "/" + strings.Repeat("c", maxSocketPath)
 	cases := []struct {
@@ -85,6 +87,7 @@ func TestEnsureRefusesBadInstances(t *testing.T) {
 // (the fake opens it at boot, as cloud-hypervisor does); one bound to another driver, or
 // missing, is refused, saying what to do.
 func TestGPUsArePassedThroughWithVFIO(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	sys := filepath.Join(h.base, "sys")
 	h.r.pciRoot = filepath.Join(sys, "bus", "pci", "devices")
