@@ -40,6 +40,7 @@ func account(s *recorded.Server, tok string) provider.Account {
 // (401) or read-only (403) one is ErrUnauthorized. The endpoint is the tenant's, so the error's
 // text is its status and code, and Hetzner's message is the operator's alone (Detail).
 func TestCheckTellsATokenFromARefusedOne(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	p := hetzner.New()
 	if err := p.Check(ctx, account(recorded.Serve(t, "testdata/check.json"), token)); err != nil {
@@ -72,6 +73,7 @@ func TestCheckTellsATokenFromARefusedOne(t *testing.T) {
 // user data, started, and labelled with the instance's id and managed-by; the answer is mapped
 // (creating, its IPv4, the ::1 of its /64).
 func TestCreateAddsTheKeyAndLabelsTheServer(t *testing.T) {
+	t.Parallel()
 	s := recorded.Serve(t, "testdata/create.json")
 	got, err := hetzner.New().Create(context.Background(), account(s, token), provider.Spec{
 		Name: "bc-" + inst, Type: "cx22", Image: "ubuntu-24.04", Location: "fsn1", SSHKeys: []string{key},
@@ -91,6 +93,7 @@ func TestCreateAddsTheKeyAndLabelsTheServer(t *testing.T) {
 // ErrExists; an unknown server type is ErrInvalid; a 503 is none of the contract's errors (the
 // module retries it); a spec without a type is refused before any request.
 func TestCreateMapsHetznersRefusals(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	p := hetzner.New()
 	s := recorded.Serve(t, "testdata/create_known_key.json")
@@ -121,6 +124,7 @@ func TestCreateMapsHetznersRefusals(t *testing.T) {
 // TestDeleteIsDoneWhenTheServerIsGone: DELETE /servers/{id}, and a server already gone (404) is
 // not an error; an id that is not Hetzner's is refused.
 func TestDeleteIsDoneWhenTheServerIsGone(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s := recorded.Serve(t, "testdata/delete.json")
 	p := hetzner.New()
@@ -136,6 +140,7 @@ func TestDeleteIsDoneWhenTheServerIsGone(t *testing.T) {
 
 // TestReinstallRebuilds: the rebuild action with the image; a server not found is ErrInvalid.
 func TestReinstallRebuilds(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s := recorded.Serve(t, "testdata/rebuild.json")
 	p := hetzner.New()
@@ -150,6 +155,7 @@ func TestReinstallRebuilds(t *testing.T) {
 // TestListFollowsPagesAndKeepsThePrefix: every page of the managed servers is read, and only
 // those of the prefix are returned, with their statuses and addresses mapped.
 func TestListFollowsPagesAndKeepsThePrefix(t *testing.T) {
+	t.Parallel()
 	s := recorded.Serve(t, "testdata/list.json")
 	got, err := hetzner.New().List(context.Background(), account(s, token), "bc-")
 	if err != nil {

@@ -40,6 +40,7 @@ func account(s *recorded.Server, opts map[string]string) provider.Account {
 // ErrUnauthorized; a token not of Proxmox's form and a missing node are refused before any
 // request.
 func TestCheckFindsTheNode(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	p := proxmox.New()
 	if err := p.Check(ctx, account(recorded.Serve(t, "testdata/check.json"), map[string]string{"node": "pve2"})); err != nil {
@@ -80,6 +81,7 @@ func TestCheckFindsTheNode(t *testing.T) {
 // account's node on its storage, configured (cores, memory, the tag, the labels, the keys in
 // Proxmox's encoding, cloud-init's user and DHCP), its disk grown, started, each task awaited.
 func TestCreateClonesSizesAndStarts(t *testing.T) {
+	t.Parallel()
 	s := recorded.Serve(t, "testdata/create.json")
 	got, err := proxmox.New().Create(context.Background(), account(s, map[string]string{"node": "pve2", "storage": "local-lvm", "ciuser": "debian"}),
 		provider.Spec{Name: "bc-" + inst, Image: "debian-12-cloud", VCPUs: 2, MemoryMiB: 4096, DiskGiB: 40, SSHKeys: []string{key},
@@ -97,6 +99,7 @@ func TestCreateClonesSizesAndStarts(t *testing.T) {
 // retry) is returned as none of the contract's errors; user data and an unknown template are
 // ErrInvalid.
 func TestCreateRefusesATakenNameAndCleansUp(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	p := proxmox.New()
 	spec := provider.Spec{Name: "bc-" + inst, Image: "9000"}
@@ -126,6 +129,7 @@ func TestCreateRefusesATakenNameAndCleansUp(t *testing.T) {
 // one without the tag is refused untouched (the recordings have no stop or destroy for them);
 // an id not node/vmid/name is refused.
 func TestDeleteStopsDestroysAndLeavesOthersAlone(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	p := proxmox.New()
 	s := recorded.Serve(t, "testdata/delete.json")
@@ -153,6 +157,7 @@ func TestDeleteStopsDestroysAndLeavesOthersAlone(t *testing.T) {
 // its VMID and name, with its cores, memory, keys, tag, NIC (its MAC) and disk size, and
 // started.
 func TestReinstallClonesAgainUnderTheSameVMID(t *testing.T) {
+	t.Parallel()
 	s := recorded.Serve(t, "testdata/reinstall.json")
 	if err := proxmox.New().Reinstall(context.Background(), account(s, nil), "pve2/105/bc-"+inst, "debian-12-cloud"); err != nil {
 		t.Fatal(err)
@@ -162,6 +167,7 @@ func TestReinstallClonesAgainUnderTheSameVMID(t *testing.T) {
 // TestListKeepsTaggedVMsOfThePrefix: templates, containers, VMs without the tag and names
 // outside the prefix are left out.
 func TestListKeepsTaggedVMsOfThePrefix(t *testing.T) {
+	t.Parallel()
 	got, err := proxmox.New().List(context.Background(), account(recorded.Serve(t, "testdata/list.json"), nil), "bc-")
 	if err != nil {
 		t.Fatal(err)
