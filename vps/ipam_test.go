@@ -178,9 +178,8 @@ func TestAllocationNeverGivesAnAddressTwice(t *testing.T) {
 	if keys := sortedKeys(got); !slices.Equal(keys, want) || exhausted != 12 {
 		t.Fatalf("12 racers were given %v and %d were told the network is full; want each of %v once, and 12 told", keys, exhausted, want)
 	}
-	var rows int
-	if err := e.DB.Pool.QueryRow(ctx, `SELECT count(*) FROM compute.vps_addresses WHERE network_id = $1`, n.ID).Scan(&rows); err != nil || rows != 10 {
-		t.Fatalf("%d leases recorded (%v), want 10", rows, err)
+	if rows := computetest.Count(t, e.DB.Pool, `SELECT count(*) FROM compute.vps_addresses WHERE network_id = $1`, n.ID); rows != 10 {
+		t.Fatalf("%d leases recorded, want 10", rows)
 	}
 
 	// Three released: five racers get exactly those three, and two hear it is full.

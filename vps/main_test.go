@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	"github.com/better-compute/compute/computetest"
 	"github.com/better-compute/compute/postgres"
 	"github.com/better-compute/compute/postgres/pgtest"
 )
@@ -16,11 +17,7 @@ func TestMigrationsDownAndUp(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.New(t)
 	tables := func() int {
-		var n int
-		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE schemaname = 'compute' AND tablename LIKE 'vps\_%'`).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
+		return computetest.Count(t, db.Pool, `SELECT count(*) FROM pg_tables WHERE schemaname = 'compute' AND tablename LIKE 'vps\_%'`)
 	}
 	if err := postgres.Migrate(ctx, db, postgres.Core, Migrations); err != nil {
 		t.Fatal(err)

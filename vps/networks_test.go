@@ -164,9 +164,8 @@ func TestBadNetworksAreRefusedNamingTheField(t *testing.T) {
 			t.Errorf("create %+v = %v; want invalid_argument naming %s, saying %q", c.in, err, c.field, c.says)
 		}
 	}
-	var n int
-	if err := e.DB.Pool.QueryRow(ctx, `SELECT count(*) FROM compute.vps_networks`).Scan(&n); err != nil || n != 0 {
-		t.Fatalf("%d networks written (%v)", n, err)
+	if n := computetest.Count(t, e.DB.Pool, `SELECT count(*) FROM compute.vps_networks`); n != 0 {
+		t.Fatalf("%d networks written", n)
 	}
 	for _, in := range []ListAddresses{{}, {Network: "n", PageRequest: api.PageRequest{Limit: -1}}, {Network: "n", PageRequest: api.PageRequest{Cursor: "nonsense"}}} {
 		if _, err := client.Call(ctx, cl, NetworksAddresses, in); api.CodeOf(err) != api.CodeInvalidArgument && api.CodeOf(err) != api.CodeNotFound {

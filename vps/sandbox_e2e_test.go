@@ -353,7 +353,7 @@ func TestSandboxesOnARealBCDHost(t *testing.T) {
 		back = tick()
 		return back < later
 	})
-	// Below where it had reached (waitFor): back in time; and not below where the snapshot began.
+	// Below where it had reached (the wait above): back in time; and not below where the snapshot began.
 	if back < before {
 		t.Fatalf("restored, the guest counts %d: it was saved between ticks %d and %d, and had reached %d", back, before, saved, later)
 	}
