@@ -21,6 +21,7 @@ import (
 // HTTP: it exits 0 on the untouched log, 1 with AUDIT FAILED and what is wrong on each
 // tampering, and --update rolls the saved checkpoint forward.
 func TestAuditVerifyThroughTheCLI(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name string
 		sql  []string
@@ -37,14 +38,15 @@ func TestAuditVerifyThroughTheCLI(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			env, file := auditedCLI(t, 6)
+			t.Parallel()
+			env, file, conn := auditedCLI(t, 6)
 			for _, s := range c.sql {
 				if _, err := env.DB.Pool.Exec(context.Background(), s); err != nil {
 					t.Fatal(err)
 				}
 			}
 			var stdout, stderr bytes.Buffer
-			code := run([]string{"audit", "verify", "--checkpoint", file}, &stdout, &stderr)
+			code := run(append(conn, "audit", "verify", "--checkpoint", file), &stdout, &stderr)
 			if c.says == "" {
 				if code != 0 || !strings.HasPrefix(stdout.String(), "OK: the event log holds events 1..6") {
 					t.Fatalf("audit verify of the untouched log exited %d\nstdout: %s\nstderr: %s", code, &stdout, &stderr)
@@ -58,7 +60,7 @@ func TestAuditVerifyThroughTheCLI(t *testing.T) {
 			// As JSON: the API's error envelope, its reason audit_failed.
 			stdout.Reset()
 			stderr.Reset()
-			code = run([]string{"audit", "verify", "--checkpoint", file, "-o", "json"}, &stdout, &stderr)
+			code = run(append(conn, "audit", "verify", "--checkpoint", file, "-o", "json"), &stdout, &stderr)
 			var e struct{ Error *api.Error }
 			if code != exitError || json.Unmarshal(stderr.Bytes(), &e) != nil || e.Error == nil ||
 				e.Error.Code != api.CodeFailedPrecondition || e.Error.Details["reason"] != "audit_failed" {
@@ -72,10 +74,11 @@ func TestAuditVerifyThroughTheCLI(t *testing.T) {
 // the saved checkpoint with the latest; prove-inclusion takes its event id as a flag; a missing
 // --checkpoint is a usage error.
 func TestAuditVerifyUpdate(t *testing.T) {
-	env, file := auditedCLI(t, 3)
+	t.Parallel()
+	env, file, conn := auditedCLI(t, 3)
 	emitAndPublish(t, env, 4)
 	var stdout, stderr bytes.Buffer
-	if code := run([]string{"audit", "verify", "--checkpoint", file, "--update"}, &stdout, &stderr); code != 0 {
+	if code := run(append(conn, "audit", "verify", "--checkpoint", file, "--update"), &stdout, &stderr); code != 0 {
 		t.Fatalf("audit verify --update exited %d: %s", code, &stderr)
 	}
 	b, err := os.ReadFile(file)
@@ -87,36 +90,33 @@ func TestAuditVerifyUpdate(t *testing.T) {
 		t.Fatalf("the saved checkpoint after --update: %s (%v)", b, err)
 	}
 	var incl api.InclusionProof
-	runJSON(t, &incl, "audit", "prove-inclusion", "--seq", "2")
+	runJSON(t, &incl, append(conn, "audit", "prove-inclusion", "--seq", "2")...)
 	if incl.LeafIndex != 1 || incl.Size != 7 || len(incl.Hashes) != 3 {
 		t.Fatalf("audit prove-inclusion --seq 2: %+v", incl)
 	}
 	stdout.Reset()
 	stderr.Reset()
-	if code := run([]string{"audit", "verify"}, &stdout, &stderr); code != exitUsage || !strings.Contains(stderr.String(), "--checkpoint FILE is required") {
+	if code := run(append(conn, "audit", "verify"), &stdout, &stderr); code != exitUsage || !strings.Contains(stderr.String(), "--checkpoint FILE is required") {
 		t.Fatalf("audit verify without --checkpoint exited %d: %s", code, &stderr)
 	}
 }
 
 // auditedCLI is a control plane served over HTTP, the CLI pointed at it with the root key,
 // n events in its log and a checkpoint of them saved by the CLI to a file.
-func auditedCLI(t *testing.T, n int) (*computetest.Env, string) {
+func auditedCLI(t *testing.T, n int) (*computetest.Env, string, []string) {
 	t.Helper()
 	env := computetest.New(t, computetest.Options{})
-	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
-	t.Setenv("HOME", t.TempDir())
-	t.Setenv("BETTER_COMPUTE_URL", env.Server(t))
-	t.Setenv("BETTER_COMPUTE_API_KEY", env.RootKey)
+	conn := connection(t, env.Server(t), env.RootKey)
 	emitAndPublish(t, env, n)
 	var stdout, stderr bytes.Buffer
-	if code := run([]string{"audit", "checkpoint", "-o", "json"}, &stdout, &stderr); code != 0 {
+	if code := run(append(conn, "audit", "checkpoint", "-o", "json"), &stdout, &stderr); code != 0 {
 		t.Fatalf("audit checkpoint exited %d: %s", code, &stderr)
 	}
 	file := filepath.Join(t.TempDir(), "checkpoint.json")
 	if err := os.WriteFile(file, stdout.Bytes(), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return env, file
+	return env, file, conn
 }
 
 // emitAndPublish writes n events, sequences them and publishes a checkpoint, as the workers do.

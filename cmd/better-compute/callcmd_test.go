@@ -12,13 +12,11 @@ import (
 // TestModuleMethodsThroughTheCLI lists and calls a module's methods, which this binary has no
 // subcommands for, from the server's method table.
 func TestModuleMethodsThroughTheCLI(t *testing.T) {
+	t.Parallel()
 	env := computetest.New(t, computetest.Options{Modules: []compute.Module{pingmodule.Module{}}})
-	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
-	t.Setenv("HOME", t.TempDir())
-	t.Setenv("BETTER_COMPUTE_URL", env.Server(t))
-	t.Setenv("BETTER_COMPUTE_API_KEY", env.RootKey)
+	conn := connection(t, env.Server(t), env.RootKey)
 
-	if out := cliRun(t, "methods"); !strings.Contains(out, "pings.setBanner") || !strings.Contains(out, "pools.create") {
+	if out := cliRun(t, append(conn, "methods")...); !strings.Contains(out, "pings.setBanner") || !strings.Contains(out, "pools.create") {
 		t.Fatalf("methods lists no pings.setBanner or pools.create:\n%s", out)
 	}
 	var table struct {
@@ -27,7 +25,7 @@ func TestModuleMethodsThroughTheCLI(t *testing.T) {
 			InputSchema map[string]any
 		}
 	}
-	runJSON(t, &table, "methods")
+	runJSON(t, &table, append(conn, "methods")...)
 	found := false
 	for _, m := range table.Methods {
 		found = found || m.Group == "pings" && m.Name == "send" && m.InputSchema["properties"] != nil
@@ -45,12 +43,12 @@ func TestModuleMethodsThroughTheCLI(t *testing.T) {
 		{[]string{"call", "pings.get", "--json", `{`}, "not valid JSON"},
 	}
 	for _, c := range cases {
-		out, err := runErr(t, c.args...)
+		out, err := runErr(t, append(conn, c.args...)...)
 		if err == nil || !strings.Contains(out+err.Error(), c.says) {
 			t.Errorf("better-compute %s = %v %q, want an error saying %q", strings.Join(c.args, " "), err, out, c.says)
 		}
 	}
-	if out := cliRun(t, "call", "pools.create", "--json", `{"name":"via-call"}`, "-o", "json"); !strings.Contains(out, `"via-call"`) {
+	if out := cliRun(t, append(conn, "call", "pools.create", "--json", `{"name":"via-call"}`, "-o", "json")...); !strings.Contains(out, `"via-call"`) {
 		t.Fatalf("call pools.create printed %s", out)
 	}
 }

@@ -71,6 +71,7 @@ func subcommand(t *testing.T, name string) *cobra.Command {
 // devserver), both listen on loopback unless told otherwise (serve bound every interface), and
 // -v, verbose here and the version on the root, is only a deprecated shorthand.
 func TestDevAndServeShareFlags(t *testing.T) {
+	t.Parallel()
 	dev, serve := subcommand(t, "dev"), subcommand(t, "serve")
 	for _, name := range []string{"listen", "gateway-listen", "verbose", "allow-private-webhooks"} {
 		for _, c := range []*cobra.Command{dev, serve} {
@@ -106,6 +107,7 @@ func TestDevAndServeShareFlags(t *testing.T) {
 // reach the host's network, so serve refuses it as a usage error unless --i-know-it-is-unsafe
 // says it is meant; with both, the option reaches the control plane.
 func TestServeRefusesPrivateWebhooksUnlessTold(t *testing.T) {
+	t.Parallel()
 	secret := strings.Repeat("s", 32)
 	var stderr bytes.Buffer
 	code := run([]string{"serve", "--database-url", "postgres://nobody@127.0.0.1:1/none", "--secret", secret, "--allow-private-webhooks"}, io.Discard, &stderr)
@@ -187,6 +189,7 @@ func adminKey(t *testing.T, dbURL, root string) (string, error) {
 // TestDevPrintsItsDatabase: dev prints the embedded PostgreSQL's URL (with the port and password
 // chosen), and says when webhooks may reach private addresses.
 func TestDevPrintsItsDatabase(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds and runs the CLI")
 	}

@@ -162,6 +162,7 @@ func stripComment(s string) (string, bool) {
 
 // TestDocCommandsAreFound: the extraction reads what a reader would run.
 func TestDocCommandsAreFound(t *testing.T) {
+	t.Parallel()
 	doc := "text\n```sh\nbetter-compute pools list   # a comment\n$ better-compute call x.y --json '{\"a\": 1,\n  \"b\": \"#2\"}'\n" +
 		"echo hi | better-compute exec -- cat\nbetter-compute a \\\n  --b c\ngo install ./cmd/better-compute\n```\n```go\nbetter-compute no\n```\n"
 	got := shellCommands("x.md", doc)
@@ -228,11 +229,8 @@ func (e *docEnv) write(name, content string) {
 	e.must(os.WriteFile(name, []byte(content), 0o600))
 }
 
-// eventually waits for cond for at most 45 s (computetest.Eventually), then fails saying what.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	computetest.Eventually(t, 45*time.Second, what, cond)
-}
+// docPatience bounds the waits of the documents' commands on what the devserver does.
+const docPatience = 45 * time.Second
 
 // accessSetup: $RES is a reservation of the simulated pool, and the reader has an SSH key.
 func accessSetup(e *docEnv) {
@@ -270,13 +268,13 @@ func eventsSetup(e *docEnv) {
 		e.must(err)
 	}
 	e.before["better-compute audit checkpoint -o json > checkpoint.json"] = func() {
-		eventually(e.t, "a checkpoint of 120 events", func() bool {
+		computetest.Eventually(e.t, docPatience, "a checkpoint of 120 events", func() bool {
 			cp, err := e.cl.Audit.Checkpoint(ctx, api.GetCheckpoint{})
 			return err == nil && cp.Size >= 120
 		})
 	}
 	e.before["better-compute webhooks redeliver <delivery>"] = func() {
-		eventually(e.t, "the test event's delivery", func() bool {
+		computetest.Eventually(e.t, docPatience, "the test event's delivery", func() bool {
 			page, err := e.cl.Webhooks.Deliveries(ctx, api.ListWebhookDeliveries{Webhook: e.ids[len(e.ids)-1]})
 			e.must(err)
 			if len(page.Items) > 0 {

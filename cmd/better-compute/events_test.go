@@ -22,6 +22,7 @@ import (
 // (there was no way but --after with an id found by hand), and lastEventID finds the newest
 // event a key may see with a few reads.
 func TestEventsWatchFromNow(t *testing.T) {
+	t.Parallel()
 	env := computetest.New(t, computetest.Options{})
 	url := env.Server(t)
 	ctx := context.Background()
@@ -53,15 +54,13 @@ func TestEventsWatchFromNow(t *testing.T) {
 		env.DB.Pool.QueryRow(ctx, `SELECT coalesce(max(seq), 0) FROM compute.events`).Scan(&max)
 	}
 
-	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
-	t.Setenv("BETTER_COMPUTE_URL", url)
-	t.Setenv("BETTER_COMPUTE_API_KEY", env.RootKey)
+	conn := connection(t, url, env.RootKey)
 	done := make(chan struct{})
 	var stdout, stderr bytes.Buffer
 	var code int
 	go func() {
 		defer close(done)
-		code = run([]string{"events", "watch", "--from-now", "--count", "1", "-o", "json"}, &stdout, &stderr)
+		code = run(append(conn, "events", "watch", "--from-now", "--count", "1", "-o", "json"), &stdout, &stderr)
 	}()
 	// Events are written until the watch has one: whichever it printed came after its start.
 	w, err := a.Webhooks.Create(ctx, env.RootKey, api.CreateWebhook{URL: "https://hooks.example.com/late"})
@@ -85,13 +84,14 @@ func TestEventsWatchFromNow(t *testing.T) {
 	if code != 0 || json.Unmarshal(stdout.Bytes(), &e) != nil || e.ID <= max || !strings.HasPrefix(e.Type, "webhook.") {
 		t.Fatalf("events watch --from-now = %d, %+v (the log held %d before)\n%s%s", code, e, max, &stdout, &stderr)
 	}
-	if code := run([]string{"events", "watch", "--from-now", "--after", "3"}, &stdout, &stderr); code != exitUsage {
+	if code := run(append(conn, "events", "watch", "--from-now", "--after", "3"), &stdout, &stderr); code != exitUsage {
 		t.Fatalf("--from-now with --after = %d", code)
 	}
 }
 
 // TestLastID: the search finds the largest of any set of ids, however large, in few reads.
 func TestLastID(t *testing.T) {
+	t.Parallel()
 	rapid.Check(t, func(t *rapid.T) {
 		ids := rapid.SliceOfDistinct(rapid.OneOf(rapid.Int64Range(1, 1000), rapid.Int64Range(1, math.MaxInt64)), rapid.ID[int64]).Draw(t, "ids")
 		slices.Sort(ids)

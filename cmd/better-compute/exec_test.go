@@ -6,6 +6,7 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/computetest"
@@ -17,6 +18,7 @@ import (
 // nothing and exited 0: the end of standard input detached it, and the tunnel's error was
 // dropped).
 func TestTunnelErrorsExitNonZero(t *testing.T) {
+	t.Parallel()
 	env := computetest.New(t, computetest.Options{})
 	url := env.Server(t)
 	gw, _ := env.Gateway(t, "")
@@ -35,13 +37,11 @@ func TestTunnelErrorsExitNonZero(t *testing.T) {
 	}
 	defer f.Stop()
 	var res api.Reservation
-	eventually(t, "the simulated node's GPUs", func() bool {
+	computetest.Eventually(t, 45*time.Second, "the simulated node's GPUs", func() bool {
 		res, err = a.Reservations.Create(ctx, env.RootKey, api.CreateReservation{Pool: "gpu", Shape: api.Shape{GPUs: 8}}) // the whole node: its consoles are its whole holder's
 		return err == nil
 	})
-	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
-	t.Setenv("BETTER_COMPUTE_URL", url)
-	t.Setenv("BETTER_COMPUTE_API_KEY", env.RootKey)
+	conn := connection(t, url, env.RootKey)
 
 	open, done := io.Pipe() // standard input that stays open until the command ends
 	defer done.Close()
@@ -58,7 +58,7 @@ func TestTunnelErrorsExitNonZero(t *testing.T) {
 	}
 	for _, c := range cases {
 		var stdout, stderr bytes.Buffer
-		code := runWith(c.stdin, c.args, &stdout, &stderr)
+		code := runWith(c.stdin, append(conn, c.args...), &stdout, &stderr)
 		if code != exitTunnelLost || !strings.Contains(stderr.String(), "the tunnel ended: "+c.want) || stdout.Len() != 0 {
 			t.Errorf("%s: exit %d, stdout %q, stderr %q; want %d and %q", c.name, code, &stdout, &stderr, exitTunnelLost, c.want)
 		}

@@ -16,11 +16,9 @@ import (
 // command line exits 2 and says what was wrong, an API error exits 1, and with -o json every
 // error is the API's envelope on stderr while stdout holds only answers.
 func TestExitCodesAndOutputs(t *testing.T) {
+	t.Parallel()
 	env := computetest.New(t, computetest.Options{})
-	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
-	t.Setenv("HOME", t.TempDir())
-	t.Setenv("BETTER_COMPUTE_URL", env.Server(t))
-	t.Setenv("BETTER_COMPUTE_API_KEY", env.RootKey)
+	conn := connection(t, env.Server(t), env.RootKey)
 
 	type envelope struct {
 		Error *api.Error `json:"error"`
@@ -69,7 +67,7 @@ func TestExitCodesAndOutputs(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			var stdout, stderr bytes.Buffer
-			code := run(c.args, &stdout, &stderr)
+			code := run(append(conn, c.args...), &stdout, &stderr)
 			if code != c.code {
 				t.Fatalf("better-compute %s exited %d, want %d\nstdout: %s\nstderr: %s", strings.Join(c.args, " "), code, c.code, &stdout, &stderr)
 			}
@@ -113,6 +111,7 @@ func TestExitCodesAndOutputs(t *testing.T) {
 // TestPositionalResourcesAreRequired: the CLI refuses a method whose resource argument is missing
 // as a usage error without asking the API; that is right only while every such method requires it.
 func TestPositionalResourcesAreRequired(t *testing.T) {
+	t.Parallel()
 	mods, err := moduleTable()
 	if err != nil {
 		t.Fatal(err)
@@ -220,10 +219,9 @@ func hasJSONName(t reflect.Type, key string) bool {
 // TestNoRoomSaysTheShape: a refused reservation says what was asked in words a person reads
 // ("8 GPUs", "8 h100 GPUs"), not "8 any GPUs".
 func TestNoRoomSaysTheShape(t *testing.T) {
+	t.Parallel()
 	env := computetest.New(t, computetest.Options{})
-	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
-	t.Setenv("BETTER_COMPUTE_URL", env.Server(t))
-	t.Setenv("BETTER_COMPUTE_API_KEY", env.RootKey)
+	conn := connection(t, env.Server(t), env.RootKey)
 	if _, err := env.Compute.API.Pools.Create(context.Background(), env.RootKey, api.CreatePool{Name: "gpu"}); err != nil {
 		t.Fatal(err)
 	}
@@ -235,7 +233,7 @@ func TestNoRoomSaysTheShape(t *testing.T) {
 		{[]string{"reservations", "create", "--pool", "gpu", "--gpus", "8", "--model", "h100"}, "no room for 8 h100 GPUs"},
 	} {
 		var stdout, stderr bytes.Buffer
-		code := run(c.args, &stdout, &stderr)
+		code := run(append(conn, c.args...), &stdout, &stderr)
 		if code != exitError || !strings.Contains(stderr.String(), c.says) || strings.Contains(stderr.String(), "any") {
 			t.Errorf("better-compute %s = %d %q, want it to say %q", strings.Join(c.args, " "), code, &stderr, c.says)
 		}

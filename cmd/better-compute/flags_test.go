@@ -70,6 +70,7 @@ type reservedInput struct {
 // TestReservedFlagNames: a method field named as one of the CLI's own flags gets the flag
 // --input-NAME, so it neither shadows the CLI's flag nor is dropped; other fields keep their names.
 func TestReservedFlagNames(t *testing.T) {
+	t.Parallel()
 	// Every flag of the root but the hidden --url is reserved.
 	newRoot(&profile{}).PersistentFlags().VisitAll(func(f *pflag.Flag) {
 		if f.Name != legacyServerFlag && !slices.Contains(reservedFlags, f.Name) {

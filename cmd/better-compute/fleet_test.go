@@ -18,11 +18,9 @@ import (
 // the plan's fingerprint, plan again (nothing), see drift after a change by hand, and have a
 // stale plan and a bad document refused with what is wrong.
 func TestFleetThroughTheCLI(t *testing.T) {
+	t.Parallel()
 	env := computetest.New(t, computetest.Options{})
-	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
-	t.Setenv("HOME", t.TempDir())
-	t.Setenv("BETTER_COMPUTE_URL", env.Server(t))
-	t.Setenv("BETTER_COMPUTE_API_KEY", env.RootKey)
+	conn := connection(t, env.Server(t), env.RootKey)
 	ctx := context.Background()
 	if _, err := env.Compute.API.Sites.Create(ctx, env.RootKey, api.CreateSite{Name: "fra1", DisplayName: "Frankfurt"}); err != nil {
 		t.Fatal(err)
@@ -30,7 +28,7 @@ func TestFleetThroughTheCLI(t *testing.T) {
 	cli := func(want int, args ...string) (string, string) {
 		t.Helper()
 		var stdout, stderr bytes.Buffer
-		if code := run(args, &stdout, &stderr); code != want {
+		if code := run(append(conn, args...), &stdout, &stderr); code != want {
 			t.Fatalf("better-compute %s exited %d, want %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), code, want, &stdout, &stderr)
 		}
 		return stdout.String(), stderr.String()

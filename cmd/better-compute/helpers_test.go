@@ -3,6 +3,8 @@ package main
 import (
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strconv"
 	"testing"
 )
@@ -24,4 +26,16 @@ func httpGet(url string) (int, error) {
 	}
 	resp.Body.Close()
 	return resp.StatusCode, nil
+}
+
+// connection is the flags that point the in-process CLI at url with key, and at an empty
+// configuration file rather than the machine user's: a test passes them instead of setting the
+// environment, which is the process's, and so may run beside others.
+func connection(t *testing.T, url, key string) []string {
+	t.Helper()
+	cfg := filepath.Join(t.TempDir(), "config.json")
+	if err := os.WriteFile(cfg, []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return []string{"--" + serverFlag + "=" + url, "--api-key=" + key, "--config=" + cfg}
 }

@@ -5,12 +5,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -18,6 +20,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/computetest"
 	"github.com/better-compute/compute/metal"
 	"github.com/better-compute/compute/postgres"
 	"github.com/better-compute/compute/postgres/pgtest"
@@ -25,13 +28,26 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
+var (
+	buildOnce sync.Once
+	builtBin  string
+	buildErr  error
+)
+
+// build builds the better-compute binary once for all the tests of this run, next to the test
+// binary: in go test's work directory, which the go command removes when the run ends.
 func build(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "better-compute")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
+	buildOnce.Do(func() {
+		builtBin = filepath.Join(filepath.Dir(os.Args[0]), "better-compute")
+		if out, err := exec.Command("go", "build", "-o", builtBin, ".").CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("%w\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatalf("build: %v", buildErr)
 	}
-	return bin
+	return builtBin
 }
 
 // started is a long-running better-compute process.
@@ -119,6 +135,7 @@ func cli(t *testing.T, bin string, env []string, args ...string) (string, string
 // TestQuickstart runs docs/quickstart.md's steps: the development server with simulated GPU
 // machines, then the CLI binary against it.
 func TestQuickstart(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds and runs binaries")
 	}
@@ -230,6 +247,7 @@ func TestQuickstart(t *testing.T) {
 // simulated nodes join through the api process, hold sessions with the gateway, and a command
 // created through the api reaches them.
 func TestServeModesOnOneDatabase(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds and runs binaries")
 	}
@@ -269,18 +287,11 @@ func TestServeModesOnOneDatabase(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &cmd); err != nil {
 		t.Fatalf("command: %v\n%s", err, out)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	computetest.Eventually(t, 20*time.Second, "the command back through the gateway process", func() bool {
 		out, _, _ = cli(t, bin, cenv, "commands", "get", cmd.ID, "-o", "json")
 		json.Unmarshal([]byte(out), &cmd)
-		if cmd.State == api.CommandSucceeded {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the command did not come back through the gateway process: %s", out)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return cmd.State == api.CommandSucceeded
+	})
 	// Health and readiness of the api process.
 	for _, path := range []string{"/healthz", "/readyz"} {
 		resp, err := httpGet(apiURL + path)

@@ -14,6 +14,7 @@ import (
 // their method table as the core's are, with flags from their inputs (the help promised one
 // subcommand per group; they were reached only with call).
 func TestModuleGroupsHaveCommands(t *testing.T) {
+	t.Parallel()
 	root := newRoot(&profile{})
 	for _, path := range []string{"machines get", "machines power", "machines deploy-many", "images register", "leases end",
 		"join-requests approve", "profiles list", "flavors create", "vm-images register", "instances start", "instances console",
@@ -29,9 +30,7 @@ func TestModuleGroupsHaveCommands(t *testing.T) {
 		t.Fatal(err)
 	}
 	env := computetest.New(t, computetest.Options{Modules: mods})
-	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
-	t.Setenv("BETTER_COMPUTE_URL", env.Server(t))
-	t.Setenv("BETTER_COMPUTE_API_KEY", env.RootKey)
+	conn := connection(t, env.Server(t), env.RootKey)
 	for _, args := range [][]string{
 		{"flavors", "create", "--name", "small", "--vcpus", "2", "--memory-gib", "4", "--require-labels", "vm=yes"},
 		{"networks", "create", "--name", "lan", "--cidr", "10.20.0.0/24", "--dns", "10.20.0.2,10.20.0.3"},
@@ -40,12 +39,12 @@ func TestModuleGroupsHaveCommands(t *testing.T) {
 		{"profiles", "list", "-o", "yaml"},
 	} {
 		var stdout, stderr bytes.Buffer
-		if code := run(args, &stdout, &stderr); code != 0 {
+		if code := run(append(conn, args...), &stdout, &stderr); code != 0 {
 			t.Fatalf("better-compute %s = %d\n%s%s", strings.Join(args, " "), code, &stdout, &stderr)
 		}
 	}
 	var out bytes.Buffer
-	run([]string{"flavors", "list", "-o", "json"}, &out, &out)
+	run(append(conn, "flavors", "list", "-o", "json"), &out, &out)
 	var flavors api.Page[struct {
 		Name          string            `json:"name"`
 		VCPUs         int               `json:"vcpus"`
@@ -60,6 +59,7 @@ func TestModuleGroupsHaveCommands(t *testing.T) {
 // argument in every group, as reservations get does (webhooks test <id> was refused), and an id
 // that is a number is read as one.
 func TestPositionalIDsAreUniform(t *testing.T) {
+	t.Parallel()
 	root := newRoot(&profile{})
 	for path, arg := range map[string]string{
 		"reservations get": "reservation", "webhooks test": "webhook", "webhooks delete": "webhook", "webhooks rotate-secret": "webhook",
@@ -78,11 +78,9 @@ func TestPositionalIDsAreUniform(t *testing.T) {
 	}
 
 	env := computetest.New(t, computetest.Options{})
-	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
-	t.Setenv("BETTER_COMPUTE_URL", env.Server(t))
-	t.Setenv("BETTER_COMPUTE_API_KEY", env.RootKey)
+	conn := connection(t, env.Server(t), env.RootKey)
 	var out bytes.Buffer
-	if code := run([]string{"webhooks", "create", "--url", "https://hooks.example.com/x", "-o", "json"}, &out, &out); code != 0 {
+	if code := run(append(conn, "webhooks", "create", "--url", "https://hooks.example.com/x", "-o", "json"), &out, &out); code != 0 {
 		t.Fatalf("webhooks create = %d\n%s", code, &out)
 	}
 	var w api.Webhook
@@ -101,7 +99,7 @@ func TestPositionalIDsAreUniform(t *testing.T) {
 		{[]string{"webhooks", "delete", w.ID}, 0, ""},
 	} {
 		var stdout, stderr bytes.Buffer
-		if code := run(c.args, &stdout, &stderr); code != c.code || !strings.Contains(stderr.String(), c.says) {
+		if code := run(append(conn, c.args...), &stdout, &stderr); code != c.code || !strings.Contains(stderr.String(), c.says) {
 			t.Errorf("better-compute %s = %d\n%s%s", strings.Join(c.args, " "), code, &stdout, &stderr)
 		}
 	}

@@ -33,6 +33,7 @@ func terminalSafe(s string) bool {
 // control character through, a table keeps a row per item, and JSON and YAML still carry the
 // text exactly.
 func TestPrintedTextIsTerminalSafe(t *testing.T) {
+	t.Parallel()
 	rapid.Check(t, func(t *rapid.T) {
 		controls := rapid.SampledFrom([]rune{0x1b, 0x7f, 0x85, 0x9b, '\t', '\n', '\r', 0x2028, 0x202e, 0, '[', '\\'})
 		text := rapid.OneOf(rapid.String(), rapid.StringOf(rapid.OneOf(rapid.Rune(), controls))).Draw(t, "text")
@@ -109,6 +110,7 @@ func TestPrintedTextIsTerminalSafe(t *testing.T) {
 
 // TestClean: the escapes a person reads.
 func TestClean(t *testing.T) {
+	t.Parallel()
 	for in, want := range map[string]string{
 		"plain name":           "plain name",
 		"\x1b[31mred\x1b[0m":   `\x1b[31mred\x1b[0m`,
@@ -127,6 +129,7 @@ func TestClean(t *testing.T) {
 
 // TestTables: what a table shows of an event, a reservation and the whole allocation of one.
 func TestTables(t *testing.T) {
+	t.Parallel()
 	res := `{"id": "r1", "state": "active", "shape": {"gpus": 8, "model": "h100"}, "members": 1, "startsAt": "2030-01-02T15:04:05Z",
 		"allocations": [{"nodeId": "n1", "node": "sim-00000", "gpus": [{"index": 0, "uuid": "GPU-aaa", "model": "H100"}, {"index": 1, "uuid": "GPU-bbb", "model": "H100"}], "cpuset": "0-7"}],
 		"labels": {"team": "ml"}, "poolId": "p1", "tenantId": "root"}`

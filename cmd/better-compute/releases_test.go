@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/computetest"
@@ -95,13 +96,10 @@ func TestReleasesInitSignPush(t *testing.T) {
 // TestRolloutsWatch follows a rollout whose only node never comes back on the release: a line
 // per change, and exit 1 with the error once the failed wave pauses it.
 func TestRolloutsWatch(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	env := computetest.New(t, computetest.Options{})
 	url := env.Server(t)
-	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
-	t.Setenv("HOME", t.TempDir())
-	t.Setenv("BETTER_COMPUTE_URL", url)
-	t.Setenv("BETTER_COMPUTE_API_KEY", env.RootKey)
 	releasetest.Init(t, env, url).Publish(t, map[tufrepo.Build][]byte{{Version: "v2.0.0", OS: "linux", Arch: "amd64"}: []byte("bcd v2")})
 	p, err := env.Compute.API.Pools.Create(ctx, env.RootKey, api.CreatePool{Name: "p1"})
 	if err != nil {
@@ -117,8 +115,22 @@ func TestRolloutsWatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var stdout, stderr bytes.Buffer
-	code := run([]string{"rollouts", "watch", r.ID, "--every", "100ms"}, &stdout, &stderr)
+	var stdout, stderr computetest.Buffer
+	exit := make(chan int, 1)
+	go func() {
+		exit <- run(append(connection(t, url, env.RootKey), "rollouts", "watch", r.ID, "--every", "100ms"), &stdout, &stderr)
+	}()
+	computetest.Eventually(t, 30*time.Second, "the watch showing wave 1 running", func() bool {
+		return stdout.Contains("wave 1 running: wave 1: waiting for n0")
+	})
+	// The wave's deadline passes on the database's clock, which the test moves past it.
+	env.DB.SetNow(time.Now().Add(time.Minute))
+	var code int
+	select {
+	case code = <-exit:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("the watch did not end once the wave's deadline passed:\n%s\n%s", stdout.String(), stderr.String())
+	}
 	if code != 1 || !strings.Contains(stderr.String(), "paused: wave 1 failed: n0 did not come back online on v2.0.0") {
 		t.Fatalf("watch = %d\n%s\n%s", code, stdout.String(), stderr.String())
 	}

@@ -45,12 +45,10 @@ func (f *cliFlows) Register(r *modules.Registry) error {
 // plane over HTTP: it prints the run's progress as it changes and exits 0 when the run succeeds,
 // 1 with the error when it fails.
 func TestWorkflowsWatchFollowsARunToItsEnd(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	env := computetest.New(t, computetest.Options{Modules: []compute.Module{&cliFlows{}}})
-	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
-	t.Setenv("HOME", t.TempDir())
-	t.Setenv("BETTER_COMPUTE_URL", env.Server(t))
-	t.Setenv("BETTER_COMPUTE_API_KEY", env.RootKey)
+	conn := connection(t, env.Server(t), env.RootKey)
 	if err := env.Compute.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +66,7 @@ func TestWorkflowsWatchFollowsARunToItsEnd(t *testing.T) {
 	}
 
 	var stdout, stderr bytes.Buffer
-	if code := run([]string{"workflows", "watch", "--run", start("test.cli"), "--every", "20ms"}, &stdout, &stderr); code != 0 {
+	if code := run(append(conn, "workflows", "watch", "--run", start("test.cli"), "--every", "20ms"), &stdout, &stderr); code != 0 {
 		t.Fatalf("watch of a run that succeeds exited %d: %s %s", code, stdout.String(), stderr.String())
 	}
 	out := stdout.String()
@@ -84,12 +82,12 @@ func TestWorkflowsWatchFollowsARunToItsEnd(t *testing.T) {
 	stdout.Reset()
 	stderr.Reset()
 	// The run as the argument, as workflows get takes it.
-	if code := run([]string{"workflows", "watch", start("test.cli-doomed"), "--every", "20ms"}, &stdout, &stderr); code != 1 || !strings.Contains(stderr.String(), "the disk is gone") {
+	if code := run(append(conn, "workflows", "watch", start("test.cli-doomed"), "--every", "20ms"), &stdout, &stderr); code != 1 || !strings.Contains(stderr.String(), "the disk is gone") {
 		t.Errorf("watch of a run that fails exited %d: %s %s", code, stdout.String(), stderr.String())
 	}
 	stdout.Reset()
 	stderr.Reset()
-	if code := run([]string{"workflows", "watch", "--run", "nope"}, &stdout, &stderr); code == 0 || !strings.Contains(stderr.String(), `"nope"`) {
+	if code := run(append(conn, "workflows", "watch", "--run", "nope"), &stdout, &stderr); code == 0 || !strings.Contains(stderr.String(), `"nope"`) {
 		t.Errorf("a bad run id exited %d: %s", code, stderr.String())
 	}
 }
