@@ -148,7 +148,10 @@ func (b *browser) text(sel string) string {
 // shot writes a PNG of the whole page as name.png.
 func (b *browser) shot(name string) {
 	b.t.Helper()
-	b.run("settle", chromedp.Sleep(150*time.Millisecond))
+	// What the page holds painted, its fonts loaded: the second of two animation frames begins
+	// after the first one's paint.
+	value(b, "settle", chromedp.Evaluate[bool](`document.fonts.ready.then(() => new Promise(done =>
+		requestAnimationFrame(() => requestAnimationFrame(() => done(true)))))`, chromedp.EvalAwaitPromise))
 	png := value(b, "screenshot "+name, chromedp.FullScreenshot(100))
 	if err := os.WriteFile(filepath.Join(b.dir, name+".png"), png, 0o644); err != nil {
 		b.t.Fatal(err)

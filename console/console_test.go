@@ -48,6 +48,7 @@ func errorCode(t *testing.T, res *http.Response) (code, reason string) {
 }
 
 func TestAssetsAreServedFromTheMount(t *testing.T) {
+	t.Parallel()
 	h, err := console.New(console.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -99,6 +100,7 @@ func TestAssetsAreServedFromTheMount(t *testing.T) {
 
 // The console needs nothing from another origin: no asset names a URL outside the page's own.
 func TestAssetsNameNoOtherOrigin(t *testing.T) {
+	t.Parallel()
 	h, err := console.New(console.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -115,6 +117,7 @@ func TestAssetsNameNoOtherOrigin(t *testing.T) {
 }
 
 func TestSessionIsHandedOnlyToTheConsole(t *testing.T) {
+	t.Parallel()
 	var asked int
 	session := func(r *http.Request) (string, error) {
 		asked++
@@ -169,6 +172,7 @@ func TestSessionIsHandedOnlyToTheConsole(t *testing.T) {
 }
 
 func TestOptionsAreChecked(t *testing.T) {
+	t.Parallel()
 	for _, o := range []console.Options{{APIPath: "api/compute/"}, {APIPath: "/api/compute"}, {APIPath: "/api?x/"}, {SignInURL: "javascript:alert(1)"}} {
 		var oe *console.OptionError
 		if _, err := console.New(o); !errors.As(err, &oe) {

@@ -229,6 +229,7 @@ func TestConsoleDrivesTheDevserver(t *testing.T) {
 // session (Options.Console.Session) signs its person in without a key, and the console then sees
 // exactly what that credential may: a tenant's person sees the tenant's pools, not the root's.
 func TestConsoleSignsInWithTheHostSession(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts a browser")
 	}

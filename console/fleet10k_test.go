@@ -51,6 +51,7 @@ FROM plan`
 // data in the page's memory to the map drawn, and painted. It prints; it asserts only that
 // every node is drawn. Run it with -v to see the figures (docs/console.md reports them).
 func TestFleetMapOf10000Nodes(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("writes 10,000 nodes and starts a browser")
 	}
