@@ -176,7 +176,9 @@ func (s Slots) Begin(t Trial) error {
 }
 
 // Trial returns the update on trial, or nil: none, or one whose slot is not current (its switch
-// never happened), which it removes.
+// never happened, or is about to: Begin writes the trial first). Such a trial is left alone, not
+// removed: a reader during Begin would take the new trial away. It never becomes current
+// without a Begin, which writes over it.
 func (s Slots) Trial() (*Trial, error) {
 	var t Trial
 	if err := readJSON(s.trialPath(), &t); errors.Is(err, os.ErrNotExist) {
@@ -189,7 +191,7 @@ func (s Slots) Trial() (*Trial, error) {
 		return nil, err
 	}
 	if !ok || cur != t.Slot {
-		return nil, os.Remove(s.trialPath())
+		return nil, nil
 	}
 	return &t, nil
 }
