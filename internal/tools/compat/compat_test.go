@@ -53,15 +53,3 @@ func (p *proc) stop(t *testing.T) {
 		t.Fatal("the process did not stop within 30s of SIGTERM")
 	}
 }
-
-// eventually polls cond until it holds, or fails the test after 30 s.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}

@@ -44,6 +44,7 @@ func future(m proto.Message, n protowire.Number) {
 // answers the command. The gateway is played by the test, over the WebSocket transport, with a
 // certificate of the real machine CA; the node joins through the real JoinService.
 func TestAFutureGatewayIsUnderstood(t *testing.T) {
+	t.Parallel()
 	env := computetest.New(t, computetest.Options{})
 	ctx := context.Background()
 	url := env.Server(t)
@@ -163,6 +164,7 @@ func cmpOr[T any](a, b *T) *T {
 // sends a message kind it does not know and fields it does not know in a hello and heartbeats,
 // ignores them and keeps the session: the hello is welcomed, the heartbeats answered.
 func TestAFutureNodeIsUnderstood(t *testing.T) {
+	t.Parallel()
 	env := computetest.New(t, computetest.Options{Configure: func(o *compute.Options) { o.HeartbeatInterval = 200 * time.Millisecond }})
 	ctx := context.Background()
 	url := env.Server(t)
@@ -199,7 +201,7 @@ func TestAFutureNodeIsUnderstood(t *testing.T) {
 	defer conn.Close()
 	var st grpc.BidiStreamingClient[agentv1.NodeMessage, agentv1.ServerMessage]
 	var first *agentv1.ServerMessage
-	eventually(t, "the later node welcomed", func() bool { // the gateway starts asynchronously
+	computetest.Eventually(t, 30*time.Second, "the later node welcomed", func() bool { // the gateway starts asynchronously
 		sctx, cancel := context.WithCancel(ctx)
 		t.Cleanup(cancel)
 		if st, err = agentv1.NewSessionServiceClient(conn).Connect(sctx); err != nil {

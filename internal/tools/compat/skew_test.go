@@ -56,7 +56,7 @@ func (f fleetCheck) online(t *testing.T, pool string) string {
 	t.Helper()
 	ctx := context.Background()
 	var id string
-	eventually(t, pool+": the node online with 8 GPUs", func() bool {
+	computetest.Eventually(t, 30*time.Second, pool+": the node online with 8 GPUs", func() bool {
 		list, err := f.cl.Nodes.List(ctx, api.ListNodes{Pool: pool})
 		if err != nil || len(list.Items) != 1 || list.Items[0].Status != api.NodeOnline {
 			return false
@@ -78,7 +78,7 @@ func (f fleetCheck) converges(t *testing.T, pool, node, cdiDir string) {
 		t.Fatal(err)
 	}
 	spec := filepath.Join(cdiDir, "better-compute-"+r.ID+".json")
-	eventually(t, pool+": the reservation's CDI spec", func() bool {
+	computetest.Eventually(t, 30*time.Second, pool+": the reservation's CDI spec", func() bool {
 		b, err := os.ReadFile(spec)
 		return err == nil && strings.Contains(string(b), r.Allocations[0].GPUs[0].UUID)
 	})
@@ -87,14 +87,14 @@ func (f fleetCheck) converges(t *testing.T, pool, node, cdiDir string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, pool+": the health check's result", func() bool {
+	computetest.Eventually(t, 30*time.Second, pool+": the health check's result", func() bool {
 		c, err := f.cl.Commands.Get(ctx, api.GetCommand{Command: cmd.ID})
 		return err == nil && c.State == api.CommandSucceeded
 	})
 	if _, err := f.cl.Reservations.Release(ctx, api.ReleaseReservation{Reservation: r.ID}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, pool+": the spec removed", func() bool {
+	computetest.Eventually(t, 30*time.Second, pool+": the spec removed", func() bool {
 		_, err := os.Stat(spec)
 		return os.IsNotExist(err)
 	})
@@ -107,24 +107,24 @@ func (f fleetCheck) applied(t *testing.T, pool, node, refusal string) {
 	t.Helper()
 	var gen, applied int64
 	var why string
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		err := f.db.QueryRow(context.Background(), `SELECT generation, applied_generation, applied_error FROM compute.node_desired WHERE node_id = $1`, node).
+	var err error
+	defer func() {
+		if t.Failed() {
+			t.Logf("%s: generation %d, applied %d, error %q (%v)", pool, gen, applied, why, err)
+		}
+	}()
+	computetest.Eventually(t, 30*time.Second, pool+": the desired state applied", func() bool {
+		err = f.db.QueryRow(context.Background(), `SELECT generation, applied_generation, applied_error FROM compute.node_desired WHERE node_id = $1`, node).
 			Scan(&gen, &applied, &why)
-		if err == nil && applied >= gen && why == refusal {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: the desired state is not applied: generation %d, applied %d, error %q (%v)", pool, gen, applied, why, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return err == nil && applied >= gen && why == refusal
+	})
 }
 
 // TestOldNodesAgainstThisControlPlane is the skew matrix's node side: bcd as built at each
 // earlier protocol (releases) joins this tree's control plane, comes online, converges its
 // desired state and runs a command, ignoring what it does not know of the messages sent to it.
 func TestOldNodesAgainstThisControlPlane(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds bcd at older commits")
 	}

@@ -1,7 +1,6 @@
 package compat
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/client"
+	"github.com/better-compute/compute/computetest"
 	"github.com/better-compute/compute/postgres/pgtest"
 )
 
@@ -29,26 +29,8 @@ const upgradeSecret = "compat-upgrade-secret-0123456789abcdef"
 type controlPlane struct {
 	*proc
 	url, gw string
-	log     *lockedBuffer
+	log     *computetest.Buffer
 	cl      *client.Client
-}
-
-// lockedBuffer is a process's stderr, written by the process's copier and read by the test.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // freeAddr is a loopback address nothing listens on now.
@@ -68,7 +50,7 @@ func serveAt(t *testing.T, name, bin, dbURL string) *controlPlane {
 	api, gw := freeAddr(t), freeAddr(t)
 	cmd := exec.Command(bin, "serve", "--database-url", dbURL, "--secret", upgradeSecret, "--listen", api,
 		"--gateway-listen", gw, "--gateway-hosts", "127.0.0.1", "--gateway-address", gw)
-	log := &lockedBuffer{}
+	log := &computetest.Buffer{}
 	cmd.Stdout = io.Discard
 	cmd.Stderr = io.MultiWriter(os.Stderr, log)
 	if err := cmd.Start(); err != nil {
@@ -78,7 +60,7 @@ func serveAt(t *testing.T, name, bin, dbURL string) *controlPlane {
 	go func() { p.done <- cmd.Wait() }()
 	t.Cleanup(p.kill)
 	cp := &controlPlane{proc: p, url: "http://" + api, gw: gw, log: log}
-	eventually(t, name+" ready", func() bool {
+	computetest.Eventually(t, 30*time.Second, name+" ready", func() bool {
 		select {
 		case err := <-p.done:
 			p.done <- err
@@ -140,6 +122,8 @@ func (cp *controlPlane) stopGracefully(t *testing.T, name string) {
 // reservations made through either, no process may log an error, and the data must survive the
 // old process's restart on the newer schema and its retirement.
 func TestUpgradeInPlace(t *testing.T) {
+	// Not parallel: its control planes listen on addresses freeAddr found free, which a test
+	// beside it could take meanwhile.
 	if testing.Short() {
 		t.Skip("builds better-compute at an older commit")
 	}
@@ -186,7 +170,7 @@ func TestUpgradeInPlace(t *testing.T) {
 		sum, err := cl.Capacity.Summary(ctx, api.SummarizeCapacity{Pool: "gpu"})
 		return err == nil && len(sum.Models) == 1 && sum.Models[0].Total == 32
 	}
-	eventually(t, "4 nodes online with 32 GPUs through the old control plane", func() bool { return online(old.cl) })
+	computetest.Eventually(t, 30*time.Second, "4 nodes online with 32 GPUs through the old control plane", func() bool { return online(old.cl) })
 	reserve := func(cl *client.Client, in api.CreateReservation) api.Reservation {
 		t.Helper()
 		r, err := cl.Reservations.Create(ctx, in)
