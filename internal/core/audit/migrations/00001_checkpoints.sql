@@ -2,7 +2,7 @@
 -- seq 1..size has root root, signed in note by the key verifier_key names. range_hashes is the
 -- tree's compact range [0, size) (the roots of its perfect subtrees, left to right): the state
 -- the publisher extends the tree from without reading older events again. Only the publisher
--- (internal/core/audit, under an advisory lock) writes here. The table is not trusted by verifiers:
+-- (internal/audit, under an advisory lock) writes here. The table is not trusted by verifiers:
 -- checkpoints saved outside the database are what an edit here cannot reach.
 
 -- +goose Up
