@@ -41,6 +41,7 @@ spec:
 // TestParseNamesWhatIsWrong: every bad document is an invalid_argument whose details.field is
 // the path of what is wrong, and whose message says it.
 func TestParseNamesWhatIsWrong(t *testing.T) {
+	t.Parallel()
 	if _, err := Parse(goodDoc); err != nil {
 		t.Fatalf("the good document: %v", err)
 	}
@@ -102,6 +103,7 @@ func TestParseNamesWhatIsWrong(t *testing.T) {
 // TestRenderRoundTrip: a document renders to YAML that parses back to itself, the same bytes
 // every time, with the fields in the order of the types (name first) and "off" quoted.
 func TestRenderRoundTrip(t *testing.T) {
+	t.Parallel()
 	cfg, err := Parse(goodDoc)
 	if err != nil {
 		t.Fatal(err)
@@ -133,6 +135,7 @@ func TestRenderRoundTrip(t *testing.T) {
 // YAML reads back to the same strings; where the text is the API's, the document parses back to
 // itself.
 func TestRenderCarriesAnyStoredText(t *testing.T) {
+	t.Parallel()
 	texts := rapid.Custom(func(t *rapid.T) string {
 		r := rapid.OneOf(rapid.SampledFrom([]rune{0x7f, 0x85, 0x9f, 0xfffe, 0xffff, 0x1b, 0x2028, 0xfeff, '"', ':', '#', '\n', ' '}), rapid.Rune())
 		return string(rapid.SliceOfN(r, 1, 10).Draw(t, "runes"))

@@ -83,6 +83,7 @@ func codeOf(err error) (api.Code, map[string]any) {
 // changes nothing and has the export's fingerprint; applied, it changes nothing, and the state
 // exports to the same bytes again. The export names every kind, no ids, no secrets.
 func TestExportApplyRoundTrip(t *testing.T) {
+	t.Parallel()
 	env := built(t)
 	x := export(t, env)
 	if again := export(t, env); again.Document != x.Document || again.Fingerprint != x.Fingerprint {
@@ -154,6 +155,7 @@ spec:
 // new), in the order an apply makes them; without prune what the document leaves out is kept;
 // the apply makes exactly the plan, after which the plan is empty and the state is the document.
 func TestPlanAndApply(t *testing.T) {
+	t.Parallel()
 	env := built(t)
 	ctx := context.Background()
 	kept := plan(t, env, changed, false)
@@ -212,6 +214,7 @@ func TestPlanAndApply(t *testing.T) {
 // TestNewWebhookSecretShownOnce: an endpoint an apply creates has a secret, answered once by
 // the apply (not by a replay with the same idempotency key), and never in the document.
 func TestNewWebhookSecretShownOnce(t *testing.T) {
+	t.Parallel()
 	env := computetest.New(t, computetest.Options{})
 	doc := "apiVersion: compute/v1\nkind: FleetConfig\nspec:\n  manages: [webhooks]\n  webhooks:\n  - url: https://hooks.example.com/new\n"
 	p := plan(t, env, doc, false)
@@ -236,6 +239,7 @@ func TestNewWebhookSecretShownOnce(t *testing.T) {
 // TestStalePlanRefused: a change between the plan and the apply (here, a site renamed for
 // display) makes the apply fail with failed_precondition, reason stale_plan, and write nothing.
 func TestStalePlanRefused(t *testing.T) {
+	t.Parallel()
 	env := built(t)
 	ctx := context.Background()
 	p := plan(t, env, changed, true)
@@ -263,6 +267,7 @@ func TestStalePlanRefused(t *testing.T) {
 // TestConcurrentAppliesOneWins: two applies of one plan at once: one applies, the other waits
 // for it and then finds the plan stale.
 func TestConcurrentAppliesOneWins(t *testing.T) {
+	t.Parallel()
 	env := built(t)
 	p := plan(t, env, changed, true)
 	errs := make(chan error, 2)
@@ -293,6 +298,7 @@ func TestConcurrentAppliesOneWins(t *testing.T) {
 // nothing are refused with invalid_argument naming the path (or failed_precondition for what
 // the API cannot do), by plan and apply alike, and nothing is written.
 func TestBadDocumentsWriteNothing(t *testing.T) {
+	t.Parallel()
 	env := built(t)
 	ctx := context.Background()
 	good := plan(t, env, changed, true).Fingerprint
@@ -342,6 +348,7 @@ func TestBadDocumentsWriteNothing(t *testing.T) {
 // has a node; an endpoint the server refuses after sites and pools were created) fails the
 // whole apply with the failing change named, and leaves the state as it was.
 func TestApplyIsAtomic(t *testing.T) {
+	t.Parallel()
 	env := built(t)
 	ctx := context.Background()
 	a100, err := env.Compute.API.Pools.Get(ctx, env.RootKey, api.GetPool{Pool: "a100"})
@@ -380,6 +387,7 @@ func TestApplyIsAtomic(t *testing.T) {
 // TestOneDecisionPerApply: an apply of many changes asks IAM once, for compute:fleet:apply in
 // the document's tenant; none of the methods it runs decides again.
 func TestOneDecisionPerApply(t *testing.T) {
+	t.Parallel()
 	env := built(t)
 	p := plan(t, env, changed, true)
 	env.Counter.Reset()
@@ -395,6 +403,7 @@ func TestOneDecisionPerApply(t *testing.T) {
 // TestApplyNeedsItsPermission: a key that may plan but not apply is refused, as is a tenant's
 // administrator applying its parent's document; neither writes anything.
 func TestApplyNeedsItsPermission(t *testing.T) {
+	t.Parallel()
 	env := built(t)
 	ctx := context.Background()
 	ident, err := env.IAM.CreateIdentity(ctx, computetest.RootTenantID, iam.KindService, "planner")
@@ -474,6 +483,7 @@ func events(t *testing.T, env *computetest.Env, typ string) []map[string]any {
 // check emits fleet.drifted once, however often it runs, again when the drift changes, and
 // fleet.converged once it is gone; fleet.drift shows the drift now, field by field.
 func TestDriftEventedOnce(t *testing.T) {
+	t.Parallel()
 	env := built(t)
 	ctx := context.Background()
 	rt := env.Compute.Runtime()
@@ -534,6 +544,7 @@ func TestDriftEventedOnce(t *testing.T) {
 // TestDriftJobOnRiver: the drift check runs as River's periodic job in the worker mode (once at
 // start, then every period) and tells of drift with no call from anyone.
 func TestDriftJobOnRiver(t *testing.T) {
+	t.Parallel()
 	env := computetest.New(t, computetest.Options{Mode: compute.ModeWorker})
 	ctx := context.Background()
 	doc := "apiVersion: compute/v1\nkind: FleetConfig\nspec:\n  manages: [sites]\n  sites: [{name: fra1}]\n"
@@ -547,17 +558,14 @@ func TestDriftJobOnRiver(t *testing.T) {
 	if err := env.Compute.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for len(events(t, env, fleetconfig.EventDrifted)) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("no fleet.drifted event within a minute of the worker's start")
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	computetest.Eventually(t, time.Minute, "a fleet.drifted event after the worker's start", func() bool {
+		return len(events(t, env, fleetconfig.EventDrifted)) > 0
+	})
 }
 
 // TestMigrationsUpDownUp: the package's schema rolls back and applies again.
 func TestMigrationsUpDownUp(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t, postgres.Core, fleetconfig.Migrations)
 	exists := func() bool {
@@ -582,6 +590,7 @@ func TestMigrationsUpDownUp(t *testing.T) {
 // U+FFFE in a display name, a description, a label) still exports: fleet.export answered 500 for
 // such a tenant forever. The API now refuses the same text on the way in, naming the field.
 func TestExportCarriesTextStoredBefore(t *testing.T) {
+	t.Parallel()
 	env := built(t)
 	ctx := context.Background()
 	for _, q := range []string{
