@@ -1,7 +1,7 @@
 -- The destructive-batch quorum (docs/fleet.md, "Destructive-batch quorum"). quorum_policies holds
 -- each tenant's own policy; approvals the batches that were over one, bound to their call by
 -- digest (SHA-256 of the method, the sorted targets and the canonical params); approval_votes the
--- answers of principals other than the one who asked. Only internal/core/quorum writes these tables.
+-- answers of principals other than the one who asked. Only internal/quorum writes these tables.
 -- An approval past expires_at reads as expired; nothing rewrites it.
 
 -- +goose Up
