@@ -230,7 +230,7 @@ func TestStartErrorsNameTheDevserverOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer busy.Close()
+	t.Cleanup(func() { busy.Close() }) // after the cases, which run in parallel
 	file := filepath.Join(t.TempDir(), "a-file")
 	if err := os.WriteFile(file, nil, 0o600); err != nil {
 		t.Fatal(err)
@@ -243,18 +243,22 @@ func TestStartErrorsNameTheDevserverOnce(t *testing.T) {
 		"postgres port taken": {Addr: "127.0.0.1:0", GatewayAddr: "127.0.0.1:0", PostgresPort: pgPort},
 		"bad password":        {Addr: "127.0.0.1:0", GatewayAddr: "127.0.0.1:0", PostgresPassword: " x"},
 	} {
-		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-		_, err := devserver.Start(context.Background(), o)
-		switch {
-		case err == nil:
-			t.Errorf("%s: started", name)
-		case !strings.HasPrefix(err.Error(), "devserver: ") || doubled(err.Error()):
-			t.Errorf("%s: %q, want one \"devserver: \" prefix and none doubled", name, err)
-		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel() // each starts an embedded PostgreSQL first
+			o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+			_, err := devserver.Start(context.Background(), o)
+			switch {
+			case err == nil:
+				t.Errorf("%s: started", name)
+			case !strings.HasPrefix(err.Error(), "devserver: ") || doubled(err.Error()):
+				t.Errorf("%s: %q, want one \"devserver: \" prefix and none doubled", name, err)
+			}
+		})
 	}
 }
 
 func TestDoubled(t *testing.T) {
+	t.Parallel()
 	for msg, want := range map[string]bool{
 		"devserver: devserver: listen":           true,
 		"devserver: listen on x: address in use": false,

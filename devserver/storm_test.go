@@ -16,6 +16,7 @@ import (
 
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/client"
+	"github.com/better-compute/compute/computetest"
 	"github.com/better-compute/compute/devserver"
 	"github.com/better-compute/compute/internal/core/capacity"
 )
@@ -60,6 +61,7 @@ type stormStats struct {
 // slower than 2 s are reported, and fail the test with -storm.strict. STORM_SAMPLE=1 prints, each
 // second, which statements block others, and what the blockers run.
 func TestStorm(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("a storm of calls for -storm.duration")
 	}
@@ -85,8 +87,10 @@ func TestStorm(t *testing.T) {
 	}
 	if os.Getenv("STORM_SAMPLE") != "" {
 		go func() {
+			sample := time.NewTicker(time.Second) // a sample a second, for the person reading
+			defer sample.Stop()
 			for time.Now().Before(deadline) {
-				time.Sleep(time.Second)
+				<-sample.C
 				rows, err := s.DB.Pool.Query(ctx, `SELECT coalesce(b.wait_event_type, '') || ':' || coalesce(b.state, ''), left(regexp_replace(b.query, '\s+', ' ', 'g'), 70),
 					count(*)::int, max(now() - a.xact_start), max(now() - b.xact_start)
 					FROM pg_stat_activity a, unnest(pg_blocking_pids(a.pid)) bp JOIN pg_stat_activity b ON b.pid = bp
@@ -168,20 +172,20 @@ func TestStorm(t *testing.T) {
 	// The worker applies what the clock passed (it skips nodes another transaction holds, its
 	// own tick among them, until its next tick); then every rollup is a recount.
 	var drift []capacity.NodeDrift
-	for end := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+	defer func() {
+		for _, d := range drift {
+			t.Errorf("rollup drift: %s", d)
+		}
+	}()
+	computetest.Eventually(t, 20*time.Second, "every rollup a recount, after the clock's ticks", func() bool {
 		if _, err := capacity.Tick(ctx, s.DB); err != nil {
 			t.Fatal(err)
 		}
 		if drift, err = capacity.Drift(ctx, s.DB.Pool); err != nil {
 			t.Fatal(err)
 		}
-		if len(drift) == 0 || time.Now().After(end) {
-			break
-		}
-	}
-	for _, d := range drift {
-		t.Errorf("rollup drift: %s", d)
-	}
+		return len(drift) == 0
+	})
 	created, ended := 0, 0
 	for _, st := range stats {
 		for id := range st.created {
