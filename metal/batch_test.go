@@ -18,6 +18,7 @@ import (
 // tenant's machines at the site. Two principals of the embedded IAM; no site agent is needed,
 // as the runs only start here.
 func TestMachineBatchesPassTheQuorum(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	m, err := metal.New(metal.Options{JoinURL: "http://compute.test"})
 	if err != nil {

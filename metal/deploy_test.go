@@ -29,10 +29,13 @@ import (
 
 // planRecorder stands for bcd site's services: it keeps the last plan the site agent was given.
 type planRecorder struct {
-	mu   sync.Mutex
-	plan siteapi.Plan
-	n    int
+	mu      sync.Mutex
+	plan    siteapi.Plan
+	n       int
+	changed chan struct{} // closed when a plan is set, then replaced
 }
+
+func newPlanRecorder() *planRecorder { return &planRecorder{changed: make(chan struct{})} }
 
 func (p *planRecorder) SetPlan(plan siteapi.Plan) error {
 	if err := plan.Validate(); err != nil {
@@ -41,7 +44,30 @@ func (p *planRecorder) SetPlan(plan siteapi.Plan) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.plan, p.n = plan, p.n+1
+	close(p.changed)
+	p.changed = make(chan struct{})
 	return nil
+}
+
+// await waits until the machine's entry in the plan satisfies ok, as the site agent sets new
+// plans, and fails the test naming what it waited for after 45 s.
+func (p *planRecorder) await(t *testing.T, id, what string, ok func(siteapi.PlanMachine, siteapi.Plan) bool) {
+	t.Helper()
+	deadline := time.NewTimer(45 * time.Second)
+	defer deadline.Stop()
+	for {
+		p.mu.Lock()
+		changed := p.changed
+		p.mu.Unlock()
+		if pm, plan, _ := p.machine(id); ok(pm, plan) {
+			return
+		}
+		select {
+		case <-changed:
+		case <-deadline.C:
+			t.Fatalf("not within 45s: %s", what)
+		}
+	}
 }
 
 // machine returns the plan's entry of a machine.
@@ -83,7 +109,7 @@ func newSiteFleet(t *testing.T) *siteFleet {
 	}
 	env := computetest.New(t, computetest.Options{Modules: []compute.Module{m},
 		Configure: func(o *compute.Options) { o.HeartbeatInterval = 200 * time.Millisecond }})
-	f := &siteFleet{Env: env, t: t, ctx: ctx, plan: &planRecorder{}, chassis: dir}
+	f := &siteFleet{Env: env, t: t, ctx: ctx, plan: newPlanRecorder(), chassis: dir}
 	f.url = env.Server(t)
 	var stop func()
 	f.gw, stop = env.Gateway(t, "") // and the control plane's background work: the workflows
@@ -119,11 +145,15 @@ func newSiteFleet(t *testing.T) *siteFleet {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.eventually("the site's plan to list the machine", func() bool {
-		pm, _, ok := f.plan.machine(f.machine.ID)
-		return ok && pm.Boot == siteapi.BootDisk && slices.Equal(pm.MACs, []string{machineMAC})
+	f.plan.await(t, f.machine.ID, "the site's plan to list the machine", func(pm siteapi.PlanMachine, _ siteapi.Plan) bool {
+		return pm.Boot == siteapi.BootDisk && slices.Equal(pm.MACs, []string{machineMAC})
 	})
 	return f
+}
+
+// noTaskBootDisk: the machine boots its disk, with no task.
+func noTaskBootDisk(pm siteapi.PlanMachine, _ siteapi.Plan) bool {
+	return pm.Task == nil && pm.Boot == siteapi.BootDisk
 }
 
 func must(t *testing.T, fn func() error) {
@@ -133,15 +163,10 @@ func must(t *testing.T, fn func() error) {
 	}
 }
 
+// eventually waits for what the control plane's workflows do, which the test is not told of.
 func (f *siteFleet) eventually(what string, cond func() bool) {
 	f.t.Helper()
-	deadline := time.Now().Add(45 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			f.t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	computetest.Eventually(f.t, 45*time.Second, what, cond)
 }
 
 func (f *siteFleet) get() metal.Machine {
@@ -195,8 +220,7 @@ func (f *siteFleet) step(id, step string) {
 func (f *siteFleet) task(kind string) siteapi.Task {
 	f.t.Helper()
 	var task siteapi.Task
-	f.eventually("a "+kind+" task in the site's plan", func() bool {
-		pm, _, _ := f.plan.machine(f.machine.ID)
+	f.plan.await(f.t, f.machine.ID, "a "+kind+" task in the site's plan", func(pm siteapi.PlanMachine, _ siteapi.Plan) bool {
 		if pm.Task == nil || pm.Task.Kind != kind || pm.Boot != siteapi.BootRamdisk {
 			return false
 		}
@@ -219,11 +243,7 @@ func (f *siteFleet) ramdisk(task siteapi.Task, phases ...siteapi.Progress) {
 
 func (f *siteFleet) events(typ string) int {
 	f.t.Helper()
-	var n int
-	if err := f.DB.Pool.QueryRow(f.ctx, `SELECT count(*) FROM compute.events WHERE type = $1 AND subject = $2`, typ, f.machine.ID).Scan(&n); err != nil {
-		f.t.Fatal(err)
-	}
-	return n
+	return computetest.Count(f.t, f.DB.Pool, `SELECT count(*) FROM compute.events WHERE type = $1 AND subject = $2`, typ, f.machine.ID)
 }
 
 // powerOff is the machine powering itself off, as its ramdisk does after a wipe.
@@ -261,6 +281,7 @@ func (f *siteFleet) registerImage(name, format, kernel string) metal.Image {
 // command's secret, the ramdisk's reports, the deployed system's one join, and the states,
 // events and plan at each step.
 func TestADeployAndAReleaseGoThroughTheSiteAgent(t *testing.T) {
+	t.Parallel()
 	f := newSiteFleet(t)
 	ctx, c, key := f.ctx, f.Compute, f.RootKey
 	img := f.registerImage("tiny", "raw", "http://images.test/vmlinuz")
@@ -346,10 +367,7 @@ func TestADeployAndAReleaseGoThroughTheSiteAgent(t *testing.T) {
 
 	// The disk is written: the plan says disk, and the deployed system joins its pool once.
 	f.step(dr.Run, "join")
-	f.eventually("the plan to boot the disk with no task after the write", func() bool { // the site agent hears of it by a push
-		pm, _, _ := f.plan.machine(f.machine.ID)
-		return pm.Task == nil && pm.Boot == siteapi.BootDisk
-	})
+	f.plan.await(t, f.machine.ID, "the plan to boot the disk with no task after the write", noTaskBootDisk) // the site agent hears of it by a push
 	node, err := sim.Start(ctx, sim.Options{URL: f.url, Token: token, Gateway: f.gw, Nodes: 1, GPUs: 8, Prefix: "rack1"})
 	if err != nil {
 		t.Fatal(err)
@@ -385,16 +403,14 @@ func TestADeployAndAReleaseGoThroughTheSiteAgent(t *testing.T) {
 	if m := f.get(); m.State != metal.StateAvailable || m.Image != "" || m.Power != "off" || f.events(metal.EventReleased) != 1 {
 		t.Fatalf("after the release the machine is %+v", m)
 	}
-	f.eventually("the plan to boot the disk with no task after the release", func() bool {
-		pm, _, _ := f.plan.machine(f.machine.ID)
-		return pm.Task == nil && pm.Boot == siteapi.BootDisk
-	})
+	f.plan.await(t, f.machine.ID, "the plan to boot the disk with no task after the release", noTaskBootDisk)
 }
 
 // TestAFailedDeployMarksTheMachineFailed: the ramdisk's failure fails the run; the run's end
 // marks the machine failed and takes its task out of the plan, in one commit; a release
 // brings it back.
 func TestAFailedDeployMarksTheMachineFailed(t *testing.T) {
+	t.Parallel()
 	f := newSiteFleet(t)
 	// A private image: its pull token is write-only, and reaches the site agent alone.
 	const pullToken = "pull-t0ken-for-the-registry"
@@ -426,10 +442,7 @@ func TestAFailedDeployMarksTheMachineFailed(t *testing.T) {
 	if m := f.get(); m.State != metal.StateFailed || m.Task != nil || f.events(metal.EventFailed) != 1 {
 		t.Fatalf("after a failed deploy the machine is %+v", m)
 	}
-	f.eventually("the plan to drop the failed task", func() bool {
-		pm, _, _ := f.plan.machine(f.machine.ID)
-		return pm.Task == nil && pm.Boot == siteapi.BootDisk
-	})
+	f.plan.await(t, f.machine.ID, "the plan to drop the failed task", noTaskBootDisk)
 	if _, err := compute.Invoke(f.ctx, f.Compute, f.RootKey, metal.MachinesRelease, metal.MachineRef{Machine: f.machine.ID}); err != nil {
 		t.Fatalf("a failed machine is released: %v", err)
 	}
@@ -439,6 +452,7 @@ func TestAFailedDeployMarksTheMachineFailed(t *testing.T) {
 // refused by the exclusion constraint), deploys it with the holder's keys on the kernel command
 // line, is ready once deployed, and when ended releases the machine and ends.
 func TestALeaseDeploysHandsOverAndReleases(t *testing.T) {
+	t.Parallel()
 	f := newSiteFleet(t)
 	ctx, c, key := f.ctx, f.Compute, f.RootKey
 	f.registerImage("tiny", "raw", "http://images.test/vmlinuz")
@@ -510,6 +524,7 @@ func fmtJSON(v any) string {
 // the deployed kernel, split as Linux splits it; its own bcd.hostname does not count twice.
 // FuzzSetCmdline (metal/siteapi) checks the same of any command line.
 func TestTheDeployedKernelSeesBcdsArguments(t *testing.T) {
+	t.Parallel()
 	f := newSiteFleet(t)
 	const cmdline = `root=/dev/vda bcd.hostname=not-this -- single console="ttyS0`
 	if _, err := compute.Invoke(f.ctx, f.Compute, f.RootKey, metal.ImagesRegister, metal.RegisterImage{Name: "odd", URL: "http://images.test/odd",

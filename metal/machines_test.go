@@ -29,6 +29,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // whose steps reach the BMC with the sealed password, and the machine's recorded power and the
 // chassis agree. The password is never answered, nor stored in the clear.
 func TestMachinesArePoweredThroughTheirBMCAsWorkflows(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	b, dir := ipmisim.Start(t)
 	m, err := metal.New(metal.Options{})
@@ -59,14 +60,12 @@ func TestMachinesArePoweredThroughTheirBMCAsWorkflows(t *testing.T) {
 			t.Fatal(err)
 		}
 		var run api.WorkflowRun
-		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		computetest.Eventually(t, 30*time.Second, "the power "+step.action+" run to end", func() bool {
 			if run, err = cl.Workflows.Get(ctx, api.GetWorkflow{Run: pr.Run}); err != nil {
 				t.Fatal(err)
 			}
-			if run.State != api.WorkflowRunning || time.Now().After(deadline) {
-				break
-			}
-		}
+			return run.State != api.WorkflowRunning
+		})
 		if run.State != api.WorkflowSucceeded || run.Subject != mach.ID {
 			t.Fatalf("power %s: run %+v", step.action, run)
 		}
@@ -116,20 +115,15 @@ func TestMachinesArePoweredThroughTheirBMCAsWorkflows(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		run, err := cl.Workflows.Get(ctx, api.GetWorkflow{Run: pr.Run})
-		if err != nil {
+	var run api.WorkflowRun
+	computetest.Eventually(t, 60*time.Second, "the power run with a wrong password to end", func() bool {
+		if run, err = cl.Workflows.Get(ctx, api.GetWorkflow{Run: pr.Run}); err != nil {
 			t.Fatal(err)
 		}
-		if run.State == api.WorkflowFailed {
-			if !strings.Contains(run.Error, "connect") {
-				t.Errorf("the failed run says %q, want the BMC's refusal", run.Error)
-			}
-			break
-		}
-		if run.State != api.WorkflowRunning || time.Now().After(deadline) {
-			t.Fatalf("with a wrong password the run is %+v, want failed", run)
-		}
+		return run.State != api.WorkflowRunning
+	})
+	if run.State != api.WorkflowFailed || !strings.Contains(run.Error, "connect") {
+		t.Errorf("with a wrong password the run is %s saying %q, want failed with the BMC's refusal", run.State, run.Error)
 	}
 	for _, c := range []struct {
 		in    metal.CreateMachine
@@ -151,6 +145,7 @@ func TestMachinesArePoweredThroughTheirBMCAsWorkflows(t *testing.T) {
 
 // TestImagesAreRegisteredWithTheirChecksum checks images' validation and lifecycle.
 func TestImagesAreRegisteredWithTheirChecksum(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	m, err := metal.New(metal.Options{})
 	if err != nil {
@@ -198,6 +193,7 @@ func TestImagesAreRegisteredWithTheirChecksum(t *testing.T) {
 // it) is one pending request however often it asks; approving it enrolls it as a machine with
 // its facts, once; rejecting records why; another tenant sees none of it.
 func TestJoinRequestsAreApprovedIntoMachines(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	m, err := metal.New(metal.Options{})
 	if err != nil {
@@ -261,7 +257,7 @@ func TestJoinRequestsAreApprovedIntoMachines(t *testing.T) {
 	if _, err := client.Call(ctx, cl, metal.JoinRequestsApprove, metal.ApproveJoinRequest{Request: first.ID, Name: "twice", BMC: bmc}); api.CodeOf(err) != api.CodeFailedPrecondition {
 		t.Errorf("approving twice: %v, want failed_precondition", err)
 	}
-	if n := count(t, env, `SELECT count(*) FROM compute.metal_machines WHERE name <> 'racked'`); n != 1 {
+	if n := computetest.Count(t, env.DB.Pool, `SELECT count(*) FROM compute.metal_machines WHERE name <> 'racked'`); n != 1 {
 		t.Errorf("%d machines after a refused second approval, want 1: nothing half-written", n)
 	}
 
@@ -294,13 +290,4 @@ func TestJoinRequestsAreApprovedIntoMachines(t *testing.T) {
 	if again, err := submit(metal.Facts{Serial: "SN-0043", MACs: []string{"52:54:00:12:34:57"}}); err != nil || again.ID == second.ID || again.State != "pending" {
 		t.Errorf("after a rejection the machine asks again: %+v, %v", again, err)
 	}
-}
-
-func count(t *testing.T, env *computetest.Env, q string) int {
-	t.Helper()
-	var n int
-	if err := env.DB.Pool.QueryRow(context.Background(), q).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
 }

@@ -17,6 +17,7 @@ type vendor struct{ power.Driver }
 // TestPowerDriversAreRegisteredByName: the module registers IPMI and a host's drivers through
 // the seam, and the lookup finds them, or says which is missing.
 func TestPowerDriversAreRegisteredByName(t *testing.T) {
+	t.Parallel()
 	m, err := metal.New(metal.Options{Power: map[string]power.Driver{"acme": vendor{}}})
 	if err != nil {
 		t.Fatal(err)
