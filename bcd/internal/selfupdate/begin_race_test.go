@@ -12,6 +12,7 @@ import (
 // trial of a slot that is not current yet. It must not take the trial away: the new binary would
 // then run with no deadline, and the supervisor would run a binary that exits at once for ever.
 func TestATrialReadDuringBeginStays(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s := Slots{Dir: filepath.Join(dir, "slots")}
 	self := filepath.Join(dir, "bcd")

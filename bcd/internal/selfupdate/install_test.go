@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/better-compute/compute/api"
+	"github.com/better-compute/compute/computetest"
 	"github.com/better-compute/compute/internal/lib/tufrepo"
 	"github.com/better-compute/compute/internal/node/nodeagent"
 )
@@ -118,8 +119,10 @@ func sha256hex(b []byte) string {
 // that asks for the node's certificate: a verified build lands in the other slot, on trial, and
 // the node is restarted into it; a tampered one is refused, and the slots are left alone.
 func TestUpdaterInstallsOnlyVerifiedBuilds(t *testing.T) {
+	t.Parallel()
 	for _, tampered := range []bool{false, true} {
 		t.Run("tampered="+strconv.FormatBool(tampered), func(t *testing.T) {
+			t.Parallel()
 			good := []byte("#!/bin/sh\necho bcd v2\n")
 			id := gatewayWithRepo(t, "v2", good, tampered)
 			dir := t.TempDir()
@@ -144,7 +147,7 @@ func TestUpdaterInstallsOnlyVerifiedBuilds(t *testing.T) {
 				t.Fatal(err)
 			}
 			if !tampered {
-				waitFor(t, "the restart into the new slot", func() bool { mu.Lock(); defer mu.Unlock(); return restarted != "" })
+				computetest.Eventually(t, 30*time.Second, "the restart into the new slot", func() bool { mu.Lock(); defer mu.Unlock(); return restarted != "" })
 				<-done
 				if restarted != s.Path(SlotB) {
 					t.Fatalf("restarted into %s", restarted)
@@ -161,7 +164,7 @@ func TestUpdaterInstallsOnlyVerifiedBuilds(t *testing.T) {
 				}
 				return
 			}
-			waitFor(t, "the refusal", func() bool { return strings.Contains(u.Status().Error, "does not verify") })
+			computetest.Eventually(t, 30*time.Second, "the refusal", func() bool { return strings.Contains(u.Status().Error, "does not verify") })
 			mu.Lock()
 			defer mu.Unlock()
 			if restarted != "" {

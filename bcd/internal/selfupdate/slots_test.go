@@ -16,6 +16,7 @@ func writeFile(t *testing.T, path, content string) {
 }
 
 func TestSlots(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s := Slots{Dir: filepath.Join(dir, "slots")}
 	self := filepath.Join(dir, "bcd")

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/better-compute/compute/computetest"
 )
 
 // The supervisor is tested with real processes: shell scripts stand in for bcd binaries. The
@@ -28,6 +30,8 @@ var newBinaries = map[string]string{
 }
 
 func TestSupervisor(t *testing.T) {
+	// Not parallel: the stand-in binaries read their files from the environment, which the
+	// supervisor's child inherits from this process.
 	if _, err := os.Stat("/bin/sh"); err != nil {
 		t.Skip("needs /bin/sh")
 	}
@@ -66,24 +70,31 @@ func TestSupervisor(t *testing.T) {
 				b, _ := os.ReadFile(log)
 				return strings.Fields(string(b))
 			}
-			waitFor(t, "the old binary running", func() bool { return len(lines()) == 2 })
+			computetest.Eventually(t, 30*time.Second, "the old binary running", func() bool { return len(lines()) == 2 })
 			pid := lines()[1]
 
 			// The old binary installs the new one, switches, and re-execs into it.
 			if err := s.Write(SlotB, strings.NewReader(newBinaries[tc.binary])); err != nil {
 				t.Fatal(err)
 			}
+			deadline := time.Now().Add(3 * time.Second)
 			if err := s.Begin(Trial{Slot: SlotB, Previous: SlotA, Version: "v2", PreviousVersion: "v1", Try: "v2/r#1",
-				Started: time.Now(), Deadline: time.Now().Add(3 * time.Second)}); err != nil {
+				Started: time.Now(), Deadline: deadline}); err != nil {
 				t.Fatal(err)
 			}
 			writeFile(t, goFile, "")
-			waitFor(t, "the new binary running", func() bool { return len(lines()) >= 4 })
+			computetest.Eventually(t, 30*time.Second, "the new binary running", func() bool { return len(lines()) >= 4 })
 			if l := lines(); l[2] != "b" || l[3] != pid {
 				t.Fatalf("the new binary did not run in the old one's process: %v", l)
 			}
 			if !tc.rolledBack {
-				time.Sleep(4 * time.Second) // past the deadline and the grace
+				computetest.Eventually(t, 30*time.Second, "the new binary committing its trial", func() bool {
+					tr, err := s.Trial()
+					return err == nil && tr == nil
+				})
+				// The deadline and the grace pass on the supervisor's clock, with a round of its
+				// (250 ms) look at the trial after them: the passing of time is what is under test.
+				<-time.After(time.Until(deadline.Add(sv.Grace + 500*time.Millisecond)))
 				if cur, _, _ := s.Current(); cur != SlotB || len(lines()) != 4 {
 					t.Fatalf("a committed update: current %s, runs %v", cur, lines())
 				}
@@ -92,7 +103,7 @@ func TestSupervisor(t *testing.T) {
 				}
 				return
 			}
-			waitFor(t, "the old binary running again", func() bool { return len(lines()) == 6 && lines()[4] == "a" })
+			computetest.Eventually(t, 30*time.Second, "the old binary running again", func() bool { return len(lines()) == 6 && lines()[4] == "a" })
 			if cur, _, _ := s.Current(); cur != SlotA {
 				t.Fatalf("current after the rollback = %s", cur)
 			}
@@ -101,16 +112,5 @@ func TestSupervisor(t *testing.T) {
 				t.Fatalf("the rollback = %+v, want the reason %q", rb, tc.reason)
 			}
 		})
-	}
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -12,6 +12,7 @@ import (
 )
 
 func TestUpdaterTakesTheReleasePart(t *testing.T) {
+	t.Parallel()
 	s := Slots{Dir: t.TempDir()}
 	u, err := New(Config{Slots: s, Version: "v1", MetadataDir: t.TempDir(), Restart: func(string) {},
 		Identity: func() (nodeagent.Identity, bool, error) { return nodeagent.Identity{}, false, nil }})
