@@ -101,6 +101,7 @@ func interrupt(t testing.TB, cmd *exec.Cmd) {
 // TestDevserverProcess builds and runs the real devserver binary, as the README tells a new user
 // to, and talks to it with plain HTTP.
 func TestDevserverProcess(t *testing.T) {
+	t.Parallel()
 	bin := devserverBinary(t)
 	cmd, f, stderr := banner(t, bin, "--listen", "127.0.0.1:0", "--gateway-listen", "127.0.0.1:0")
 	go io.Copy(os.Stderr, stderr)
@@ -134,6 +135,7 @@ func TestDevserverProcess(t *testing.T) {
 // TestDevserverOldFlags: the flags the devserver had before (-addr, -gateway, -v) still work,
 // and it says which replace them.
 func TestDevserverOldFlags(t *testing.T) {
+	t.Parallel()
 	bin := devserverBinary(t)
 	cmd, f, stderr := banner(t, bin, "-addr", "127.0.0.1:0", "-gateway", "127.0.0.1:0", "-v")
 	if f["URL"] == "" {
@@ -154,6 +156,7 @@ func TestDevserverOldFlags(t *testing.T) {
 // TestDevserverFlagsAreTheCLIs: the devserver's flags are better-compute dev's names
 // (devserver.Options.Flags defines both); its help lists them.
 func TestDevserverFlagsAreTheCLIs(t *testing.T) {
+	t.Parallel()
 	bin := devserverBinary(t)
 	out, _ := exec.Command(bin, "-h").CombinedOutput()
 	for _, name := range []string{"listen", "gateway-listen", "data-dir", "sim", "postgres-port", "postgres-password", "allow-private-webhooks", "verbose"} {
@@ -166,6 +169,7 @@ func TestDevserverFlagsAreTheCLIs(t *testing.T) {
 // TestDevserverErrorsSayDevserverOnce: a start that fails exits 1 with one line that names the
 // devserver once and the flag to change (it said "devserver: devserver: …").
 func TestDevserverErrorsSayDevserverOnce(t *testing.T) {
+	t.Parallel()
 	bin := devserverBinary(t)
 	busy, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

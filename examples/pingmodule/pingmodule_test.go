@@ -25,6 +25,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // kind (which the node converges); bad input and another tenant's node are refused. No core
 // package knows of the module.
 func TestModuleEndToEnd(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	env := computetest.New(t, computetest.Options{Modules: []compute.Module{pingmodule.Module{}},
 		Configure: func(o *compute.Options) { o.HeartbeatInterval = 200 * time.Millisecond }})
@@ -59,7 +60,7 @@ func TestModuleEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	var last api.Command
-	eventually(t, "the node to answer ping.echo", func() bool {
+	computetest.Eventually(t, 30*time.Second, "the node to answer ping.echo", func() bool {
 		var err error
 		last, err = a.Commands.Get(ctx, env.RootKey, api.GetCommand{Command: p.CommandID})
 		if err != nil || last.State == api.CommandFailed {
@@ -86,7 +87,7 @@ func TestModuleEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the node to answer the ping with a secret", func() bool {
+	computetest.Eventually(t, 30*time.Second, "the node to answer the ping with a secret", func() bool {
 		last, err = a.Commands.Get(ctx, env.RootKey, api.GetCommand{Command: p2.CommandID})
 		return err == nil && last.State == api.CommandSucceeded
 	})
@@ -128,7 +129,7 @@ func TestModuleEndToEnd(t *testing.T) {
 		if _, err := compute.Invoke(ctx, env.Compute, env.RootKey, pingmodule.PingsSetBanner, pingmodule.SetBanner{Node: node, Banner: banner}); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, "the node to show "+banner, func() bool { return side.Banner() == banner })
+		computetest.Eventually(t, 30*time.Second, "the node to show "+banner, func() bool { return side.Banner() == banner })
 	}
 
 	// Bad input names the field; a command kind's own check runs; another tenant sees no node.
@@ -164,6 +165,7 @@ func TestModuleEndToEnd(t *testing.T) {
 // TestModuleImportsNoInternalPackage keeps the module, and the joinTokens group moved out of
 // the core, honest: a module uses the core only through modules.Runtime.
 func TestModuleImportsNoInternalPackage(t *testing.T) {
+	t.Parallel()
 	for _, pkg := range []string{"github.com/better-compute/compute/examples/pingmodule", "github.com/better-compute/compute/jointokens"} {
 		out, err := exec.Command("go", "list", "-deps", pkg).CombinedOutput()
 		if err != nil {
@@ -174,16 +176,5 @@ func TestModuleImportsNoInternalPackage(t *testing.T) {
 				t.Errorf("%s imports %s", pkg, dep)
 			}
 		}
-	}
-}
-
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(25 * time.Millisecond)
 	}
 }
