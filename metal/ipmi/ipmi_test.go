@@ -9,27 +9,26 @@ import (
 	"testing"
 	"time"
 
+	"github.com/better-compute/compute/computetest"
 	"github.com/better-compute/compute/metal/ipmi"
 	"github.com/better-compute/compute/metal/ipmi/ipmisim"
 	"github.com/better-compute/compute/metal/power"
 )
 
-// waitState polls the power state until it is want.
+// waitState waits until the BMC reads the power as want: ipmi_sim carries out a cycle's "on" a
+// second after its "off", and tells no one.
 func waitState(t *testing.T, b power.BMC, want power.State) {
 	t.Helper()
-	var got power.State
-	var err error
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		if got, err = (ipmi.Driver{}).State(context.Background(), b); err == nil && got == want {
-			return
-		}
-	}
-	t.Fatalf("power is %q (%v) after 10s, want %q", got, err, want)
+	computetest.Eventually(t, 10*time.Second, "the power to read "+string(want), func() bool {
+		got, err := (ipmi.Driver{}).State(context.Background(), b)
+		return err == nil && got == want
+	})
 }
 
 // TestPowerBootAndLogThroughARealBMC drives OpenIPMI's simulator over IPMI 2.0: power on, off
 // and cycle, the next boot device, the event log, and refusals.
 func TestPowerBootAndLogThroughARealBMC(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	b, dir := ipmisim.Start(t)
 	d := ipmi.Driver{}

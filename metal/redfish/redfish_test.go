@@ -154,6 +154,7 @@ func (s *service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // TestPowerBootSensorsLogAndMediaOverRedfish drives the service over HTTPS with sessions.
 func TestPowerBootSensorsLogAndMediaOverRedfish(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	svc := newService()
 	srv := httptest.NewTLSServer(svc)

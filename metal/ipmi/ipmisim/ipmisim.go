@@ -4,8 +4,8 @@
 package ipmisim
 
 import (
-	"context"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/better-compute/compute/metal/ipmi"
 	"github.com/better-compute/compute/metal/power"
 )
 
@@ -102,31 +101,65 @@ func Start(t testing.TB) (power.BMC, string) {
 	if err := os.Mkdir(filepath.Join(dir, "state"), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "-c", filepath.Join(dir, "lan.conf"), "-f", filepath.Join(dir, "bmc.emu"), "-s", filepath.Join(dir, "state"), "-n")
+	// Not -n: ipmi_sim reads commands from stdin, held open until the test ends, and prints its
+	// prompt once its configuration (the LAN channel, bound) and command file are read: ready.
+	cmd := exec.Command(bin, "-c", filepath.Join(dir, "lan.conf"), "-f", filepath.Join(dir, "bmc.emu"), "-s", filepath.Join(dir, "state"))
 	cmd.Dir = dir
-	out, _ := os.Create(filepath.Join(dir, "ipmi_sim.log"))
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	log, err := os.Create(filepath.Join(dir, "ipmi_sim.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := &prompt{w: log, ready: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
+		stdin.Close()
+		<-exited
+		log.Close()
 		if t.Failed() {
 			b, _ := os.ReadFile(filepath.Join(dir, "ipmi_sim.log"))
 			t.Logf("ipmi_sim's output:\n%s", b)
 		}
 	})
-	b := power.BMC{Address: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Username: Username, Password: Password}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, err := (ipmi.Driver{}).State(context.Background(), b); err == nil {
-			return b, dir
-		} else if time.Now().After(deadline) {
-			t.Fatalf("ipmi_sim did not answer within 10s: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
+	select {
+	case <-out.ready:
+	case err := <-exited:
+		exited <- err // for the cleanup
+		b, _ := os.ReadFile(filepath.Join(dir, "ipmi_sim.log"))
+		t.Fatalf("ipmi_sim exited before it was ready: %v\n%s", err, b)
+	case <-time.After(10 * time.Second):
+		t.Fatal("ipmi_sim printed no prompt within 10s")
 	}
+	return power.BMC{Address: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Username: Username, Password: Password}, dir
+}
+
+// prompt passes ipmi_sim's output on to w, and closes ready when it shows the console's prompt,
+// "> ". exec.Cmd calls Write from one goroutine, Stdout and Stderr being the same writer.
+type prompt struct {
+	w     io.Writer
+	last  byte
+	ready chan struct{}
+	shown bool
+}
+
+func (p *prompt) Write(b []byte) (int, error) {
+	for _, c := range b {
+		if !p.shown && p.last == '>' && c == ' ' {
+			p.shown = true
+			close(p.ready)
+		}
+		p.last = c
+	}
+	return p.w.Write(b)
 }
 
 // Log is what the chassis was told, in order: "power 1", "boot pxe", …
