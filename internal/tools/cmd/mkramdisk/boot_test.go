@@ -21,6 +21,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/u-root/u-root/pkg/cpio"
 
+	"github.com/better-compute/compute/computetest"
 	"github.com/better-compute/compute/metal/siteapi"
 )
 
@@ -97,7 +98,7 @@ func TestBootInQEMU(t *testing.T) {
 		// default CPU has no RDRAND.
 		"-device", "virtio-rng-pci",
 		"-drive", "file="+disk+",if=virtio,format=raw")
-	console := &syncBuffer{}
+	console := &computetest.Buffer{}
 	cmd.Stdout, cmd.Stderr = console, console
 	cmd.WaitDelay = 10 * time.Second
 	t.Cleanup(func() {
@@ -106,7 +107,7 @@ func TestBootInQEMU(t *testing.T) {
 		}
 	})
 	vmStart := time.Now()
-	site.start, console.start = vmStart, vmStart
+	site.start = vmStart
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -120,10 +121,8 @@ func TestBootInQEMU(t *testing.T) {
 	}
 
 	hellos, progress, helloAt, bootAt := site.results()
-	initAt := console.firstAt("Run /init as init process")
-	t.Logf("timing under TCG: mkramdisk %v; QEMU start → kernel runs /init %v → first Hello %v → boot (power-off) posted %v → QEMU exited %v",
-		buildTook.Round(time.Second), initAt.Round(100*time.Millisecond), helloAt.Round(100*time.Millisecond),
-		bootAt.Round(100*time.Millisecond), vmTook.Round(100*time.Millisecond))
+	t.Logf("timing under TCG: mkramdisk %v; QEMU start → first Hello %v → boot (power-off) posted %v → QEMU exited %v",
+		buildTook.Round(time.Second), helloAt.Round(100*time.Millisecond), bootAt.Round(100*time.Millisecond), vmTook.Round(100*time.Millisecond))
 
 	if len(hellos) == 0 {
 		t.Fatal("the site received no Hello")
@@ -302,50 +301,6 @@ func testKernel(t *testing.T) string {
 		t.Skipf("no kernel to boot: %v", err)
 	}
 	return k
-}
-
-// syncBuffer is QEMU's console: written by QEMU's output, read by the test, and timed.
-type syncBuffer struct {
-	mu    sync.Mutex
-	b     bytes.Buffer
-	start time.Time
-	marks []mark
-}
-
-type mark struct {
-	at  time.Duration
-	off int
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.marks = append(s.marks, mark{time.Since(s.start), s.b.Len()})
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-// firstAt is when the console first showed text, from start (QEMU's start).
-func (s *syncBuffer) firstAt(text string) time.Duration {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	i := strings.Index(s.b.String(), text)
-	if i < 0 {
-		return 0
-	}
-	at := time.Duration(0)
-	for _, m := range s.marks {
-		if m.off > i {
-			break
-		}
-		at = m.at
-	}
-	return at
 }
 
 func firstLines(s string, n int) string {
