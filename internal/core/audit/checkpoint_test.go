@@ -6,7 +6,6 @@ import (
 	"errors"
 	"strings"
 	"testing"
-	"time"
 
 	"golang.org/x/mod/sumdb/note"
 
@@ -19,6 +18,7 @@ import (
 // TestKeyIsDerivedFromTheSecret: one secret, one key and origin, every time; another secret,
 // another.
 func TestKeyIsDerivedFromTheSecret(t *testing.T) {
+	t.Parallel()
 	a, err := audit.NewKey(computetest.Secret)
 	if err != nil {
 		t.Fatal(err)
@@ -43,6 +43,7 @@ func TestKeyIsDerivedFromTheSecret(t *testing.T) {
 // the events, the audit-checkpoint worker publishes a checkpoint of them, signed by the key the
 // secret derives, and audit.checkpoint serves it to the root tenant only.
 func TestWorkerPublishesSignedCheckpoints(t *testing.T) {
+	t.Parallel()
 	env := computetest.New(t, computetest.Options{})
 	_, tenantKey := env.Tenant(t, "t1")
 	ctx := context.Background()
@@ -56,17 +57,13 @@ func TestWorkerPublishesSignedCheckpoints(t *testing.T) {
 		t.Fatal(err)
 	}
 	var cp api.Checkpoint
-	deadline := time.Now().Add(6 * audit.CheckpointEvery)
-	for cp.Size < 5 {
-		if time.Now().After(deadline) {
-			t.Fatalf("no checkpoint of 5 events after %s: %+v", 6*audit.CheckpointEvery, cp)
-		}
-		time.Sleep(100 * time.Millisecond)
+	computetest.Eventually(t, 6*audit.CheckpointEvery, "a checkpoint of 5 events", func() bool {
 		var err error
 		if cp, err = env.Compute.API.Audit.Checkpoint(ctx, env.RootKey, api.GetCheckpoint{}); err != nil && api.CodeOf(err) != api.CodeFailedPrecondition {
 			t.Fatal(err)
 		}
-	}
+		return cp.Size >= 5
+	})
 	key, _ := audit.NewKey(computetest.Secret)
 	if cp.VerifierKey != key.VerifierKey() || cp.Origin != key.Origin() {
 		t.Fatalf("checkpoint signed by %s (%s), want %s", cp.VerifierKey, cp.Origin, key.VerifierKey())
@@ -94,6 +91,7 @@ func TestWorkerPublishesSignedCheckpoints(t *testing.T) {
 // under the same name, and a checkpoint whose fields disagree with its note all fail to open,
 // each saying why.
 func TestForgedCheckpointsAreRefused(t *testing.T) {
+	t.Parallel()
 	env := computetest.New(t, computetest.Options{})
 	ctx := context.Background()
 	for range 3 {

@@ -68,6 +68,7 @@ func (a *audited) exec(t *testing.T, sql ...string) {
 // of the saved checkpoint against the live log fails each time, saying what is wrong, and passes
 // on the untouched log and on one that only grew.
 func TestAuditVerifyFailsOnEveryTampering(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name   string
 		tamper func(t *testing.T, a *audited)
@@ -153,6 +154,7 @@ func TestAuditVerifyFailsOnEveryTampering(t *testing.T) {
 // TestVerifyEvent: an event as events.list gives it is in the checkpoint; the same event with
 // a field changed is not; once its row is edited in SQL, it no longer proves.
 func TestVerifyEvent(t *testing.T) {
+	t.Parallel()
 	a := newAudited(t)
 	ctx := context.Background()
 	page, err := a.cl.Events.List(ctx, api.ListEvents{TenantID: "t1"})

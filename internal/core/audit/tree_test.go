@@ -81,6 +81,7 @@ func mth(leaves [][]byte) []byte {
 
 // TestLeafEncoding pins the leaf of one event byte for byte, as docs/events.md describes it.
 func TestLeafEncoding(t *testing.T) {
+	t.Parallel()
 	at := time.Date(2026, 1, 2, 3, 4, 5, 678901000, time.FixedZone("x", 3600))
 	got := audit.Leaf(7, "node.online", "root", "n1", at, `{"a": 1}`)
 	want := "01" + "0000000000000007" +
@@ -108,6 +109,7 @@ func TestLeafEncoding(t *testing.T) {
 // inclusion proof and every consistency proof computed from the live rows is the merkle
 // library's in-memory tree's, verifies, and the root is RFC 6962's Merkle Tree Hash.
 func TestTreeMatchesReference(t *testing.T) {
+	t.Parallel()
 	env := computetest.New(t, computetest.Options{})
 	ctx := context.Background()
 	q := env.DB.Pool
@@ -178,6 +180,7 @@ func equalHashes(a, b [][]byte) bool {
 // have the reference tree's root at their size, and random proofs from the live rows verify
 // against them.
 func TestPublishedTreeGrowsLikeTheReference(t *testing.T) {
+	t.Parallel()
 	env := computetest.New(t, computetest.Options{})
 	ctx := context.Background()
 	key, err := audit.NewKey(computetest.Secret)
