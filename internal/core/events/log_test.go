@@ -20,6 +20,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // TestLogOrderSurvivesCommitsOutOfOrder: an event written first by a transaction that commits
 // last is not skipped by a reader that resumed after the events that committed before it.
 func TestLogOrderSurvivesCommitsOutOfOrder(t *testing.T) {
+	t.Parallel()
 	env := computetest.New(t, computetest.Options{})
 	ctx := context.Background()
 	long, err := env.DB.Pool.Begin(ctx)
@@ -63,6 +64,7 @@ func TestLogOrderSurvivesCommitsOutOfOrder(t *testing.T) {
 // the last id it saw run at once. The reader sees every committed event exactly once, the ids are
 // 1..n with no gap, and no rolled-back event appears.
 func TestReaderSeesEveryCommittedEventOnceInOrder(t *testing.T) {
+	t.Parallel()
 	env := computetest.New(t, computetest.Options{})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -79,7 +81,7 @@ func TestReaderSeesEveryCommittedEventOnceInOrder(t *testing.T) {
 					if err := events.Emit(ctx, tx, "node.online", "root", subject, nil); err != nil {
 						return err
 					}
-					time.Sleep(time.Duration(rand.IntN(20)) * time.Millisecond)
+					time.Sleep(time.Duration(rand.IntN(20)) * time.Millisecond) // a transaction of random length: the behaviour under test
 					if !keep {
 						return errRollback
 					}
@@ -136,7 +138,7 @@ func TestReaderSeesEveryCommittedEventOnceInOrder(t *testing.T) {
 			running = false
 		default:
 			read()
-			time.Sleep(3 * time.Millisecond)
+			time.Sleep(3 * time.Millisecond) // the reader's pace while writers run, not a wait
 		}
 	}
 	close(sequencing)
