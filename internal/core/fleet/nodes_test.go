@@ -95,6 +95,7 @@ func (f *rollupFleet) noDrift(t *testing.T) {
 // alone, with no call of capacity.RefreshNodes, leaves every rollup exact, its schedulable flag
 // included (which Drift does not compare): the trigger on compute.nodes recounts them.
 func TestNodeWritesKeepRollups(t *testing.T) {
+	t.Parallel()
 	f := newRollupFleet(t, 3)
 	if got, free := f.rollups(t); got != "true true true" || !slices.Equal(free, []int{8, 8, 8}) {
 		t.Fatalf("after the nodes connected the rollups say schedulable %s, free %v", got, free)
@@ -136,6 +137,7 @@ func TestNodeWritesKeepRollups(t *testing.T) {
 // as of its statement's start: a recount as of the start would count the booking that ended
 // meanwhile as held, and no later change would correct it.
 func TestNodeWriteCountsAfterItsWait(t *testing.T) {
+	t.Parallel()
 	f := newRollupFleet(t, 1)
 	f.DB.ResetNow()
 	r, err := f.Compute.API.Reservations.Create(f.ctx, f.RootKey, api.CreateReservation{Pool: "gpu", Shape: api.Shape{GPUs: 1}, Duration: "1h"})
@@ -156,7 +158,18 @@ func TestNodeWriteCountsAfterItsWait(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- fleet.SetHealth(f.ctx, f.DB.Pool, f.nodes, api.HealthDegraded) }()
-	time.Sleep(time.Until(end) + 200*time.Millisecond)
+	computetest.Eventually(t, 30*time.Second, "the write waiting on the rollup's lock", func() bool {
+		return computetest.Count(t, f.DB.Pool, `SELECT count(*) FROM pg_catalog.pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`) > 0
+	})
+	// The booking ends on the database's clock while the write waits: what is under test.
+	computetest.Eventually(t, 10*time.Second, "the database's clock past the booking's end", func() bool {
+		var past bool
+		if err := f.DB.Pool.QueryRow(f.ctx, `SELECT pg_catalog.clock_timestamp() >= $1`, end).Scan(&past); err != nil {
+			t.Fatal(err)
+		}
+		return past
+	})
 	select {
 	case err := <-done:
 		t.Fatalf("the write did not wait for the rollup's lock: %v", err)

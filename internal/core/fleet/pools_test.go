@@ -37,6 +37,7 @@ func certPEM(t *testing.T, ca bool) string {
 // TestPoolAttestationPolicy: a pool's attestation policy defaults to off, is set at create and
 // replaced whole by update (other updates leave it), and a bad one is refused naming the field.
 func TestPoolAttestationPolicy(t *testing.T) {
+	t.Parallel()
 	env := computetest.New(t, computetest.Options{})
 	ctx, pools := context.Background(), env.Compute.API.Pools
 	plain, err := pools.Create(ctx, env.RootKey, api.CreatePool{Name: "plain"})
