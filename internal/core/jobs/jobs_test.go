@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
 
+	"github.com/better-compute/compute/computetest"
 	"github.com/better-compute/compute/internal/core/jobs"
 	"github.com/better-compute/compute/postgres"
 	"github.com/better-compute/compute/postgres/pgtest"
@@ -56,6 +57,7 @@ func migrations(t *testing.T) []postgres.MigrationSet {
 // TestCommittedJobsAreWorkedAndRetriedRolledBackOnesNever enqueues jobs in transactions that
 // commit and one that rolls back, and works them with a job whose first attempt fails.
 func TestCommittedJobsAreWorkedAndRetriedRolledBackOnesNever(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t, migrations(t)...)
 	w := &flaky{}
@@ -90,10 +92,7 @@ func TestCommittedJobsAreWorkedAndRetriedRolledBackOnesNever(t *testing.T) {
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- c.Run(runCtx) }()
-	deadline := time.Now().Add(20 * time.Second)
-	for w.worked.Load() < 12 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
+	computetest.Eventually(t, 20*time.Second, "12 jobs worked", func() bool { return w.worked.Load() >= 12 })
 	stop()
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -109,6 +108,7 @@ func TestCommittedJobsAreWorkedAndRetriedRolledBackOnesNever(t *testing.T) {
 // TestRiverMigrationsRecordTheirVersionsAndRollBack applies River's schema as a set of ours,
 // checks that River's own table agrees, and rolls it back.
 func TestRiverMigrationsRecordTheirVersionsAndRollBack(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	sets := migrations(t)
 	db := pgtest.New(t, sets...)
