@@ -21,6 +21,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 const secret = "pki-test-secret-0123456789abcdefgh"
 
 func TestOneCAForConcurrentLoadsAndTheSecretGuardsIt(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t, postgres.Core, pki.Migrations)
 	var wg sync.WaitGroup
@@ -53,6 +54,7 @@ func TestOneCAForConcurrentLoadsAndTheSecretGuardsIt(t *testing.T) {
 }
 
 func TestIssueCheckRevoke(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t, postgres.Core, pki.Migrations)
 	ca, err := pki.Load(ctx, db, secret)
