@@ -210,6 +210,7 @@ func (p *attestPlane) facts(t *testing.T, node string) *tpmFacts {
 // the EK and the PCRs the TPM reports, and node.attested says so. The first call spends and
 // writes nothing.
 func TestAttestedJoin(t *testing.T) {
+	t.Parallel()
 	p := newAttestPlane(t)
 	boot := sha256.Sum256([]byte("shim and grub"))
 	p.tpm.Extend(t, 4, boot[:])
@@ -277,6 +278,7 @@ func TestAttestedJoin(t *testing.T) {
 // TestAttestedJoinRefusals: each way an attested join can be wrong is refused with
 // permission_denied saying why, and a refused join creates and spends nothing.
 func TestAttestedJoinRefusals(t *testing.T) {
+	t.Parallel()
 	p := newAttestPlane(t)
 	_, otherCSR, err := nodeagent.NewKey()
 	if err != nil {
@@ -357,6 +359,7 @@ func TestAttestedJoinRefusals(t *testing.T) {
 // twice: with a one-use token the token is spent; with one of many uses the ticket is, once it
 // admitted its node.
 func TestAttestedJoinIsAdmittedOnce(t *testing.T) {
+	t.Parallel()
 	p := newAttestPlane(t)
 	x := p.begin(t, p.tokenFor(t, "tpm", 1), "once")
 	if _, err := p.second(x, nil); err != nil {
@@ -389,6 +392,7 @@ func TestAttestedJoinIsAdmittedOnce(t *testing.T) {
 // TestAttestationPolicies: an optional pool admits without a TPM, and with one records it, its EK
 // trusted on first use; an off pool admits a node with a TPM unattested, recording nothing.
 func TestAttestationPolicies(t *testing.T) {
+	t.Parallel()
 	p := newAttestPlane(t)
 	plain, err := p.joinWith(p.tokenFor(t, "opt", 1), "plain", nil, nil)
 	if err != nil {
@@ -443,6 +447,7 @@ func TestAttestationPolicies(t *testing.T) {
 // node's rejoin with its takeover secret must bring the same TPM (not none, not another), while
 // an operator's takeover token may bring a new one.
 func TestAttestedNodeIsPinnedToItsEK(t *testing.T) {
+	t.Parallel()
 	p := newAttestPlane(t)
 	first, err := p.joinWith(p.tokenFor(t, "opt", 1), "pinned", nil, p.tpm)
 	if err != nil {

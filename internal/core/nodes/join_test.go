@@ -54,6 +54,7 @@ func (p *joinPlane) count(t testing.TB, q string, args ...any) int {
 // TestTakeoverNeedsProof: a join token, a name and a machine id (all a stranger can learn) do
 // not take over a node; its takeover secret or a takeover token for it do.
 func TestTakeoverNeedsProof(t *testing.T) {
+	t.Parallel()
 	p := newJoinPlane(t)
 	first, err := p.join(p.token(t, api.CreateJoinToken{}), nil)
 	if err != nil {
@@ -124,6 +125,7 @@ func TestTakeoverNeedsProof(t *testing.T) {
 // TestJoinPinsTheCA: the CA hash printed with the token is checked before anything is trusted,
 // and plain http is refused except on loopback.
 func TestJoinPinsTheCA(t *testing.T) {
+	t.Parallel()
 	p := newJoinPlane(t)
 	jt := p.token(t, api.CreateJoinToken{MaxUses: 10})
 	if !strings.HasPrefix(jt.CAHash, "sha256:") || len(jt.CAHash) != len("sha256:")+64 {
@@ -170,6 +172,7 @@ func TestJoinPinsTheCA(t *testing.T) {
 // the token (anyone who can read the table could join machines); a replay answers the token's
 // record without it.
 func TestJoinTokenIsNotKeptForReplay(t *testing.T) {
+	t.Parallel()
 	p := newJoinPlane(t)
 	ctx := api.WithIdempotencyKey(p.ctx, "jt-1")
 	first, err := p.env.Compute.API.JoinTokens.Create(ctx, p.env.RootKey, api.CreateJoinToken{Pool: "p"})

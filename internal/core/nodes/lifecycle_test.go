@@ -15,6 +15,7 @@ import (
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
 func TestCordonDrainRetire(t *testing.T) {
+	t.Parallel()
 	env := computetest.New(t, computetest.Options{})
 	ctx := context.Background()
 	a := env.Compute.API
@@ -80,6 +81,7 @@ func TestCordonDrainRetire(t *testing.T) {
 }
 
 func TestJoinTokensListAndRevoke(t *testing.T) {
+	t.Parallel()
 	env := computetest.New(t, computetest.Options{})
 	ctx := context.Background()
 	a := env.Compute.API

@@ -14,6 +14,7 @@ import (
 // reason for its state, and each is recorded as a command.finished event; a command still within
 // its deadline is left alone.
 func TestOverdueCommandsFailWithAnEventEach(t *testing.T) {
+	t.Parallel()
 	env := computetest.New(t, computetest.Options{})
 	ctx := context.Background()
 	for _, q := range []string{

@@ -14,6 +14,7 @@ import (
 // TestPollReadsByIndex: with sequential scans priced out, every part of a gateway's poll is
 // served by an index, so its cost follows what changed, not how many nodes the gateway holds.
 func TestPollReadsByIndex(t *testing.T) {
+	t.Parallel()
 	env := computetest.New(t, computetest.Options{})
 	ctx := context.Background()
 	var plan []string
