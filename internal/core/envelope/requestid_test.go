@@ -6,6 +6,7 @@ import (
 )
 
 func TestValidRequestID(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		id   string
 		want bool
