@@ -126,6 +126,7 @@ func (p *people) events(t *testing.T, typ, subject string) int {
 // ask for, its caller cannot approve it (even with another key), another principal's approval
 // lets exactly that batch run once, and nothing else spends it.
 func TestABatchOverThePolicyRunsOnceWithAnotherPrincipalsApproval(t *testing.T) {
+	t.Parallel()
 	p := newPeople(t, 6)
 	api0 := p.env.Compute.API
 
@@ -231,6 +232,7 @@ func TestABatchOverThePolicyRunsOnceWithAnotherPrincipalsApproval(t *testing.T) 
 // TestApprovalsExpireAndCanBeDenied: an approved approval past its ttl no longer runs its batch
 // nor takes votes; a denied one never runs it; the policy's approvers count distinct principals.
 func TestApprovalsExpireAndCanBeDenied(t *testing.T) {
+	t.Parallel()
 	p := newPeople(t, 4)
 	api0 := p.env.Compute.API
 	p.setPolicy(t, api.SetQuorum{MaxPercent: 50, Approvers: 2, TTL: "10m"})
@@ -303,6 +305,7 @@ func TestApprovalsExpireAndCanBeDenied(t *testing.T) {
 // nearest ancestor's; an approval of one tenant is not found from another; bad policies are
 // refused naming the field.
 func TestQuorumPolicyIsInheritedAndCheckedPerTenant(t *testing.T) {
+	t.Parallel()
 	p := newPeople(t, 3)
 	api0 := p.env.Compute.API
 	child, childKey := p.env.Tenant(t, "t1")
