@@ -49,6 +49,7 @@ func FuzzDecodeArgs(f *testing.F) {
 }
 
 func TestDecodeArgsRefusesBadIndexes(t *testing.T) {
+	t.Parallel()
 	for _, raw := range []string{`{"gpu": -1}`, `{"gpu": 1e300}`, `{"gpu": 2.5}`, `{"gpu": "all"}`, `{}`} {
 		var args structpb.Struct
 		if err := protojson.Unmarshal([]byte(raw), &args); err != nil {

@@ -29,6 +29,7 @@ func (s *endedStream) close() {}
 // its hello (a revoked certificate) is heard as the refusal it sent, not as the send's io.EOF: a
 // retired node must stop, not reconnect forever. (The hello's io.EOF was the session's error.)
 func TestARefusalBeforeTheHelloIsTheSessionsError(t *testing.T) {
+	t.Parallel()
 	reset := errors.New("connection reset")
 	for _, tc := range []struct {
 		name          string

@@ -48,6 +48,7 @@ func (ca testCA) issue(t *testing.T, keyDER []byte, notBefore, notAfter time.Tim
 // TestRenewedCertificateIsChecked: a renewed certificate for another key, from another CA, or
 // not valid now is refused; the right one is accepted.
 func TestRenewedCertificateIsChecked(t *testing.T) {
+	t.Parallel()
 	ca, rogue := newTestCA(t), newTestCA(t)
 	key, _, _ := NewKey()
 	otherKey, _, _ := NewKey()

@@ -8,5 +8,6 @@ import (
 )
 
 func TestMemoryStore(t *testing.T) {
+	t.Parallel()
 	storetest.Run(t, func(*testing.T) nodeagent.Store { return nodeagent.NewMemoryStore() }, nil)
 }
