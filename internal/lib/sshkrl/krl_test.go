@@ -19,6 +19,7 @@ import (
 // TestOpenSSHReadsTheKRL: OpenSSH's own ssh-keygen -Q reads a KRL this package wrote, and finds
 // revoked exactly the certificates it lists, per certificate authority.
 func TestOpenSSHReadsTheKRL(t *testing.T) {
+	t.Parallel()
 	keygen, err := exec.LookPath("ssh-keygen")
 	if err != nil {
 		t.Skip("ssh-keygen is not installed (Debian package openssh-client)")

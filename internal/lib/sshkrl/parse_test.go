@@ -43,6 +43,7 @@ func newCert(t testing.TB, ca ssh.Signer, key ssh.PublicKey, serial uint64, keyI
 // TestParseReadsWhatWriteWrote, a property over random lists: a certificate is revoked by the
 // list read back exactly when Write was given its CA and serial.
 func TestParseReadsWhatWriteWrote(t *testing.T) {
+	t.Parallel()
 	cas := []ssh.Signer{newSigner(t), newSigner(t), newSigner(t)}
 	user := newSigner(t).PublicKey()
 	for seed := range uint64(200) {
@@ -85,6 +86,7 @@ func TestParseReadsWhatWriteWrote(t *testing.T) {
 // section it writes (serials one by one, in ranges and bitmaps, key ids, plain keys by blob, by
 // SHA-1 and by SHA-256), revoke what ssh-keygen -Q says they revoke.
 func TestParseAgreesWithOpenSSH(t *testing.T) {
+	t.Parallel()
 	keygen, err := exec.LookPath("ssh-keygen")
 	if err != nil {
 		t.Skip("ssh-keygen is not installed (Debian package openssh-client)")
