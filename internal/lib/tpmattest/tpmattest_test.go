@@ -71,6 +71,7 @@ func node(t *testing.T, s *swtpmtest.TPM) *tpmattest.Node {
 // TestAttestWithSWTPM: a real (software) TPM's EK, certificate, AK, activation and quote verify,
 // and what Verify establishes is what the TPM holds.
 func TestAttestWithSWTPM(t *testing.T) {
+	t.Parallel()
 	s := swtpmtest.Start(t)
 	measured := sha256.Sum256([]byte("a boot loader"))
 	s.Extend(t, 4, measured[:])
@@ -120,6 +121,7 @@ func TestAttestWithSWTPM(t *testing.T) {
 
 // TestVerifyRefuses: each way an answer can be wrong is refused, with the reason.
 func TestVerifyRefuses(t *testing.T) {
+	t.Parallel()
 	s := swtpmtest.Start(t)
 	now := time.Now()
 	n := node(t, s)
@@ -175,6 +177,7 @@ func TestVerifyRefuses(t *testing.T) {
 // TestQuoteByAnotherKey: a quote signed by another AK of the same TPM, over the right nonce, is
 // refused: the AK the credential was activated for must sign it.
 func TestQuoteByAnotherKey(t *testing.T) {
+	t.Parallel()
 	s := swtpmtest.Start(t)
 	now := time.Now()
 	rw, err := s.Open()
@@ -220,6 +223,7 @@ func TestQuoteByAnotherKey(t *testing.T) {
 
 // TestOpenRefusesWhatIsNoTPM: --tpm takes a device path or a host:port, nothing else.
 func TestOpenRefusesWhatIsNoTPM(t *testing.T) {
+	t.Parallel()
 	for _, where := range []string{"tpmrm0", "", "localhost"} {
 		if _, err := tpmattest.Open(where); err == nil || !strings.Contains(err.Error(), "neither a device path") {
 			t.Errorf("Open(%q): %v", where, err)
@@ -232,6 +236,7 @@ func TestOpenRefusesWhatIsNoTPM(t *testing.T) {
 
 // TestParseRoots: a pool's roots are single PEM certificates.
 func TestParseRoots(t *testing.T) {
+	t.Parallel()
 	ca := swtpmtest.NewCA(t, "roots")
 	if roots, err := tpmattest.ParseRoots([]string{ca.PEM}); err != nil || len(roots) != 1 || !roots[0].Equal(ca.Cert) {
 		t.Fatalf("ParseRoots: %v, %v", roots, err)
