@@ -148,6 +148,7 @@ func client(t *testing.T, s *httptest.Server) *Client {
 var v1 = Build{Version: "v1.0.0", OS: "linux", Arch: "amd64"}
 
 func TestFetchVerifiesABuild(t *testing.T) {
+	t.Parallel()
 	r := newTestRepo(t)
 	r.publish(v1, []byte("bcd v1.0.0"), r.targetsKey, time.Now().Add(time.Hour))
 	c := client(t, r.serve(t))
@@ -181,6 +182,7 @@ func refused(t *testing.T, c *Client, b Build, want string) {
 }
 
 func TestTamperedTargetIsRefused(t *testing.T) {
+	t.Parallel()
 	r := newTestRepo(t)
 	r.publish(v1, []byte("bcd v1.0.0"), r.targetsKey, time.Now().Add(time.Hour))
 	for path := range r.snapshot() {
@@ -192,6 +194,7 @@ func TestTamperedTargetIsRefused(t *testing.T) {
 }
 
 func TestTamperedMetadataIsRefused(t *testing.T) {
+	t.Parallel()
 	r := newTestRepo(t)
 	r.publish(v1, []byte("bcd v1.0.0"), r.targetsKey, time.Now().Add(time.Hour))
 	// Someone who can write the server's metadata but holds no targets key points the build at
@@ -213,6 +216,7 @@ func TestTamperedMetadataIsRefused(t *testing.T) {
 }
 
 func TestTargetsSignedByAnOnlineKeyAreRefused(t *testing.T) {
+	t.Parallel()
 	// A control plane holds the snapshot and timestamp keys only: whatever it signs as targets
 	// is not a release.
 	r := newTestRepo(t)
@@ -221,12 +225,14 @@ func TestTargetsSignedByAnOnlineKeyAreRefused(t *testing.T) {
 }
 
 func TestExpiredMetadataIsRefused(t *testing.T) {
+	t.Parallel()
 	r := newTestRepo(t)
 	r.publish(v1, []byte("bcd v1.0.0"), r.targetsKey, time.Now().Add(-time.Minute))
 	refused(t, client(t, r.serve(t)), v1, "expired")
 }
 
 func TestRolledBackMetadataIsRefused(t *testing.T) {
+	t.Parallel()
 	r := newTestRepo(t)
 	s := r.serve(t)
 	c := client(t, s)
@@ -247,6 +253,7 @@ func TestRolledBackMetadataIsRefused(t *testing.T) {
 }
 
 func TestRootRotation(t *testing.T) {
+	t.Parallel()
 	r := newTestRepo(t)
 	s := r.serve(t)
 	c := client(t, s)
@@ -287,6 +294,7 @@ func TestRootRotation(t *testing.T) {
 }
 
 func TestPinnedRootRefusesAnotherRepository(t *testing.T) {
+	t.Parallel()
 	a, b := newTestRepo(t), newTestRepo(t)
 	b.publish(v1, []byte("bcd v1.0.0"), b.targetsKey, time.Now().Add(time.Hour))
 	c := client(t, b.serve(t))
