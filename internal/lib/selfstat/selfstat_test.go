@@ -6,6 +6,7 @@ import (
 )
 
 func TestSelf(t *testing.T) {
+	t.Parallel()
 	before := CPU()
 	x := 0
 	for i := range 50_000_000 {
