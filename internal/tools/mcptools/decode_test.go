@@ -99,6 +99,7 @@ func FuzzDecodeArguments(f *testing.F) {
 // TestToolsRefuseUnknownArguments: a misspelt argument is a tool error naming it, and nothing is
 // called.
 func TestToolsRefuseUnknownArguments(t *testing.T) {
+	t.Parallel()
 	env := computetest.New(t, computetest.Options{})
 	cs := session(t, env.Server(t), env.RootKey)
 	cases := []struct {

@@ -64,6 +64,7 @@ func post(t *testing.T, endpoint, authorization, session, body string) *http.Res
 // refused, each agent's calls run with its own key (never a key of the server's), and a session
 // cannot be used with another key.
 func TestHTTPUsesTheCallersKey(t *testing.T) {
+	t.Parallel()
 	env := computetest.New(t, computetest.Options{})
 	api := env.Server(t)
 	ctx := context.Background()

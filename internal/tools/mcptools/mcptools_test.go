@@ -71,6 +71,7 @@ func text(r *mcp.CallToolResult) string {
 }
 
 func TestToolsMatchTheTableAndAgentsWaitForConfirmation(t *testing.T) {
+	t.Parallel()
 	env := computetest.New(t, computetest.Options{})
 	url := env.Server(t)
 	ctx := context.Background()
@@ -172,6 +173,7 @@ func TestToolsMatchTheTableAndAgentsWaitForConfirmation(t *testing.T) {
 // for, are tools too: with the server's schema, their arguments passed to the server, which
 // decodes them as strictly as any body.
 func TestModuleMethodsAreTools(t *testing.T) {
+	t.Parallel()
 	env := computetest.New(t, computetest.Options{Modules: []compute.Module{pingmodule.Module{}}})
 	cs := session(t, env.Server(t), env.RootKey)
 	tools, err := cs.ListTools(context.Background(), nil)
