@@ -17,6 +17,7 @@ const root = "../../.."
 // TestAPISurface fails when the API differs from api/surface.json: an addition needs the
 // snapshot refreshed (go run ./internal/tools/cmd/surface), a breaking change a new api.Version too.
 func TestAPISurface(t *testing.T) {
+	t.Parallel()
 	v, _, err := CheckAPI(root)
 	if err != nil {
 		t.Fatal(err)
@@ -28,6 +29,7 @@ func TestAPISurface(t *testing.T) {
 
 // TestProtocolSurface is the same for agent/v1 and agent/v1/surface.txt.
 func TestProtocolSurface(t *testing.T) {
+	t.Parallel()
 	v, _, err := CheckProtocol(root)
 	if err != nil {
 		t.Fatal(err)
@@ -39,6 +41,7 @@ func TestProtocolSurface(t *testing.T) {
 
 // TestSnapshotsRoundTrip: the committed snapshot reads back to the surface it was written from.
 func TestSnapshotsRoundTrip(t *testing.T) {
+	t.Parallel()
 	live, err := LiveAPI()
 	if err != nil {
 		t.Fatal(err)
@@ -62,6 +65,7 @@ func TestSnapshotsRoundTrip(t *testing.T) {
 // TestAPIChanges: what counts as breaking and what as an addition, on the real surface changed
 // as a developer would change it.
 func TestAPIChanges(t *testing.T) {
+	t.Parallel()
 	base, err := LiveAPI()
 	if err != nil {
 		t.Fatal(err)
@@ -167,6 +171,7 @@ func clone(t *testing.T, a *API) *API {
 
 // TestProtocolChanges: a field renumbered, retyped or removed breaks; one added does not.
 func TestProtocolChanges(t *testing.T) {
+	t.Parallel()
 	_, base, err := ParseProtocol(LiveProtocol())
 	if err != nil {
 		t.Fatal(err)
@@ -209,6 +214,7 @@ func TestProtocolChanges(t *testing.T) {
 // TestTheCommittedProtocolSurfaceIsReadable: agent/v1/surface.txt parses, with the version of
 // the code, and names SessionService.Connect as the bidirectional stream it is.
 func TestTheCommittedProtocolSurfaceIsReadable(t *testing.T) {
+	t.Parallel()
 	b, err := os.ReadFile(filepath.Join(root, ProtocolPath))
 	if err != nil {
 		t.Fatal(err)
