@@ -32,6 +32,7 @@ func code(err error) api.Code {
 }
 
 func TestEveryGroupAndTypedErrors(t *testing.T) {
+	t.Parallel()
 	env := computetest.New(t, computetest.Options{})
 	url := env.Server(t)
 	ctx := context.Background()
@@ -135,6 +136,7 @@ func second[T any](_ T, err error) error { return err }
 // TestRetriesOnlyWhereSafe: a flaky server answers 503 once. Reads are retried; a mutation
 // without an idempotency key is not; with one it is.
 func TestRetriesOnlyWhereSafe(t *testing.T) {
+	t.Parallel()
 	var calls, fail atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		calls.Add(1)
@@ -166,6 +168,7 @@ func TestRetriesOnlyWhereSafe(t *testing.T) {
 }
 
 func TestContextDeadline(t *testing.T) {
+	t.Parallel()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-time.After(5 * time.Second):
@@ -184,6 +187,7 @@ func TestContextDeadline(t *testing.T) {
 }
 
 func TestNoHeavyDependencies(t *testing.T) {
+	t.Parallel()
 	out, err := exec.Command("go", "list", "-deps", "github.com/better-compute/compute/client").Output()
 	if err != nil {
 		t.Fatal(err)
@@ -196,6 +200,7 @@ func TestNoHeavyDependencies(t *testing.T) {
 }
 
 func TestNewRefusesBadURLs(t *testing.T) {
+	t.Parallel()
 	for _, u := range []string{"", "compute.example.com", "ftp://x", "http://"} {
 		if _, err := client.New(u); err == nil {
 			t.Errorf("New(%q) succeeded", u)
