@@ -8,6 +8,7 @@ import (
 )
 
 func TestDecisionCache(t *testing.T) {
+	t.Parallel()
 	c := iam.NewDecisionCache(time.Hour, 3)
 	ada, bob := iam.Principal{ID: "idn_ada", KeyID: "key_1"}, iam.Principal{ID: "idn_bob", KeyID: "key_2"}
 	list := iam.Request{TenantID: "root", Action: "compute:pools:list", Resource: iam.Resource{Type: "compute-pool", ID: "*"}}
@@ -65,6 +66,7 @@ func TestDecisionCache(t *testing.T) {
 // TestDecisionCacheDecideRace: a decision made while an event invalidated the cache (from
 // policies the event made stale) is answered but not kept.
 func TestDecisionCacheDecideRace(t *testing.T) {
+	t.Parallel()
 	c := iam.NewDecisionCache(time.Hour, 10)
 	ada := iam.Principal{ID: "idn_ada", KeyID: "key_1"}
 	list := iam.Request{TenantID: "root", Action: "compute:pools:list", Resource: iam.Resource{Type: "compute-pool", ID: "*"}}

@@ -95,6 +95,7 @@ func pool(tenant, action string) iam.Request {
 }
 
 func TestConformanceTokens(t *testing.T) {
+	t.Parallel()
 	conformance(t, func(t *testing.T, w world) {
 		ctx := context.Background()
 		a := w.admin
@@ -150,6 +151,7 @@ func TestConformanceTokens(t *testing.T) {
 }
 
 func TestConformanceDecisions(t *testing.T) {
+	t.Parallel()
 	conformance(t, func(t *testing.T, w world) {
 		ctx := context.Background()
 		a := w.admin
@@ -248,6 +250,7 @@ func TestConformanceDecisions(t *testing.T) {
 }
 
 func TestConformanceCatalogBillingFlagsEvents(t *testing.T) {
+	t.Parallel()
 	conformance(t, func(t *testing.T, w world) {
 		ctx := context.Background()
 		a := w.admin
@@ -314,6 +317,7 @@ func must2(t *testing.T) func([]iam.Event, int64, error) ([]iam.Event, int64) {
 }
 
 func TestConformanceConfirmation(t *testing.T) {
+	t.Parallel()
 	conformance(t, func(t *testing.T, w world) {
 		ctx := context.Background()
 		a := w.admin
@@ -400,6 +404,7 @@ func TestConformanceConfirmation(t *testing.T) {
 // TestRemoteSaysWhenTheCatalogIsMissing: without registering, a remote port checks the catalog
 // and names what is missing.
 func TestRemoteSaysWhenTheCatalogIsMissing(t *testing.T) {
+	t.Parallel()
 	defer failed(t)
 	db := pgtest.New(t, postgres.Core, iam.Migrations)
 	admin, _ := iam.Embedded(db, iam.EmbeddedOptions{RootTenantID: "root"})
@@ -435,6 +440,7 @@ func check(t *testing.T, err error) {
 
 // TestRemoteRetriesOnlyWhatMayBeRetried: a 5xx answer is retried, a refusal is not.
 func TestRemoteRetriesOnlyWhatMayBeRetried(t *testing.T) {
+	t.Parallel()
 	defer failed(t)
 	db := pgtest.New(t, postgres.Core, iam.Migrations)
 	admin := must(iam.Embedded(db, iam.EmbeddedOptions{RootTenantID: "root"}))
@@ -472,6 +478,7 @@ func TestRemoteRetriesOnlyWhatMayBeRetried(t *testing.T) {
 
 // TestContractRefusesBadRequests: the served contract names what is wrong with a request.
 func TestContractRefusesBadRequests(t *testing.T) {
+	t.Parallel()
 	defer failed(t)
 	db := pgtest.New(t, postgres.Core, iam.Migrations)
 	admin := must(iam.Embedded(db, iam.EmbeddedOptions{RootTenantID: "root"}))

@@ -10,6 +10,7 @@ import (
 )
 
 func TestUnavailable(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		err  error
 		want bool

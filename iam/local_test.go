@@ -28,6 +28,7 @@ func newLocal(t *testing.T) (*iam.Local, *postgres.DB) {
 }
 
 func TestEmbeddedOptions(t *testing.T) {
+	t.Parallel()
 	db := pgtest.New(t)
 	if _, err := iam.Embedded(nil, iam.EmbeddedOptions{RootTenantID: "r"}); err == nil {
 		t.Error("nil db accepted")
@@ -41,6 +42,7 @@ func TestEmbeddedOptions(t *testing.T) {
 }
 
 func TestInitializeRefusesAnotherRoot(t *testing.T) {
+	t.Parallel()
 	l, db := newLocal(t)
 	_ = l
 	other, err := iam.Embedded(db, iam.EmbeddedOptions{RootTenantID: "other-root"})
@@ -53,6 +55,7 @@ func TestInitializeRefusesAnotherRoot(t *testing.T) {
 }
 
 func TestAPIKeys(t *testing.T) {
+	t.Parallel()
 	l, db := newLocal(t)
 	ctx := context.Background()
 	user, err := l.CreateIdentity(ctx, "root", iam.KindUser, "ada")
@@ -100,6 +103,7 @@ func TestAPIKeys(t *testing.T) {
 }
 
 func TestBindingsFollowTheTenantTree(t *testing.T) {
+	t.Parallel()
 	l, _ := newLocal(t)
 	ctx := context.Background()
 	org, err := l.CreateTenant(ctx, iam.CreateTenant{ID: "acme", ParentID: "root"})
@@ -144,6 +148,7 @@ func TestBindingsFollowTheTenantTree(t *testing.T) {
 // TestCacheIsClearedByChanges checks that the caches never outlive a revocation or a new binding
 // made through the same Local.
 func TestCacheIsClearedByChanges(t *testing.T) {
+	t.Parallel()
 	db := pgtest.New(t, postgres.Core, iam.Migrations)
 	l, err := iam.Embedded(db, iam.EmbeddedOptions{RootTenantID: "root", CacheTTL: time.Hour})
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 )
 
 func TestMatchGlob(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		pattern, s string
 		want       bool
@@ -35,6 +36,7 @@ func TestMatchGlob(t *testing.T) {
 }
 
 func TestEvaluate(t *testing.T) {
+	t.Parallel()
 	pols := []namedPolicy{
 		{name: "ops", policy: Policy{Version: 1, Statements: []Statement{
 			{Sid: "pools", Effect: Allow, Actions: []string{"compute:pools:*"}, Resources: []string{"compute-pool/*"}},
@@ -59,6 +61,7 @@ func TestEvaluate(t *testing.T) {
 }
 
 func TestParsePolicyErrors(t *testing.T) {
+	t.Parallel()
 	cases := map[string]string{
 		"not JSON":         `{`,
 		"version":          `{"version": 2, "statements": []}`,
@@ -106,6 +109,7 @@ func FuzzParsePolicy(f *testing.F) {
 }
 
 func TestConditionOperatorsAndVariables(t *testing.T) {
+	t.Parallel()
 	attrs := map[string]any{
 		"principal.id": "idn_1", "principal.kind": "service", "request.ip": "10.1.2.3",
 		"request.time": "2030-01-01T00:00:00Z", "resource.gpus": float64(8), "resource.labels": []any{"prod", "eu"},

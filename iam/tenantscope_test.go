@@ -19,6 +19,7 @@ import (
 // is refused, as not found where a tenant is named (like a tenant that does not exist), and
 // nothing is done there; A's own project is served.
 func TestContractActsOnlyInTheCallersTenants(t *testing.T) {
+	t.Parallel()
 	defer failed(t)
 	ctx := context.Background()
 	db := pgtest.New(t, postgres.Core, iam.Migrations)

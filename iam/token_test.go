@@ -7,6 +7,7 @@ import (
 )
 
 func TestTokenRoundTrip(t *testing.T) {
+	t.Parallel()
 	for _, kind := range []TokenKind{TokenSession, TokenAPIKey, TokenRole, TokenSTS, TokenDelegation} {
 		tok := NewToken(kind)
 		if want := len("biam_") + len(kind) + 1 + 43 + 6; len(tok) != want {
@@ -23,6 +24,7 @@ func TestTokenRoundTrip(t *testing.T) {
 }
 
 func TestParseTokenErrors(t *testing.T) {
+	t.Parallel()
 	good := NewToken(TokenAPIKey)
 	cases := map[string]string{
 		"empty":          "",
