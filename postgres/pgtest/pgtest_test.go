@@ -11,6 +11,7 @@ import (
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
 func TestDatabasesAreIsolatedAndMigrated(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	a := pgtest.New(t, postgres.Core)
 	b := pgtest.New(t, postgres.Core)
