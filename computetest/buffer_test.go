@@ -10,6 +10,7 @@ import (
 
 // TestBufferConcurrentWrites: writers and a reader at once lose nothing (run with -race).
 func TestBufferConcurrentWrites(t *testing.T) {
+	t.Parallel()
 	var b computetest.Buffer
 	var wg sync.WaitGroup
 	for i := range 8 {

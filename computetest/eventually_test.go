@@ -22,6 +22,7 @@ func (r *fatalRecorder) Fatalf(format string, args ...any) {
 // TestEventuallyWaitsThenFails: a condition that comes true ends the wait; one that never does
 // fails the test after the time given, saying what was awaited.
 func TestEventuallyWaitsThenFails(t *testing.T) {
+	t.Parallel()
 	n := 0
 	computetest.Eventually(t, 5*time.Second, "the third look", func() bool { n++; return n >= 3 })
 	if n != 3 {
