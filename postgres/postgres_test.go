@@ -10,6 +10,7 @@ import (
 	"testing/fstest"
 	"time"
 
+	"github.com/better-compute/compute/computetest"
 	"github.com/better-compute/compute/postgres"
 	"github.com/better-compute/compute/postgres/pgtest"
 )
@@ -27,6 +28,7 @@ DROP TABLE probe.applied;
 }}
 
 func TestComputeNowOverride(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t, postgres.Core)
 
@@ -74,6 +76,7 @@ func TestComputeNowOverride(t *testing.T) {
 }
 
 func TestEmptySearchPath(t *testing.T) {
+	t.Parallel()
 	db := pgtest.New(t, postgres.Core)
 	// An unqualified name must not resolve: every query names its schema.
 	_, err := db.Pool.Exec(context.Background(), "SELECT compute_now()")
@@ -83,6 +86,7 @@ func TestEmptySearchPath(t *testing.T) {
 }
 
 func TestMigrateTwiceUpDownUp(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t)
 	for range 2 {
@@ -90,7 +94,7 @@ func TestMigrateTwiceUpDownUp(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n := count(t, db, "SELECT count(*) FROM probe.applied"); n != 1 {
+	if n := computetest.Count(t, db.Pool, "SELECT count(*) FROM probe.applied"); n != 1 {
 		t.Fatalf("the probe migration ran %d times, want 1", n)
 	}
 	if pending, err := postgres.Pending(ctx, db, postgres.Core, testSet); err != nil || pending {
@@ -99,18 +103,19 @@ func TestMigrateTwiceUpDownUp(t *testing.T) {
 	if err := postgres.MigrateDown(ctx, db, postgres.Core, testSet); err != nil {
 		t.Fatal(err)
 	}
-	if n := count(t, db, "SELECT count(*) FROM pg_proc WHERE proname = 'compute_now'"); n != 0 {
+	if n := computetest.Count(t, db.Pool, "SELECT count(*) FROM pg_proc WHERE proname = 'compute_now'"); n != 0 {
 		t.Fatalf("compute_now() survived MigrateDown")
 	}
 	if err := postgres.Migrate(ctx, db, postgres.Core, testSet); err != nil {
 		t.Fatal(err)
 	}
-	if n := count(t, db, "SELECT count(*) FROM probe.applied"); n != 1 {
+	if n := computetest.Count(t, db.Pool, "SELECT count(*) FROM probe.applied"); n != 1 {
 		t.Fatalf("after down and up, probe.applied has %d rows, want 1", n)
 	}
 }
 
 func TestMigrationSetErrors(t *testing.T) {
+	t.Parallel()
 	db := pgtest.New(t)
 	for name, sets := range map[string][]postgres.MigrationSet{
 		"duplicate name": {postgres.Core, postgres.Core},
@@ -126,6 +131,7 @@ func TestMigrationSetErrors(t *testing.T) {
 // TestMigrateConcurrentProcesses starts several copies of this test binary that migrate one
 // database at the same moment; each migration must be applied exactly once.
 func TestMigrateConcurrentProcesses(t *testing.T) {
+	t.Parallel()
 	url := pgtest.URL(t)
 	const procs = 4
 	var wg sync.WaitGroup
@@ -148,13 +154,14 @@ func TestMigrateConcurrentProcesses(t *testing.T) {
 		}
 	}
 	db := pgtest.Open(t, url)
-	if n := count(t, db, "SELECT count(*) FROM probe.applied"); n != 1 {
+	if n := computetest.Count(t, db.Pool, "SELECT count(*) FROM probe.applied"); n != 1 {
 		t.Fatalf("%d processes migrating at once applied the probe migration %d times, want 1", procs, n)
 	}
 }
 
 // TestHelperMigrate is the child of TestMigrateConcurrentProcesses.
 func TestHelperMigrate(t *testing.T) {
+	t.Parallel()
 	url := os.Getenv("PGTEST_HELPER_MIGRATE_URL")
 	if url == "" {
 		t.Skip("only run as a child of TestMigrateConcurrentProcesses")
@@ -171,6 +178,7 @@ func TestHelperMigrate(t *testing.T) {
 }
 
 func TestOpenErrors(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	if _, err := postgres.Open(ctx, ""); err == nil {
 		t.Error("Open(\"\") succeeded")
@@ -180,18 +188,10 @@ func TestOpenErrors(t *testing.T) {
 	}
 }
 
-func count(t *testing.T, db *postgres.DB, q string) int {
-	t.Helper()
-	var n int
-	if err := db.Pool.QueryRow(context.Background(), q).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
 // TestErrorClasses: a connection cut by the server, a refused connect and a shutdown are
 // Unavailable; a statement's own error is not; a deadlock is Retryable.
 func TestErrorClasses(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t)
 	conn, err := db.Pool.Acquire(ctx)
