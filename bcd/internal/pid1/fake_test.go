@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 )
 
@@ -35,6 +36,8 @@ type fakeSystem struct {
 	linksCall int
 	// linksAfter hides the links until Links has been called this many times.
 	linksAfter int
+	// changed is closed, and replaced, when the machine is called or its console written.
+	changed chan struct{}
 }
 
 func newFake() *fakeSystem {
@@ -53,11 +56,41 @@ func newFake() *fakeSystem {
 		moduleErr: map[string]error{},
 		consoleOK: true,
 		console:   &bytes.Buffer{},
+		changed:   make(chan struct{}),
 	}
 }
 
+// record notes a call; f.mu is held.
 func (f *fakeSystem) record(format string, args ...any) {
 	f.calls = append(f.calls, fmt.Sprintf(format, args...))
+	f.notify()
+}
+
+// notify wakes those awaiting a change; f.mu is held.
+func (f *fakeSystem) notify() {
+	close(f.changed)
+	f.changed = make(chan struct{})
+}
+
+// await waits until cond holds, looking again each time init calls the machine or writes its
+// console, and fails the test naming what it waited for after 30 s.
+func (f *fakeSystem) await(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.NewTimer(30 * time.Second)
+	defer deadline.Stop()
+	for {
+		f.mu.Lock()
+		changed := f.changed
+		f.mu.Unlock()
+		if cond() {
+			return
+		}
+		select {
+		case <-changed:
+		case <-deadline.C:
+			t.Fatalf("not within 30s: %s", what)
+		}
+	}
 }
 
 func (f *fakeSystem) Calls() []string {
@@ -84,6 +117,7 @@ type lockedWriter struct {
 func (w lockedWriter) Write(p []byte) (int, error) {
 	w.f.mu.Lock()
 	defer w.f.mu.Unlock()
+	defer w.f.notify()
 	return w.f.console.Write(p)
 }
 
@@ -198,6 +232,7 @@ func (f *fakeSystem) Reap() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.reaped++
+	f.notify()
 	return 0
 }
 
@@ -218,22 +253,4 @@ func testLease(link, addr string) Lease {
 func blockDHCP(ctx context.Context, _ string) (Lease, error) {
 	<-ctx.Done()
 	return Lease{}, ctx.Err()
-}
-
-// syncBuffer is a log that tests read while init writes it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -38,6 +38,7 @@ func ack(t *testing.T, mods ...dhcpv4.Modifier) *dhcpv4.DHCPv4 {
 // router, the DNS servers once each, the domain and search list, the server, how long it lasts
 // and when to renew it.
 func TestLeaseFromACK(t *testing.T) {
+	t.Parallel()
 	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	got, err := leaseFromACK(ack(t), "eth0", now)
 	if err != nil {
@@ -83,6 +84,7 @@ func TestLeaseFromACK(t *testing.T) {
 
 // TestLeaseFromACKRefuses an answer without an address to configure.
 func TestLeaseFromACKRefuses(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		mod  dhcpv4.Modifier
@@ -109,6 +111,7 @@ func TestLeaseFromACKRefuses(t *testing.T) {
 
 // TestResolvConf writes the lease's DNS servers (three at most) and search list.
 func TestResolvConf(t *testing.T) {
+	t.Parallel()
 	l := testLease("eth0", "10.0.2.15/24")
 	l.DNS = append(l.DNS, netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("10.0.0.3"))
 	l.Search = []string{"a.example", "b.example"}

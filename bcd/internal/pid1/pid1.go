@@ -120,7 +120,8 @@ func (in *Init) Run(ctx context.Context) error {
 		wg.Wait()
 		in.con.close()
 	}()
-	wg.Go(func() { in.reap(ctx) })
+	sig := notifyChildExit() // before anything starts: no child's exit goes unheard
+	wg.Go(func() { in.reap(ctx, sig) })
 	for {
 		err := in.boot(ctx, &wg)
 		if ctx.Err() != nil {
@@ -226,8 +227,7 @@ func (in *Init) loadModules() {
 // reap collects exited children whenever one exits (SIGCHLD), and every minute in case a
 // signal was missed, until ctx is done. bcd ramdisk starts no process of its own, so taking
 // every child's status steals none that someone waits for.
-func (in *Init) reap(ctx context.Context) {
-	sig := notifyChildExit()
+func (in *Init) reap(ctx context.Context, sig chan os.Signal) {
 	defer stopNotify(sig)
 	t := time.NewTicker(time.Minute)
 	defer t.Stop()

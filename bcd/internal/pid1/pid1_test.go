@@ -13,6 +13,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"go.uber.org/goleak"
+
+	"github.com/better-compute/compute/computetest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -34,12 +36,12 @@ func start(t *testing.T, f *fakeSystem, cfg Config, ramdisk func(ctx context.Con
 	n := 0
 	cfg.System = f
 	cfg.Ramdisk = func(ctx context.Context, cmdline string, log *slog.Logger) error {
-		r.ramdisk <- cmdline
 		mu.Lock()
 		i := n
 		n++
 		mu.Unlock()
-		log.Info("the ramdisk runs", "start", i)
+		log.Info("the ramdisk runs", "start", i) // before the test hears of it, and reads the console
+		r.ramdisk <- cmdline
 		if ramdisk != nil {
 			return ramdisk(ctx, i, log)
 		}
@@ -91,17 +93,6 @@ func (r *running) waitRamdisk(t *testing.T, nth int) string {
 		}
 	}
 	return c
-}
-
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // sortRuns sorts each run of calls that share a first word and happen at once (the DHCP
@@ -156,6 +147,7 @@ var bootCalls = []string{
 // starts the ramdisk with the kernel's command line, logging to the console. Its context's end
 // stops it, and every goroutine it started.
 func TestBoot(t *testing.T) {
+	t.Parallel()
 	f := newFake()
 	f.dhcp = func(ctx context.Context, link string) (Lease, error) {
 		if link == "eth1" {
@@ -193,6 +185,7 @@ func TestBoot(t *testing.T) {
 // TestRetry: a ramdisk that fails, panics or returns is started again after RetryWait, with
 // what was done before (mounts, modules, lease) not done again; each failure is logged.
 func TestRetry(t *testing.T) {
+	t.Parallel()
 	f := newFake()
 	r := start(t, f, Config{}, func(ctx context.Context, n int, _ *slog.Logger) error {
 		switch n {
@@ -224,10 +217,11 @@ func TestRetry(t *testing.T) {
 
 // TestMountFails: a mount that fails is logged, and the mounts are tried again.
 func TestMountFails(t *testing.T) {
+	t.Parallel()
 	f := newFake()
 	f.mountErr["/sys"] = syscall.EPERM
 	// Before /dev is mounted there is no /dev/console to open: the log is Config.Console's.
-	var log syncBuffer
+	var log computetest.Buffer
 	r := start(t, f, Config{Console: &log}, nil)
 	r.waitRamdisk(t, 1)
 	calls := f.Calls()
@@ -245,6 +239,7 @@ func TestMountFails(t *testing.T) {
 // TestModules: a module that does not load is logged and the rest still load; without a list
 // no module is loaded and init goes on.
 func TestModules(t *testing.T) {
+	t.Parallel()
 	f := newFake()
 	f.moduleErr["/lib/modules/v/kernel/virtio.ko"] = syscall.ENOEXEC
 	r := start(t, f, Config{}, nil)
@@ -281,6 +276,7 @@ func TestModules(t *testing.T) {
 // TestLinks: init waits for a NIC to appear; with none after LinkWait it says so, naming the
 // interfaces it saw, and tries again — taking a NIC that appeared meanwhile.
 func TestLinks(t *testing.T) {
+	t.Parallel()
 	f := newFake()
 	f.linksAfter = 3 // the driver is still probing
 	r := start(t, f, Config{LinkWait: 5 * time.Second}, nil)
@@ -292,13 +288,13 @@ func TestLinks(t *testing.T) {
 	f = newFake()
 	f.links = []Link{{Name: "lo"}, {Name: "br0", MAC: "52:54:00:00:00:03"}}
 	start(t, f, Config{LinkWait: 20 * time.Millisecond}, nil)
-	eventually(t, "init to report that it has no NIC", func() bool {
+	f.await(t, "init to report that it has no NIC", func() bool {
 		return strings.Contains(f.Console(), "no physical NIC after 20ms (interfaces: [lo br0]): is its driver among the ramdisk's modules (mkramdisk -modules)?")
 	})
 	f.mu.Lock()
 	f.links = append(f.links, Link{Name: "enp1s0", MAC: "52:54:00:00:00:09", Physical: true})
 	f.mu.Unlock()
-	eventually(t, "init to configure the NIC that appeared", func() bool { return count(f.Calls(), "configure enp1s0") == 1 })
+	f.await(t, "init to configure the NIC that appeared", func() bool { return count(f.Calls(), "configure enp1s0") == 1 })
 	if n := count(f.Calls(), "up br0"); n != 0 {
 		t.Errorf("a bridge was brought up as a NIC: %q", f.Calls())
 	}
@@ -308,6 +304,7 @@ func TestLinks(t *testing.T) {
 // nor one that fails), and the requests still waiting are stopped before init goes on. An
 // unseeded random number generator, which DHCP waits for, is reported.
 func TestDHCP(t *testing.T) {
+	t.Parallel()
 	f := newFake()
 	f.noRandom = true
 	f.links = []Link{{Name: "eth0", Physical: true}, {Name: "eth1", Physical: true}, {Name: "eth2", Physical: true}}
@@ -351,11 +348,12 @@ func TestDHCP(t *testing.T) {
 // TestDHCPNoAnswer: when no NIC is given a lease within DHCPTimeout init says so, naming each
 // NIC's failure, and asks again; a lease that cannot be configured is asked for again too.
 func TestDHCPNoAnswer(t *testing.T) {
+	t.Parallel()
 	f := newFake()
 	f.dhcp = blockDHCP
 	f.configErr = syscall.EEXIST
 	start(t, f, Config{DHCPTimeout: 30 * time.Millisecond}, nil)
-	eventually(t, "init to report no answer", func() bool {
+	f.await(t, "init to report no answer", func() bool {
 		con := f.Console()
 		return strings.Contains(con, "no DHCP lease within 30ms on eth0, eth1 (") && strings.Contains(con, "eth0: context deadline exceeded") &&
 			strings.Contains(con, "eth1: context deadline exceeded")
@@ -363,7 +361,7 @@ func TestDHCPNoAnswer(t *testing.T) {
 	f.mu.Lock()
 	f.dhcp = nil // a server answers now
 	f.mu.Unlock()
-	eventually(t, "the lease configured after one failure to", func() bool { return count(f.Calls(), "configure ") == 2 })
+	f.await(t, "the lease configured after one failure to", func() bool { return count(f.Calls(), "configure ") == 2 })
 	if !strings.Contains(f.Console(), "with 10.0.2.15/24: file exists") {
 		t.Errorf("the console does not name the failed configuration:\n%s", f.Console())
 	}
@@ -373,6 +371,7 @@ func TestDHCPNoAnswer(t *testing.T) {
 // configured; failed renewals are tried again, and once the lease has ended a new one is asked
 // for on its link and configured.
 func TestKeepLease(t *testing.T) {
+	t.Parallel()
 	f := newFake()
 	short := func(link, addr string) Lease {
 		l := testLease(link, addr)
@@ -407,7 +406,7 @@ func TestKeepLease(t *testing.T) {
 		return Lease{}, errors.New("no answer") // until the lease ends
 	}
 	start(t, f, Config{RetryWait: 20 * time.Millisecond}, nil)
-	eventually(t, "a new lease after the old one ended", func() bool { return count(f.Calls(), "configure eth0 10.0.2.30/24") == 1 })
+	f.await(t, "a new lease after the old one ended", func() bool { return count(f.Calls(), "configure eth0 10.0.2.30/24") == 1 })
 	var configs []string
 	for _, c := range f.Calls() {
 		if strings.HasPrefix(c, "configure ") {
@@ -432,6 +431,7 @@ func TestKeepLease(t *testing.T) {
 // TestNew: durations must not be negative (the error names the field); zeros are the
 // defaults.
 func TestNew(t *testing.T) {
+	t.Parallel()
 	for _, field := range []string{"RetryWait", "LinkWait", "DHCPTimeout"} {
 		var cfg Config
 		switch field {
@@ -458,6 +458,7 @@ func TestNew(t *testing.T) {
 // TestRunRamdisk: the ramdisk is started as bcd ramdisk: a command line without bcd.site= is
 // an error that says so.
 func TestRunRamdisk(t *testing.T) {
+	t.Parallel()
 	err := runRamdisk(context.Background(), "console=ttyS0 panic=-1", slog.Default())
 	if err == nil || !strings.Contains(err.Error(), "bcd.site= is missing from the kernel command line") {
 		t.Errorf("runRamdisk without bcd.site= = %v", err)
@@ -468,6 +469,7 @@ func TestRunRamdisk(t *testing.T) {
 // the machine booted from is asked alone, though another would answer sooner; when it does not
 // answer, every NIC is asked.
 func TestDHCPOnTheBootNIC(t *testing.T) {
+	t.Parallel()
 	f := newFake()
 	f.files["/proc/cmdline"] = []byte("console=ttyS0 bcd.site=http://10.0.2.2:8067 bcd.token=t BOOTIF=01-52-54-00-00-00-02\n")
 	// Every NIC answers at once: only the boot NIC's being asked at all shows it was chosen.

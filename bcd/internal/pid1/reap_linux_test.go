@@ -8,11 +8,13 @@ import (
 	"os/exec"
 	"syscall"
 	"testing"
-	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestReapOnSIGCHLD: init reaps when a child exits (SIGCHLD).
 func TestReapOnSIGCHLD(t *testing.T) {
+	t.Parallel()
 	f := newFake()
 	r := start(t, f, Config{}, nil)
 	r.waitRamdisk(t, 1)
@@ -20,25 +22,25 @@ func TestReapOnSIGCHLD(t *testing.T) {
 	if err := syscall.Kill(os.Getpid(), syscall.SIGCHLD); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "a reap after SIGCHLD", func() bool { return f.Reaped() > before })
+	f.await(t, "a reap after SIGCHLD", func() bool { return f.Reaped() > before })
 }
 
 // TestLinuxReap: the machine's Reap collects an exited child nobody waited for (the zombie an
-// orphan leaves PID 1), and says so. It touches only a child this test starts.
+// orphan leaves PID 1), and says so. It touches only a child this test starts, and is not run
+// in parallel: Reap collects any child of the process.
 func TestLinuxReap(t *testing.T) {
 	cmd := exec.Command("true")
 	if err := cmd.Start(); err != nil {
 		t.Skip(err)
 	}
 	pid := cmd.Process.Pid
-	reaped := 0
-	deadline := time.Now().Add(10 * time.Second)
-	for reaped == 0 && time.Now().Before(deadline) {
-		reaped = Linux().Reap()
-		time.Sleep(5 * time.Millisecond)
+	// Wait for the child to exit, leaving it a zombie for Reap (WNOWAIT).
+	var info unix.Siginfo
+	if err := unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOWAIT, nil); err != nil {
+		t.Fatalf("waitid: %v", err)
 	}
-	if reaped == 0 {
-		t.Fatal("Reap collected nothing after a child exited")
+	if reaped := Linux().Reap(); reaped < 1 {
+		t.Fatalf("Reap collected %d children after one exited", reaped)
 	}
 	// The child is gone: waiting for it finds no such child.
 	var ws syscall.WaitStatus
