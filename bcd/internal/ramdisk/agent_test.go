@@ -103,6 +103,7 @@ func start(t *testing.T, site *fakeSite, root, machine, token string, p *power) 
 }
 
 func TestRunUnknownMachineSaysHelloUntilKnown(t *testing.T) {
+	t.Parallel()
 	site := newFakeSite(t)
 	site.set(func(s *fakeSite) { s.failHellos, s.unknownHellos, s.failTasks = 2, 4, 2 })
 	root := tree(t, server())
@@ -148,6 +149,7 @@ func deployTask(id string, img siteapi.Image, kernelURL string) *siteapi.Task {
 }
 
 func TestRunDeploysThenKexecs(t *testing.T) {
+	t.Parallel()
 	site := newFakeSite(t)
 	img, desc := testImage(t, 5<<20+123)
 	kernel, initrd := []byte("the deployed kernel"), []byte("the deployed initramfs")
@@ -225,6 +227,7 @@ func TestRunDeploysThenKexecs(t *testing.T) {
 // TestRunSaysHelloAgainWhenRefused: the site refusing a task request (the boot's machine is
 // another now) is asked who the machine is, and the task asked for as that machine.
 func TestRunSaysHelloAgainWhenRefused(t *testing.T) {
+	t.Parallel()
 	site := newFakeSite(t)
 	start(t, site, tree(t, server()), "m-1", "t-1", &power{})
 	site.waitFor(t, "a task request", func(s *fakeSite) bool { return len(s.taskGets) > 0 })
@@ -255,6 +258,7 @@ func TestRunSaysHelloAgainWhenRefused(t *testing.T) {
 // TestRunPostsProgressAfterARefusal: progress the site refuses (403) is posted again after a
 // Hello, not dropped.
 func TestRunPostsProgressAfterARefusal(t *testing.T) {
+	t.Parallel()
 	site := newFakeSite(t)
 	site.set(func(s *fakeSite) {
 		s.task = &siteapi.Task{ID: "task-1", Kind: siteapi.TaskWipe, Disk: "/dev/vda", Then: siteapi.ThenReboot}
@@ -272,6 +276,7 @@ func TestRunPostsProgressAfterARefusal(t *testing.T) {
 // TestRunFailsAKexecWithoutItsCredential: a join credential the site will not hand over (410:
 // another boot of the machine had it) fails the task before the kexec, saying why.
 func TestRunFailsAKexecWithoutItsCredential(t *testing.T) {
+	t.Parallel()
 	site := newFakeSite(t)
 	site.set(func(s *fakeSite) {
 		s.files["/k"] = []byte("k")
@@ -294,6 +299,7 @@ func TestRunFailsAKexecWithoutItsCredential(t *testing.T) {
 }
 
 func TestRunCarriesOutATaskOnce(t *testing.T) {
+	t.Parallel()
 	site := newFakeSite(t)
 	site.set(func(s *fakeSite) {
 		s.task = &siteapi.Task{ID: "task-1", Kind: siteapi.TaskWipe, Then: siteapi.ThenWait} // every fixed disk
@@ -323,6 +329,7 @@ func TestRunCarriesOutATaskOnce(t *testing.T) {
 }
 
 func TestRunReportsAFailedImage(t *testing.T) {
+	t.Parallel()
 	site := newFakeSite(t)
 	img, desc := testImage(t, 3<<20)
 	bad := bytes.Clone(img)
@@ -361,6 +368,7 @@ func TestRunReportsAFailedImage(t *testing.T) {
 }
 
 func TestRunRetriesAnImageNotCachedYet(t *testing.T) {
+	t.Parallel()
 	site := newFakeSite(t)
 	img, desc := testImage(t, 1<<20)
 	site.set(func(s *fakeSite) {
@@ -379,6 +387,7 @@ func TestRunRetriesAnImageNotCachedYet(t *testing.T) {
 }
 
 func TestRunRefusesATaskItCannotDo(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name    string
 		task    siteapi.Task
@@ -415,6 +424,7 @@ func TestRunRefusesATaskItCannotDo(t *testing.T) {
 }
 
 func TestRunThen(t *testing.T) {
+	t.Parallel()
 	for _, then := range []string{siteapi.ThenReboot, siteapi.ThenPowerOff} {
 		t.Run(then, func(t *testing.T) {
 			site := newFakeSite(t)
@@ -454,6 +464,7 @@ func TestRunThen(t *testing.T) {
 }
 
 func TestNewChecksConfig(t *testing.T) {
+	t.Parallel()
 	root := t.TempDir()
 	cases := []struct {
 		name    string

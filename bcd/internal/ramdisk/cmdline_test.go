@@ -6,6 +6,7 @@ import (
 )
 
 func TestParseCmdline(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name, cmdline        string
 		site, machine, token string

@@ -22,7 +22,8 @@ func oldDisk(t *testing.T, size int) string {
 
 // loopDevice attaches a loop device to a new file of size bytes, every byte 0xAA, and detaches
 // it when the test ends. It skips the test unless it runs as root with losetup. Only this
-// device, which the test made, is ever written.
+// device, which the test made, is ever written. Its tests are not run in parallel with each
+// other: two losetup --find at once may race for the same free device.
 func loopDevice(t *testing.T, size int) (dev, file string) {
 	t.Helper()
 	if os.Geteuid() != 0 {
@@ -72,6 +73,7 @@ func checkWiped(t *testing.T, b []byte) {
 }
 
 func TestWipeZeroesBothEndsOfAFile(t *testing.T) {
+	t.Parallel()
 	const size = 4<<20 + 512
 	disk := oldDisk(t, size)
 	if err := Wipe(t.Context(), disk); err != nil {
@@ -88,6 +90,7 @@ func TestWipeZeroesBothEndsOfAFile(t *testing.T) {
 }
 
 func TestWipeZeroesASmallFileWhole(t *testing.T) {
+	t.Parallel()
 	disk := oldDisk(t, 100<<10)
 	if err := Wipe(t.Context(), disk); err != nil {
 		t.Fatal(err)
@@ -98,6 +101,7 @@ func TestWipeZeroesASmallFileWhole(t *testing.T) {
 }
 
 func TestWipeRefuses(t *testing.T) {
+	t.Parallel()
 	ctx := t.Context()
 	if err := Wipe(ctx, t.TempDir()); err == nil || !strings.Contains(err.Error(), "neither a block device nor a regular file") {
 		t.Errorf("a directory: err = %v", err)

@@ -38,6 +38,7 @@ type fakeSite struct {
 	progress    []siteapi.Progress
 	credentials []siteapi.CredentialRequest
 	gets        map[string]int // GET path → count
+	changed     chan struct{}  // closed, and replaced, after each request the site answered
 }
 
 // request is a task request as the site saw it.
@@ -47,14 +48,20 @@ type request struct {
 }
 
 func newFakeSite(t *testing.T) *fakeSite {
-	s := &fakeSite{machine: "m-1", token: "t-1", files: map[string][]byte{}, gets: map[string]int{}}
+	s := &fakeSite{machine: "m-1", token: "t-1", files: map[string][]byte{}, gets: map[string]int{}, changed: make(chan struct{})}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+siteapi.PathHello, s.hello)
 	mux.HandleFunc("GET "+siteapi.PathTask, s.taskGet)
 	mux.HandleFunc("POST "+siteapi.PathProgress, s.postProgress)
 	mux.HandleFunc("POST "+siteapi.PathCredential, s.postCredential)
 	mux.HandleFunc("GET /", s.file)
-	s.Server = httptest.NewServer(mux)
+	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mux.ServeHTTP(w, r)
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		close(s.changed) // the record may have changed: those waiting look again
+		s.changed = make(chan struct{})
+	}))
 	t.Cleanup(s.Close)
 	return s
 }
@@ -181,23 +188,26 @@ func (s *fakeSite) set(f func(*fakeSite)) {
 	f(s)
 }
 
-// waitFor waits until cond holds of the site's record, failing the test after 10 s.
+// waitFor waits until cond holds of the site's record, looking again after each request the
+// site answers, and fails the test after 10 s.
 func (s *fakeSite) waitFor(t *testing.T, what string, cond func(*fakeSite) bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.NewTimer(10 * time.Second)
+	defer deadline.Stop()
 	for {
 		s.mu.Lock()
-		ok := cond(s)
+		ok, changed := cond(s), s.changed
 		s.mu.Unlock()
 		if ok {
 			return
 		}
-		if time.Now().After(deadline) {
+		select {
+		case <-changed:
+		case <-deadline.C:
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			t.Fatalf("waited 10 s for %s; the site has %d hellos, task requests %+v, progress %+v", what, len(s.hellos), s.taskGets, s.progress)
 		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 )
 
 func TestInspectReadsEveryFact(t *testing.T) {
+	t.Parallel()
 	m := server()
 	m.disks = append(m.disks,
 		fakeDisk{name: "nvme0n1", sectors: 7500000000},
@@ -53,6 +54,7 @@ func TestInspectReadsEveryFact(t *testing.T) {
 }
 
 func TestInspectSerialFallsBack(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name         string
 		serial, uuid *string
@@ -84,6 +86,7 @@ func TestInspectSerialFallsBack(t *testing.T) {
 }
 
 func TestInspectRefusesAMachineWithoutIdentity(t *testing.T) {
+	t.Parallel()
 	m := server()
 	m.serial, m.uuid = nil, nil
 	m.nics = []fakeNIC{{name: "lo", address: "00:00:00:00:00:00"}}
@@ -98,6 +101,7 @@ func TestInspectRefusesAMachineWithoutIdentity(t *testing.T) {
 }
 
 func TestInspectCountsCPUsFromCpuinfo(t *testing.T) {
+	t.Parallel()
 	m := server()
 	m.cpuOnline = ""
 	m.cpuinfo = "processor\t: 0\nmodel name\t: x\n\nprocessor\t: 1\n\nprocessor\t: 2\n"
@@ -111,6 +115,7 @@ func TestInspectCountsCPUsFromCpuinfo(t *testing.T) {
 }
 
 func TestInspectKeepsFirmwareTextPrintable(t *testing.T) {
+	t.Parallel()
 	m := server()
 	m.vendor = str("Vendor\x01\x7f\xff Inc.")
 	m.model = str(strings.Repeat("M", 300))
@@ -125,6 +130,7 @@ func TestInspectKeepsFirmwareTextPrintable(t *testing.T) {
 
 // TestInspectThisMachine reads the real machine the tests run on.
 func TestInspectThisMachine(t *testing.T) {
+	t.Parallel()
 	nics, _ := filepath.Glob("/sys/class/net/*/device")
 	if len(nics) == 0 {
 		t.Skip("this machine has no physical NIC (a container's veth has no device link): Inspect would rightly refuse it")

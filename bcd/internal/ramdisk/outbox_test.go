@@ -14,6 +14,7 @@ import (
 // added: everything is posted in order, the waiting download counts collapse to the latest,
 // the one in flight is not replaced, and flush returns once all is posted.
 func TestOutboxKeepsOrderAndCoalescesDownloads(t *testing.T) {
+	t.Parallel()
 	var (
 		o       outbox
 		mu      sync.Mutex

@@ -76,6 +76,7 @@ func (p *progressLog) check(t *testing.T, total int64, atLeast int) {
 }
 
 func TestStreamWritesAndVerifiesAGoodImage(t *testing.T) {
+	t.Parallel()
 	img, desc := testImage(t, 5<<20+123) // two reads of the 4 MiB buffer, not sector-aligned
 	srv := serve(t, func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Authorization") != "Bearer boot-token" {
@@ -106,6 +107,7 @@ func TestStreamWritesAndVerifiesAGoodImage(t *testing.T) {
 }
 
 func TestStreamReportsProgressAsItGoes(t *testing.T) {
+	t.Parallel()
 	img, desc := testImage(t, 10<<20)
 	srv := serve(t, func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Length", strconv.Itoa(len(img)))
@@ -124,6 +126,7 @@ func TestStreamReportsProgressAsItGoes(t *testing.T) {
 }
 
 func TestStreamGivesUpOnASilentSite(t *testing.T) {
+	t.Parallel()
 	img, desc := testImage(t, 2<<20)
 	release := make(chan struct{})
 	srv := serve(t, func(w http.ResponseWriter, r *http.Request) {
@@ -145,6 +148,7 @@ func TestStreamGivesUpOnASilentSite(t *testing.T) {
 }
 
 func TestVerifyFindsADiskThatDiffers(t *testing.T) {
+	t.Parallel()
 	img, desc := testImage(t, 3<<20)
 	disk := oldDisk(t, 4<<20)
 	srv := serve(t, bytesOf(img))
@@ -168,6 +172,7 @@ func TestVerifyFindsADiskThatDiffers(t *testing.T) {
 // TestStreamWipesAfterABadImage serves wrong images; each must fail with an error naming what
 // differed and leave the disk wiped, never holding the start of an image.
 func TestStreamWipesAfterABadImage(t *testing.T) {
+	t.Parallel()
 	img, desc := testImage(t, 5<<20)
 	corrupt := bytes.Clone(img)
 	corrupt[len(corrupt)-1] ^= 0xff
@@ -215,6 +220,7 @@ func TestStreamWipesAfterABadImage(t *testing.T) {
 }
 
 func TestStreamRefusesWhatItCannotWrite(t *testing.T) {
+	t.Parallel()
 	img, desc := testImage(t, 1<<20)
 	var gets int
 	srv := serve(t, func(w http.ResponseWriter, r *http.Request) { gets++; bytesOf(img)(w, r) })
