@@ -130,9 +130,7 @@ func TestBCDEndToEnd(t *testing.T) {
 	if done.State != api.CommandSucceeded {
 		t.Fatalf("after the restart the command is %+v", done)
 	}
-	if !e.Log.Contains("running again a command a restart interrupted") {
-		t.Fatal("the restarted node did not say it ran the interrupted command again")
-	}
+	e.waitLog("the restarted node saying it ran the interrupted command again", "running again a command a restart interrupted")
 	finished := *done.FinishedAt
 	// Acknowledged, the result leaves the journal, and it is never recorded again: a command
 	// sent after it (one the fake hardware does not slow) comes back, and the first is as it was.

@@ -225,6 +225,13 @@ func (p *prefixWriter) Write(b []byte) (int, error) {
 	return n, nil
 }
 
+// waitLog waits for line in the log: for a process to say it, or, where it said so before it
+// did what the test saw (a process logs, then answers), for its output to be copied into the log.
+func (e *e2e) waitLog(what, line string) {
+	e.t.Helper()
+	computetest.Eventually(e.t, e2eWait, what, func() bool { return e.Log.Contains(line) })
+}
+
 // proc is a process the test started.
 type proc struct {
 	*exec.Cmd

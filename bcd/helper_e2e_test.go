@@ -55,7 +55,7 @@ func TestAnUnprivilegedNodeThroughTheRootHelper(t *testing.T) {
 
 	// The helper, as root.
 	e.start("bcd helper", exec.Command(bin, "helper", "--socket", sock, "--allow-uid", "65534", "--cdi-root", cdiRoot, "--fake-gpus", "8"))
-	computetest.Eventually(t, e2eWait, "the helper serving", func() bool { return e.Log.Contains("bcd helper: serving") })
+	e.waitLog("the helper serving", "bcd helper: serving")
 
 	call := func(uid int, args ...string) (string, error) {
 		out, err := asUser(exec.Command(bin, append([]string{"helper", "call", "--socket", sock}, args...)...), uid).CombinedOutput()
@@ -79,10 +79,7 @@ func TestAnUnprivilegedNodeThroughTheRootHelper(t *testing.T) {
 			t.Errorf("%s: %v\n%s", bad.what, err, out)
 		}
 	}
-	// The helper logs the refusal before it answers.
-	if !e.Log.Contains("refused a caller of another uid") {
-		t.Errorf("the helper did not log the refused uid")
-	}
+	e.waitLog("the helper logging the refused uid", "refused a caller of another uid")
 
 	// The node, as nobody. Without the helper, nobody cannot write the spec directory.
 	if err := asUser(exec.Command("/bin/sh", "-c", "touch "+cdiRoot+"/probe"), agentUID).Run(); err == nil {
@@ -90,9 +87,7 @@ func TestAnUnprivilegedNodeThroughTheRootHelper(t *testing.T) {
 	}
 	e.node(nodeOptions{Name: "nobody-node", State: state, CDIDir: cdiRoot, UID: agentUID, Args: []string{"--helper", sock}})
 	nodeID := e.online("nobody-node")
-	if !e.Log.Contains("through the root helper") {
-		t.Fatal("the node does not say it uses the helper")
-	}
+	e.waitLog("the node saying it uses the helper", "through the root helper")
 
 	// A reservation's spec, written by root for the node, with the hook of this bcd.
 	r, err := a.Reservations.Create(ctx, e.RootKey, api.CreateReservation{Pool: e2ePool, Shape: api.Shape{GPUs: 2, VCPUs: 4}})
@@ -129,9 +124,7 @@ func TestAnUnprivilegedNodeThroughTheRootHelper(t *testing.T) {
 		b, err := os.ReadFile(filepath.Join(cdiRoot, cdi.SpecName(r.ID)))
 		return err == nil && strings.Contains(string(b), "NVIDIA_VISIBLE_DEVICES=MIG-fake-7-")
 	})
-	if !e.Log.Contains("MIG instance made") {
-		t.Fatal("the helper did not make the MIG instance")
-	}
+	e.waitLog("the helper making the MIG instance", "MIG instance made")
 
 	// gpu.reset, carried out by the helper.
 	cmd, err := a.Commands.Create(ctx, e.RootKey, api.CreateCommand{NodeRef: api.NodeRef{Node: nodeID}, Kind: api.CommandGPUReset, Args: []byte(`{"gpu": 3}`)})
@@ -142,7 +135,5 @@ func TestAnUnprivilegedNodeThroughTheRootHelper(t *testing.T) {
 		c, err := a.Commands.Get(ctx, e.RootKey, api.GetCommand{Command: cmd.ID})
 		return err == nil && c.State == api.CommandSucceeded
 	})
-	if !e.Log.Contains(`fake GPU reset" gpu=3`) {
-		t.Fatal("the helper did not reset GPU 3")
-	}
+	e.waitLog("the helper resetting GPU 3", `fake GPU reset" gpu=3`)
 }

@@ -242,6 +242,6 @@ Include %s
 	}
 	e.start("sshd", exec.Command(args[0], args[1:]...))
 	// sshd says so once it listens (-e: its log on stderr).
-	computetest.Eventually(t, e2eWait, "sshd listening", func() bool { return e.Log.Contains("Server listening on 127.0.0.1 port " + port) })
+	e.waitLog("sshd listening", "Server listening on 127.0.0.1 port "+port)
 	return addr
 }
