@@ -109,6 +109,7 @@ func httpDo(ns string, from netip.Addr, method, url, token, body string) (int, s
 // the site's address on that network nor its provisioning address (routed through the host)
 // reaches them; the machine on the provisioning network does.
 func TestTheSiteListensOnTheProvisioningNetworkOnly(t *testing.T) {
+	t.Parallel()
 	n := newNetns(t)
 	tenant := n.addTenant(t)
 	mustIP(t, "-n", n.machine, "addr", "add", nsMachine.String()+"/24", "dev", "mach0")
@@ -176,6 +177,7 @@ func (n *netns) scriptToken(t *testing.T, site *childSite, from netip.Addr, mac 
 // are given only to the address the site leased to its MAC; the token works from that address
 // only, and only until the MAC's next boot.
 func TestBootTokensAreBoundToTheLease(t *testing.T) {
+	t.Parallel()
 	n := newNetns(t)
 	site := n.startSite(t, DHCPConfig{Mode: DHCPFull, Subnet: netip.MustParsePrefix("192.0.2.0/24"),
 		RangeStart: netip.MustParseAddr("192.0.2.100"), RangeEnd: netip.MustParseAddr("192.0.2.110"), LeaseTime: 10 * time.Minute})
@@ -217,6 +219,7 @@ func TestBootTokensAreBoundToTheLease(t *testing.T) {
 // learns a MAC's from the DHCPREQUEST the machine broadcasts to its DHCP server; until it has
 // heard one, the MAC's ramdisk script has no token.
 func TestProxyBootTokensFollowTheDHCPRequests(t *testing.T) {
+	t.Parallel()
 	n := newNetns(t)
 	mustIP(t, "-n", n.machine, "addr", "add", nsMachine.String()+"/24", "dev", "mach0") // another DHCP server's lease
 	site := n.startSite(t, DHCPConfig{Mode: DHCPProxy})

@@ -32,6 +32,7 @@ func (ts *testSite) bootToken(t *testing.T, mac string) string {
 // site without the token of the machine's boot: hello, task and images are refused; with the
 // token the task is there, without the deploy's join credential.
 func TestTheRamdiskAPIWantsTheBootsToken(t *testing.T) {
+	t.Parallel()
 	is := newImageServer(t)
 	content := bytes.Repeat([]byte("a tenant's disk "), 1000)
 	im := is.image("/private.raw", content, content)
@@ -76,6 +77,7 @@ func TestTheRamdiskAPIWantsTheBootsToken(t *testing.T) {
 // the boot's addresses nor its MAC: where the real ramdisk is is not the replayer's to learn.
 // The site's log keeps them.
 func TestABootsTokenFromAnotherAddressLearnsNothing(t *testing.T) {
+	t.Parallel()
 	ts := startSite(t, fixture(t, t.TempDir(), newRecorder()))
 	must(t, ts.SetPlan(testPlan(siteapi.UnknownInspect)))
 	token := ts.bootToken(t, macRamdisk) // bound to 127.0.0.1, where the script was asked from

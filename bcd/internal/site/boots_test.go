@@ -18,6 +18,7 @@ import (
 // adds one, a lease of the address to another machine takes it away; the MAC's next boot ends
 // it; the least recently used boots go past the bound.
 func TestBootTable(t *testing.T) {
+	t.Parallel()
 	bt := newBootTable(slog.New(slog.DiscardHandler))
 	now := time.Unix(1700000000, 0)
 	x, y, z := netip.MustParseAddr("192.0.2.10"), netip.MustParseAddr("192.0.2.11"), netip.MustParseAddr("192.0.2.12")
@@ -61,6 +62,7 @@ func TestBootTable(t *testing.T) {
 // boots (a deploy streaming its image goes on) and who had a join credential; a state file that
 // cannot be read is replaced, and its boots are forgotten.
 func TestBootsOutliveARestart(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	cfg := fixture(t, dir, newRecorder())
 	p := testPlan(siteapi.UnknownInspect)

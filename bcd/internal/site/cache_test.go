@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/better-compute/compute/computetest"
 	"github.com/better-compute/compute/metal/siteapi"
 )
 
@@ -55,7 +56,7 @@ func newImageServer(t *testing.T) *imageServer {
 		delay := is.delay
 		auth, private := is.auth[r.URL.Path]
 		is.mu.Unlock()
-		time.Sleep(delay)
+		time.Sleep(delay) // a slow registry, when a test wants downloads to overlap: the behaviour tested
 		switch {
 		case !ok:
 			http.NotFound(w, r)
@@ -139,6 +140,7 @@ func cacheFiles(t *testing.T, dir string) []string {
 // TestImageCached: a good image is downloaded, verified, reported cached and served (whole, by
 // range, conditionally); an image the plan does not name is not served.
 func TestImageCached(t *testing.T) {
+	t.Parallel()
 	is := newImageServer(t)
 	content := bytes.Repeat([]byte("a disk image "), 10000)
 	im := is.image("/good.raw", content, content)
@@ -183,6 +185,7 @@ func TestImageCached(t *testing.T) {
 // TestImagePullToken: a private image is fetched with the plan's Authorization, and served to
 // ramdisks without it; the same image without its token is refused by its registry.
 func TestImagePullToken(t *testing.T) {
+	t.Parallel()
 	is := newImageServer(t)
 	content := bytes.Repeat([]byte("private "), 1000)
 	im := is.image("/private.raw", content, content)
@@ -205,6 +208,7 @@ func TestImagePullToken(t *testing.T) {
 // TestImageRefused: bytes whose SHA-256 or size is not the plan's are reported failed, with the
 // reason, never served, and leave nothing in the cache; a transient 500 is retried.
 func TestImageRefused(t *testing.T) {
+	t.Parallel()
 	is := newImageServer(t)
 	good := bytes.Repeat([]byte("good "), 1000)
 	corrupt := is.image("/corrupt.raw", append(bytes.Clone(good[:len(good)-1]), 'X'), good)
@@ -250,14 +254,9 @@ func TestImageRefused(t *testing.T) {
 		t.Errorf("corrupt image fetched %d times, want retries", hits)
 	}
 	must(t, ts.SetPlan(planWith(flaky))) // stop the retries, then look at the directory
-	time.Sleep(100 * time.Millisecond)
-	deadline := time.Now().Add(5 * time.Second)
-	for !slices.Equal(cacheFiles(t, ts.cfg.CacheDir), []string{flaky.SHA256}) && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if got := cacheFiles(t, ts.cfg.CacheDir); !slices.Equal(got, []string{flaky.SHA256}) {
-		t.Errorf("cache directory holds %v, want only the flaky image, and no temporary file", got)
-	}
+	computetest.Eventually(t, 5*time.Second, "the cache directory to hold only the flaky image, and no temporary file", func() bool {
+		return slices.Equal(cacheFiles(t, ts.cfg.CacheDir), []string{flaky.SHA256})
+	})
 }
 
 // TestImageRemovedAndRestart: an image that leaves the plan is removed and no longer served; a
@@ -265,6 +264,7 @@ func TestImageRefused(t *testing.T) {
 // fetching it again, fetches again a cached file that no longer verifies, and removes files no
 // plan names.
 func TestImageRemovedAndRestart(t *testing.T) {
+	t.Parallel()
 	is := newImageServer(t)
 	a := is.image("/a.raw", bytes.Repeat([]byte("a"), 5000), bytes.Repeat([]byte("a"), 5000))
 	b := is.image("/b.raw", bytes.Repeat([]byte("b"), 5000), bytes.Repeat([]byte("b"), 5000))
@@ -278,13 +278,9 @@ func TestImageRemovedAndRestart(t *testing.T) {
 		waitImage(t, first.up, im.SHA256, siteapi.ImageCached)
 	}
 	must(t, first.SetPlan(planWith(a, b)))
-	deadline := time.Now().Add(5 * time.Second)
-	for slices.Contains(cacheFiles(t, cfg.CacheDir), c.SHA256) && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if slices.Contains(cacheFiles(t, cfg.CacheDir), c.SHA256) {
-		t.Fatal("an image that left the plan is still in the cache")
-	}
+	computetest.Eventually(t, 5*time.Second, "the image that left the plan to leave the cache", func() bool {
+		return !slices.Contains(cacheFiles(t, cfg.CacheDir), c.SHA256)
+	})
 	if status, _, _ := first.do(t, "GET", "/images/"+c.SHA256, first.imageToken(t, planWith(a, b), c), ""); status != http.StatusNotFound {
 		t.Errorf("an image that left the plan is served: %d", status)
 	}
@@ -320,6 +316,7 @@ func TestImageRemovedAndRestart(t *testing.T) {
 
 // TestFetchConcurrency: no more images are downloaded at once than FetchConcurrency.
 func TestFetchConcurrency(t *testing.T) {
+	t.Parallel()
 	is := newImageServer(t)
 	is.delay = 30 * time.Millisecond
 	var images []siteapi.Image
@@ -340,6 +337,7 @@ func TestFetchConcurrency(t *testing.T) {
 
 // TestImageStalled: a download that stops bringing bytes is abandoned and reported failed.
 func TestImageStalled(t *testing.T) {
+	t.Parallel()
 	content := bytes.Repeat([]byte("s"), 1<<16)
 	sum := sha256.Sum256(content)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -364,6 +362,7 @@ func TestImageStalled(t *testing.T) {
 // ranges Config.FetchAllow names (a local mirror): an image at loopback fails, saying the
 // outbound policy refused it, until loopback is allowed.
 func TestImagesAreFetchedUnderTheOutboundPolicy(t *testing.T) {
+	t.Parallel()
 	is := newImageServer(t)
 	im := is.image("/mirror.raw", bytes.Repeat([]byte("m"), 4096), bytes.Repeat([]byte("m"), 4096))
 	dir := t.TempDir()
@@ -389,6 +388,7 @@ func TestImagesAreFetchedUnderTheOutboundPolicy(t *testing.T) {
 // listens on fails saying what failed (the connection was refused), never the address the
 // site resolved the name to: the image's tenant reads the error (netpolicy.Describe).
 func TestImageNetworkErrorsNameNoAddress(t *testing.T) {
+	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	must(t, err)
 	_, port, _ := net.SplitHostPort(ln.Addr().String())

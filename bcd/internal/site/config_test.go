@@ -17,6 +17,7 @@ import (
 
 // TestNewValidates: each wrong field is refused by New with an error naming it.
 func TestNewValidates(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	base := fixture(t, dir, newRecorder())
 	base.HTTPAddr, base.TFTPAddr = "", "" // on Address, whichever a case gives
@@ -107,6 +108,7 @@ func TestNewValidates(t *testing.T) {
 // TestNewDefaults: zero fields take the documented defaults, and the caller's Config is not
 // changed.
 func TestNewDefaults(t *testing.T) {
+	t.Parallel()
 	cfg := fixture(t, t.TempDir(), newRecorder())
 	cfg.HTTPAddr, cfg.TFTPAddr, cfg.CacheDir, cfg.StateDir = "", "", "", ""
 	cfg.Interface, cfg.Address = "eth0", netip.MustParseAddr("192.0.2.1")
@@ -136,6 +138,7 @@ func TestNewDefaults(t *testing.T) {
 // TestSetPlanValidates: a plan the contract refuses, or that a site cannot serve, is refused
 // with the field named, and the previous plan stays.
 func TestSetPlanValidates(t *testing.T) {
+	t.Parallel()
 	s, err := New(fixture(t, t.TempDir(), newRecorder()))
 	must(t, err)
 	must(t, s.SetPlan(testPlan(siteapi.UnknownInspect)))
@@ -178,6 +181,7 @@ func TestSetPlanValidates(t *testing.T) {
 
 // TestRunOnceAndPortInUse: Run fails at once when a port is taken, and a Server runs once.
 func TestRunOnceAndPortInUse(t *testing.T) {
+	t.Parallel()
 	busy, err := net.Listen("tcp", "127.0.0.1:0")
 	must(t, err)
 	defer busy.Close()

@@ -62,6 +62,7 @@ func busybox(t *testing.T) string {
 // whole chain with busybox: the offer's file over TFTP, the script over HTTP, the kernel it
 // names.
 func TestProxyDHCPInNamespaces(t *testing.T) {
+	t.Parallel()
 	n := newNetns(t)
 	mustIP(t, "-n", n.machine, "addr", "add", nsMachine.String()+"/24", "dev", "mach0") // another DHCP server's lease
 	site := n.startSite(t, DHCPConfig{Mode: DHCPProxy})
@@ -86,6 +87,11 @@ func TestProxyDHCPInNamespaces(t *testing.T) {
 		{"not PXE", macRamdisk, nil, ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			if c.file == "" {
+				// No offer takes nclient4's timeouts to show: these wait side by side, after
+				// the rest (the parent's function) is done.
+				t.Parallel()
+			}
 			offer := n.discover(t, c.mac, c.mods...)
 			if c.file == "" {
 				if offer != nil {
@@ -195,6 +201,7 @@ func TestProxyDHCPInNamespaces(t *testing.T) {
 // address and the boot file; the library's client a second address; an unknown PXE client the
 // plan ignores an address without a boot file.
 func TestFullDHCPInNamespaces(t *testing.T) {
+	t.Parallel()
 	n := newNetns(t)
 	site := n.startSite(t, DHCPConfig{Mode: DHCPFull, Subnet: netip.MustParsePrefix("192.0.2.0/24"),
 		RangeStart: netip.MustParseAddr("192.0.2.100"), RangeEnd: netip.MustParseAddr("192.0.2.110"),

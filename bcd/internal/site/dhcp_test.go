@@ -76,6 +76,7 @@ var ipxeClass = dhcpv4.WithOption(dhcpv4.OptUserClass("iPXE"))
 // TestProxyDHCP: proxy DHCP answers PXE clients the plan boots, with no address, the site as
 // next-server, and iPXE (or, for iPXE, its script's URL); everything else gets no answer.
 func TestProxyDHCP(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name string
 		plan *siteapi.Plan
@@ -161,6 +162,7 @@ func checkPXE(t *testing.T, req, resp *dhcpv4.DHCPv4, typ dhcpv4.MessageType, fi
 
 // TestPXEBootItemEchoed: a 4011 request naming a boot item gets it back, as PXE asks.
 func TestPXEBootItemEchoed(t *testing.T) {
+	t.Parallel()
 	s := dhcpServer(t, DHCPConfig{Mode: DHCPProxy}, planOf(siteapi.UnknownInspect))
 	item := dhcpv4.WithOption(dhcpv4.OptGeneric(dhcpv4.OptionVendorSpecificInformation, []byte{71, 4, 0x80, 0x00, 0x00, 0x00, 255}))
 	resp, _ := s.answerDHCP(pxe(iana.INTEL_X86PC, dhcpv4.MessageTypeRequest, macRamdisk, item), pxePort, &net.UDPAddr{IP: net.ParseIP("192.0.2.9"), Port: 68}, time.Now())
@@ -182,6 +184,7 @@ func fullDHCP() DHCPConfig {
 // TestFullDHCP: full DHCP's exchanges: addresses with the network's options, the boot file on
 // top for a PXE client the plan boots, naks, another server's offer taken, release.
 func TestFullDHCP(t *testing.T) {
+	t.Parallel()
 	s := dhcpServer(t, fullDHCP(), planOf(siteapi.UnknownIgnore))
 	now := time.Now()
 	ask := func(req *dhcpv4.DHCPv4) *dhcpv4.DHCPv4 {
@@ -267,6 +270,7 @@ func TestFullDHCP(t *testing.T) {
 // TestLeaseTable: the lease table's rules: a MAC keeps its address, a lease is held until it
 // expires, an offer is held briefly, a declined address rests.
 func TestLeaseTable(t *testing.T) {
+	t.Parallel()
 	t0 := time.Now()
 	lt := newLeaseTable(netip.MustParseAddr("192.0.2.10"), netip.MustParseAddr("192.0.2.11"), time.Hour)
 	a := func(s string) netip.Addr { return netip.MustParseAddr(s) }

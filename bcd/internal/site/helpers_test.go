@@ -140,6 +140,7 @@ type recorder struct {
 	failN   int           // fail the next failN calls
 	failErr error         // with this error
 	gate    chan struct{} // non-nil: each call waits for a value from it
+	atGate  chan struct{} // with gate: told (if it has room) when a call starts to wait there
 	changed chan struct{}
 }
 
@@ -155,6 +156,10 @@ func (r *recorder) Report(ctx context.Context, kind string, payload any) error {
 	gate := r.gate
 	r.mu.Unlock()
 	if gate != nil {
+		select {
+		case r.atGate <- struct{}{}:
+		default:
+		}
 		select {
 		case <-gate:
 		case <-ctx.Done():
@@ -182,7 +187,9 @@ func (r *recorder) reports() []sent {
 	return append([]sent(nil), r.got...)
 }
 
-// waitFor waits until the reports received satisfy ok, for up to 10 s.
+// waitFor waits until the reports received satisfy ok, for up to 10 s, looking again at each
+// report (changed holds a wake-up for a report made while it looked). One test goroutine waits
+// at a time.
 func (r *recorder) waitFor(t testing.TB, what string, ok func([]sent) bool) []sent {
 	t.Helper()
 	deadline := time.After(10 * time.Second)
@@ -193,7 +200,6 @@ func (r *recorder) waitFor(t testing.TB, what string, ok func([]sent) bool) []se
 		}
 		select {
 		case <-r.changed:
-		case <-time.After(20 * time.Millisecond):
 		case <-deadline:
 			t.Fatalf("no %s reported in 10 s; got %+v", what, got)
 		}

@@ -16,6 +16,7 @@ import (
 // the ramdisk, an unknown machine under inspect and under ignore, a machine that boots its disk.
 // A script that boots the ramdisk gives it a new boot's token (TOKEN below).
 func TestIPXEScripts(t *testing.T) {
+	t.Parallel()
 	ts := startSite(t, fixture(t, t.TempDir(), newRecorder()))
 	b := ts.base
 	seen := map[string]bool{}
@@ -97,6 +98,7 @@ func TestIPXEScripts(t *testing.T) {
 
 // TestRamdiskFiles serves the kernel and initramfs whole and by range.
 func TestRamdiskFiles(t *testing.T) {
+	t.Parallel()
 	ts := startSite(t, fixture(t, t.TempDir(), newRecorder()))
 	for path, want := range map[string][]byte{"/boot/vmlinuz": kernelBytes, "/boot/initrd": initrdBytes} {
 		status, body, _ := ts.do(t, "GET", path, "", "")
@@ -124,6 +126,7 @@ func TestRamdiskFiles(t *testing.T) {
 // MAC's lease says to ask again, and does not say what the lease is: whoever knows a MAC must
 // not learn the address its machine has (the address to spoof next). The site's log keeps it.
 func TestARefusedScriptNamesNoLease(t *testing.T) {
+	t.Parallel()
 	cfg := fixture(t, t.TempDir(), newRecorder())
 	cfg.Logger = testLogger(t)
 	s, err := New(cfg)

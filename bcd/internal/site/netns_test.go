@@ -36,6 +36,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/better-compute/compute/computetest"
 	"github.com/better-compute/compute/metal/siteapi"
 )
 
@@ -268,7 +269,7 @@ func (n *netns) startSite(t *testing.T, dhcp DHCPConfig) *childSite {
 	cmd := exec.Command("ip", "netns", "exec", n.site, os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"="+string(spec))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // dies with this test binary
-	var stderr lockedBuffer
+	var stderr computetest.Buffer
 	cmd.Stderr = &stderr
 	stdin, err := cmd.StdinPipe()
 	must(t, err)
@@ -338,21 +339,4 @@ func (c *childSite) setPlan(t *testing.T, p siteapi.Plan) {
 	_, err = fmt.Fprintf(c.stdin, "plan %s\n", b)
 	must(t, err)
 	c.await(t, "plan ok")
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

@@ -24,6 +24,7 @@ func facts(macs ...string) siteapi.Facts {
 // answered with none and reported without a machine; facts that do not list the boot's MAC, or
 // name another machine, are refused.
 func TestHello(t *testing.T) {
+	t.Parallel()
 	ts := startSite(t, fixture(t, t.TempDir(), newRecorder()))
 	hello := toJSON(t, siteapi.Hello{Facts: facts(macUnknown, macSecond)})
 
@@ -73,6 +74,7 @@ func TestHello(t *testing.T) {
 // TestBadBodies: every malformed body is a 4xx naming what is wrong (the field where there is
 // one), never a 500, and nothing is reported.
 func TestBadBodies(t *testing.T) {
+	t.Parallel()
 	ts := startSite(t, fixture(t, t.TempDir(), newRecorder()))
 	must(t, ts.SetPlan(testPlan(siteapi.UnknownInspect)))
 	tok, idle := ts.bootToken(t, macRamdisk), ts.bootToken(t, macIdle)
@@ -135,6 +137,7 @@ func TestBadBodies(t *testing.T) {
 // TestTask: a machine's task goes only to a boot of the machine, the latest of its MAC; 204
 // while it has none; the MAC's next boot ends the one before.
 func TestTask(t *testing.T) {
+	t.Parallel()
 	ts := startSite(t, fixture(t, t.TempDir(), newRecorder()))
 	must(t, ts.SetPlan(testPlan(siteapi.UnknownInspect)))
 	first, second, idle := ts.bootToken(t, macRamdisk), ts.bootToken(t, macSecond), ts.bootToken(t, macIdle)
@@ -174,6 +177,7 @@ func TestTask(t *testing.T) {
 // to the first boot of the machine that asks for it (again to that boot), never to another,
 // which is told it is gone; a task without one is a 204.
 func TestJoinCredentialIsHandedOverOnce(t *testing.T) {
+	t.Parallel()
 	ts := startSite(t, fixture(t, t.TempDir(), newRecorder()))
 	p := testPlan(siteapi.UnknownInspect)
 	p.Machines[0].Task = &siteapi.Task{ID: "deploy-1", Kind: siteapi.TaskWipe, Then: siteapi.ThenKexec, Kernel: "http://images.test/k",
@@ -211,6 +215,7 @@ func TestJoinCredentialIsHandedOverOnce(t *testing.T) {
 // the Upstream fails, and a post is answered once its report is delivered; a report the control
 // plane rejects is answered 409, dropped, and does not block the next.
 func TestProgressReachesUpstreamThroughFailures(t *testing.T) {
+	t.Parallel()
 	up := newRecorder()
 	up.failN, up.failErr = 3, errors.New("session down")
 	ts := startSite(t, fixture(t, t.TempDir(), up))
@@ -259,8 +264,9 @@ func TestProgressReachesUpstreamThroughFailures(t *testing.T) {
 // its progress is in only when the control plane has it. What was queued is delivered, in
 // order, once the Upstream recovers.
 func TestProgressWaitsForTheControlPlane(t *testing.T) {
+	t.Parallel()
 	up := newRecorder()
-	up.gate = make(chan struct{})
+	up.gate, up.atGate = make(chan struct{}), make(chan struct{}, 1)
 	cfg := fixture(t, t.TempDir(), up)
 	cfg.ReportQueue = 1
 	ts := startSite(t, cfg)
@@ -276,8 +282,10 @@ func TestProgressWaitsForTheControlPlane(t *testing.T) {
 	if status, body := post("a"); status != http.StatusServiceUnavailable || !strings.Contains(body, "retry") || time.Since(start) < ts.progressWait {
 		t.Fatalf("a post the control plane has not recorded: %d %s after %s, want 503 (retry) after waiting", status, body, time.Since(start))
 	}
-	for deadline := time.Now().Add(5 * time.Second); len(ts.reports.q) > 0 && time.Now().Before(deadline); {
-		time.Sleep(time.Millisecond) // until the sender holds it
+	select { // the sender took "a" out of the queue, and waits on the Upstream with it
+	case <-up.atGate:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the sender did not take the first report to the Upstream within 5s")
 	}
 	if status, _ := post("b"); status != http.StatusServiceUnavailable { // queued, then its wait ends
 		t.Fatalf("second: %d, want 503", status)

@@ -24,6 +24,7 @@ func tftpClient(t *testing.T, ts *testSite) *tftp.Client {
 
 // TestTFTPServesIPXE: pin/tftp's client fetches each iPXE binary, with a leading slash too.
 func TestTFTPServesIPXE(t *testing.T) {
+	t.Parallel()
 	ts := startSite(t, fixture(t, t.TempDir(), newRecorder()))
 	c := tftpClient(t, ts)
 	for name, want := range map[string][]byte{BIOSBinary: biosBytes, "/" + BIOSBinary: biosBytes, EFIBinarySNP: efiBytes, EFIBinaryIPXE: ipxeEFI} {
@@ -44,6 +45,7 @@ func TestTFTPServesIPXE(t *testing.T) {
 // TestTFTPRefuses: nothing but the iPXE binaries is served (not a path out of IPXEDir, not
 // another file in it), and writes are refused.
 func TestTFTPRefuses(t *testing.T) {
+	t.Parallel()
 	ts := startSite(t, fixture(t, t.TempDir(), newRecorder()))
 	c := tftpClient(t, ts)
 	for _, name := range []string{
@@ -73,6 +75,7 @@ func TestTFTPRefuses(t *testing.T) {
 
 // TestTFTPBusybox: busybox's tftp, another real client, fetches the BIOS binary.
 func TestTFTPBusybox(t *testing.T) {
+	t.Parallel()
 	bb, err := exec.LookPath("busybox")
 	if err != nil {
 		t.Skip("busybox is not installed (Debian package busybox): its tftp client is not tried")
