@@ -66,6 +66,7 @@ func sample(t *testing.T) *Archive {
 // name order after its parent directory, of its kind, mode, device numbers and contents, owned
 // by root, with the fixed mtime and inodes numbered from 1.
 func TestArchiveReadBack(t *testing.T) {
+	t.Parallel()
 	var buf bytes.Buffer
 	n, err := sample(t).WriteTo(&buf)
 	if err != nil {
@@ -113,6 +114,7 @@ func TestArchiveReadBack(t *testing.T) {
 // TestArchiveGNUCpio lists the archive with GNU cpio, a reader that shares no code with the
 // writer, where it is installed (Debian package cpio).
 func TestArchiveGNUCpio(t *testing.T) {
+	t.Parallel()
 	if _, err := exec.LookPath("cpio"); err != nil {
 		t.Skip("cpio is not installed (Debian package cpio): the archive is not listed by GNU cpio")
 	}
@@ -145,6 +147,7 @@ func TestArchiveGNUCpio(t *testing.T) {
 
 // TestArchiveDeterministic: the same entries, added in another order, give the same bytes.
 func TestArchiveDeterministic(t *testing.T) {
+	t.Parallel()
 	var one, two bytes.Buffer
 	if _, err := sample(t).WriteTo(&one); err != nil {
 		t.Fatal(err)
@@ -173,6 +176,7 @@ func TestArchiveDeterministic(t *testing.T) {
 // TestArchiveRefuses names what is wrong with each entry it refuses, and keeps the archive as
 // it was.
 func TestArchiveRefuses(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		e    Entry

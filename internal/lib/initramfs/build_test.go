@@ -35,6 +35,7 @@ func staticBinary(t *testing.T) string {
 // are under lib/modules/<version>/ as their files, and the module list names them in load
 // order. The same inputs give the same bytes.
 func TestBuild(t *testing.T) {
+	t.Parallel()
 	mods := t.TempDir()
 	kdir := fakeKernel(t, fakeDep, "kernel/drivers/ata/ahci.ko\n")
 	if err := os.Rename(kdir, filepath.Join(mods, "6.1.0-test")); err != nil {
@@ -118,6 +119,7 @@ func TestBuild(t *testing.T) {
 
 // TestBuildRefuses names what is wrong with the options, before anything is written.
 func TestBuildRefuses(t *testing.T) {
+	t.Parallel()
 	mods := t.TempDir()
 	kdir := fakeKernel(t, fakeDep, "")
 	if err := os.Rename(kdir, filepath.Join(mods, "6.1.0-test")); err != nil {
@@ -181,6 +183,7 @@ func TestBuildRefuses(t *testing.T) {
 // TestParseModuleList reads the list /init loads modules from, and refuses lines that are not
 // absolute .ko paths.
 func TestParseModuleList(t *testing.T) {
+	t.Parallel()
 	got, err := ParseModuleList([]byte("# comment\n\n/lib/modules/v/a.ko\n  /lib/modules/v/b.ko  \n"))
 	if err != nil {
 		t.Fatal(err)

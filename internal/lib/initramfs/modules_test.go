@@ -69,6 +69,7 @@ func names(ms []Module) []string {
 // each once, in modprobe's order, the names' order kept where it can be; built-in names set
 // apart; "-" and "_" the same.
 func TestResolve(t *testing.T) {
+	t.Parallel()
 	dir := fakeKernel(t, fakeDep, "kernel/drivers/ata/ahci.ko\nkernel/fs/ext4/ext4.ko\n")
 	for _, tc := range []struct {
 		name    string
@@ -129,6 +130,7 @@ func TestResolve(t *testing.T) {
 
 // TestResolveRefuses names the module or the line that is wrong.
 func TestResolveRefuses(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name, dep string
 		in        []string
@@ -164,6 +166,7 @@ func TestResolveRefuses(t *testing.T) {
 // TestResolveDebianKernel resolves DefaultModules against the installed Debian kernel, where
 // there is one (Debian package linux-image-amd64).
 func TestResolveDebianKernel(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(ModulesDirDefault, testKernelVersion(t))
 	set, err := Resolve(dir, DefaultModules)
 	if err != nil {
