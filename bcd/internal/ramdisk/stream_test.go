@@ -114,7 +114,7 @@ func TestStreamReportsProgressAsItGoes(t *testing.T) {
 		for chunk := range slices.Chunk(img, 1<<20) { // a slow site: a MiB at a time
 			w.Write(chunk)
 			w.(http.Flusher).Flush()
-			time.Sleep(2 * time.Millisecond)
+			time.Sleep(2 * time.Millisecond) // the slowness is the behaviour tested, not a wait
 		}
 	})
 	disk := oldDisk(t, 10<<20)
