@@ -5,6 +5,7 @@
 package vmtest
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -126,6 +127,13 @@ func Kernel(t testing.TB, h Host) string {
 	return p
 }
 
+// guestDevices are the device nodes of the guest's initramfs besides its init: its console and
+// serial ports.
+var guestDevices = []struct {
+	name         string
+	major, minor uint32
+}{{"dev/console", 5, 1}, {"dev/ttyS0", 4, 64}, {"dev/ttyS1", 4, 65}}
+
 // Initramfs returns an initramfs whose init is the guest (./guest), where the host's user reads
 // it. The guest and the initramfs are built once per content for every test binary on the
 // machine (initramfstest's cache), and copied for the host: the cache is the test user's.
@@ -136,11 +144,14 @@ func Initramfs(t testing.TB, h Host) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ramdisk := initramfstest.File(t, "vmtest-initrd.gz", initramfstest.Key("vmtest-initrd", string(guest)), func(path string) error {
+	key := initramfstest.Key("vmtest-initrd", fmt.Sprint(guestDevices), string(guest)) // what it is made of
+	ramdisk := initramfstest.File(t, "vmtest-initrd.gz", key, func(path string) error {
 		var a initramfs.Archive
-		for _, err := range []error{a.AddFile("init", 0o755, guest), a.AddCharDev("dev/console", 0o600, 5, 1), a.AddCharDev("dev/ttyS0", 0o600, 4, 64),
-			a.AddCharDev("dev/ttyS1", 0o600, 4, 65)} {
-			if err != nil {
+		if err := a.AddFile("init", 0o755, guest); err != nil {
+			return err
+		}
+		for _, d := range guestDevices {
+			if err := a.AddCharDev(d.name, 0o600, d.major, d.minor); err != nil {
 				return err
 			}
 		}
