@@ -236,7 +236,6 @@ func (e *e2e) waitLog(what, line string) {
 type proc struct {
 	*exec.Cmd
 	done chan struct{} // closed once it has exited and its output is read
-	err  error         // what Wait returned, once done
 }
 
 // start starts cmd with its output in the log as name's, in a process group of its own that is
@@ -258,7 +257,7 @@ func (e *e2e) start(name string, cmd *exec.Cmd) *proc {
 		e.t.Fatalf("start %s: %v", name, err)
 	}
 	p := &proc{Cmd: cmd, done: make(chan struct{})}
-	go func() { p.err = cmd.Wait(); close(p.done) }()
+	go func() { _ = cmd.Wait(); close(p.done) }()
 	e.t.Cleanup(p.kill)
 	return p
 }
