@@ -8,7 +8,7 @@
 //
 // Files are written beside their final name and renamed into place, so a reader never sees half
 // of one; a lock file per name keeps two packages from building the same thing at once. Files
-// not used for a week are removed when a new one is written.
+// not used for a day are removed when a new one is written.
 package initramfstest
 
 import (
@@ -36,8 +36,9 @@ import (
 // DirEnv names the cache directory instead of os.UserCacheDir()/better-compute-test.
 const DirEnv = "BC_TEST_CACHE"
 
-// unusedFor is how long a cached file may go unused before a new one's writer removes it.
-const unusedFor = 7 * 24 * time.Hour
+// unusedFor is how long a cached file may go unused before a new one's writer removes it: each
+// change to bcd's source is a new 28 MB binary, so a day of edits is what the cache holds.
+const unusedFor = 24 * time.Hour
 
 // Dir is the cache directory, made if missing: $BC_TEST_CACHE, or better-compute-test under
 // the user's cache directory (~/.cache), or under the temporary directory where there is none.
@@ -119,7 +120,7 @@ func makeFile(final string, make func(string) error) error {
 	defer unlock()
 	if _, err := os.Stat(final); err == nil {
 		now := time.Now()
-		_ = os.Chtimes(final, now, now) // used: kept another week
+		_ = os.Chtimes(final, now, now) // used: kept another day
 		return nil
 	}
 	tmp := fmt.Sprintf("%s.%d.tmp", final, os.Getpid())
