@@ -7,8 +7,9 @@
 // booted.
 //
 // Files are written beside their final name and renamed into place, so a reader never sees half
-// of one; a lock file per name keeps two packages from building the same thing at once. Files
-// not used for a day are removed when a new one is written.
+// of one; a lock file per name keeps two packages from building the same thing at once. When a
+// new file is written, the older versions of it not used for an hour are removed (each change to
+// bcd's source is a new 28 MB binary), and any file not used for a day.
 package initramfstest
 
 import (
@@ -36,9 +37,12 @@ import (
 // DirEnv names the cache directory instead of os.UserCacheDir()/better-compute-test.
 const DirEnv = "BC_TEST_CACHE"
 
-// unusedFor is how long a cached file may go unused before a new one's writer removes it: each
-// change to bcd's source is a new 28 MB binary, so a day of edits is what the cache holds.
-const unusedFor = 24 * time.Hour
+// How long a cached file may go unused before a new file's writer removes it: another version of
+// the same file (a worktree at another commit may still use it), and any file.
+const (
+	supersededFor = time.Hour
+	unusedFor     = 24 * time.Hour
+)
 
 // Dir is the cache directory, made if missing: $BC_TEST_CACHE, or better-compute-test under
 // the user's cache directory (~/.cache), or under the temporary directory where there is none.
@@ -134,18 +138,32 @@ func makeFile(final string, make func(string) error) error {
 	if err := os.Rename(tmp, final); err != nil {
 		return err
 	}
-	prune(filepath.Dir(final))
+	prune(final)
 	return nil
 }
 
-// prune removes what was not used for unusedFor: each change to the source is a new binary.
-func prune(dir string) {
+// prune removes, beside final (name-key), the versions of name unused for supersededFor, and
+// every file unused for unusedFor, with their lock files.
+func prune(final string) {
+	dir, base := filepath.Split(final)
+	name := nameOf(base)
 	ents, _ := os.ReadDir(dir)
 	for _, e := range ents {
-		if info, err := e.Info(); err == nil && info.Mode().IsRegular() && time.Since(info.ModTime()) > unusedFor {
+		info, err := e.Info()
+		if err != nil || !info.Mode().IsRegular() || e.Name() == base || e.Name() == base+".lock" {
+			continue
+		}
+		unused := time.Since(info.ModTime())
+		if unused > unusedFor || unused > supersededFor && nameOf(e.Name()) == name {
 			_ = os.Remove(filepath.Join(dir, e.Name()))
 		}
 	}
+}
+
+// nameOf is the name of a cached file, its lock or its temporary file: what comes before the
+// last "-", the key's.
+func nameOf(file string) string {
+	return file[:max(strings.LastIndex(file, "-"), 0)]
 }
 
 // Go is a Go program to build statically (CGO_ENABLED=0, -trimpath), for a ramdisk or a VM

@@ -7,10 +7,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // childEnv makes the test binary a process that makes one cached file (TestOneMakerAcrossProcesses).
@@ -117,6 +119,40 @@ func TestOneMakerInAProcess(t *testing.T) {
 	}
 	if left, _ := filepath.Glob(filepath.Join(Dir(t), "broken-*")); len(left) != 1 || !strings.HasSuffix(left[0], ".lock") {
 		t.Errorf("after a failed make the directory holds %v, want only its lock", left)
+	}
+}
+
+// TestOldVersionsGo: a new version of a file removes the versions of it unused for an hour, and
+// any file unused for a day; files used since, and other files, stay.
+func TestOldVersionsGo(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv(DirEnv, dir)
+	old := func(name string, unused time.Duration) {
+		t.Helper()
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		at := time.Now().Add(-unused)
+		if err := os.Chtimes(p, at, at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old("bcd-"+Key("1"), 2*time.Hour)
+	old("bcd-"+Key("1")+".lock", 2*time.Hour)
+	old("bcd-"+Key("2"), time.Minute)                     // used a minute ago: another worktree's
+	old("bcd.test-"+Key("3"), 2*time.Hour)                // another file's version
+	old("ramdisk-6.1.0-57-amd64-"+Key("4"), 25*time.Hour) // unused for a day
+	File(t, "bcd", Key("5"), func(path string) error { return os.WriteFile(path, []byte("new"), 0o644) })
+	var left []string
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		left = append(left, e.Name())
+	}
+	want := []string{"bcd-" + Key("2"), "bcd-" + Key("5"), "bcd-" + Key("5") + ".lock", "bcd.test-" + Key("3")}
+	slices.Sort(want)
+	if !slices.Equal(left, want) {
+		t.Errorf("the cache holds %v, want %v", left, want)
 	}
 }
 
