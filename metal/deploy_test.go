@@ -17,7 +17,6 @@ import (
 	"github.com/better-compute/compute/agent/ext"
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/computetest"
-	"github.com/better-compute/compute/internal/node/nodeagent"
 	"github.com/better-compute/compute/metal"
 	"github.com/better-compute/compute/metal/ipmi"
 	"github.com/better-compute/compute/metal/ipmi/ipmisim"
@@ -359,7 +358,7 @@ func TestADeployAndAReleaseGoThroughTheSiteAgent(t *testing.T) {
 		t.Fatalf("machines.get shows the task as %+v", m.Task)
 	}
 	err = f.reporter.Report(ctx, siteapi.KindTaskProgress, siteapi.Progress{Machine: f.machine.ID, Task: "deploy-other", Phase: siteapi.PhaseDone})
-	if refused := (*nodeagent.RefusedError)(nil); !errors.As(err, &refused) || !strings.Contains(err.Error(), "has no task deploy-other") {
+	if refused := (*sim.RefusedError)(nil); !errors.As(err, &refused) || !strings.Contains(err.Error(), "has no task deploy-other") {
 		t.Fatalf("progress of another task = %v, want a refusal", err)
 	}
 	f.ramdisk(task, siteapi.Progress{Phase: siteapi.PhaseDownload, Bytes: 1 << 20, Total: 1 << 20}, siteapi.Progress{Phase: siteapi.PhaseVerify},
