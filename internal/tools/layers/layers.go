@@ -145,10 +145,10 @@ func Check(pkgs []Package) []Violation {
 				}
 			}
 		}
-		if r == "api" {
+		if r == "api" || r == "client" {
 			for _, dep := range p.Deps {
 				if strings.HasPrefix(dep, "github.com/jackc/pgx") || strings.HasPrefix(dep, "google.golang.org/grpc") {
-					add(p.ImportPath, dep, "api is the contract clients import: no database driver, no gRPC")
+					add(p.ImportPath, dep, "api and client are what clients import: no database driver, no gRPC")
 				}
 			}
 		}
