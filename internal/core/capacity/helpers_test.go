@@ -16,6 +16,7 @@ import (
 	"github.com/better-compute/compute/internal/core/capacity"
 	"github.com/better-compute/compute/internal/core/fleet"
 	"github.com/better-compute/compute/postgres/pgtest"
+	"pgregory.net/rapid"
 )
 
 func TestMain(m *testing.M) {
@@ -163,21 +164,42 @@ func gpuIndexes(a api.Allocation) []int {
 func ptr[T any](v T) *T { return &v }
 
 var (
+	checksMu    sync.Mutex // held from setting -rapid.checks until rapid has read it
 	checksOnce  sync.Once
 	checksGiven bool // -rapid.checks was on the command line
 )
 
-// rapidChecks has the test's rapid.Check run n cases, unless -rapid.checks was given, and puts
-// the flag back after the test: it was once left set, and every later test ran the first one's
-// count. The flag is the process's, so the tests that call this do not run in parallel.
-func rapidChecks(t *testing.T, n int) {
+// rapidCheck is rapid.Check of prop with n cases (rapid's default when n is 0), unless
+// -rapid.checks was given. The count is the process's flag, which rapid reads as a check starts:
+// it is set under checksMu, and put back and released at the property's first call, so that
+// tests running side by side each get their own count and the others rapid's default. (It was
+// once set and left, and every later test ran the first one's.)
+func rapidCheck(t *testing.T, n int, prop func(*rapid.T)) {
+	t.Helper()
 	fl := flag.Lookup("rapid.checks")
 	checksOnce.Do(func() { flag.Visit(func(f *flag.Flag) { checksGiven = checksGiven || f == fl }) })
-	if fl == nil || checksGiven {
-		return
+	checksMu.Lock()
+	var once sync.Once
+	release := func() { // rapid has its count: the flag goes back for whatever runs next
+		once.Do(func() {
+			if !checksGiven {
+				_ = fl.Value.Set(fl.DefValue)
+			}
+			checksMu.Unlock()
+		})
 	}
-	if err := fl.Value.Set(strconv.Itoa(n)); err != nil {
-		t.Fatal(err)
+	defer release()
+	if !checksGiven {
+		v := fl.DefValue
+		if n > 0 {
+			v = strconv.Itoa(n)
+		}
+		if err := fl.Value.Set(v); err != nil {
+			t.Fatal(err)
+		}
 	}
-	t.Cleanup(func() { _ = fl.Value.Set(fl.DefValue) })
+	rapid.Check(t, func(rt *rapid.T) {
+		release()
+		prop(rt)
+	})
 }

@@ -39,13 +39,12 @@ func genLeaseOp() *rapid.Generator[leaseOp] {
 // others), releases through either, and cordons and uncordons, from several goroutines at once;
 // then no two bookings overlap, every rollup equals a recount, and the holder placed from memory.
 func TestPropertyMemoryAndDatabaseInterleaved(t *testing.T) {
-	// Not parallel: it sets -rapid.checks, the process's (rapidChecks).
+	t.Parallel()
 	f := newFleet(t, fleetSpec{nodes: 3, gpus: 8, domains: 2, vcpus: 16, mem: 64, lease: true})
 	other := f.attach(t, -1)
-	rapidChecks(t, 25)
 	var mu sync.Mutex
 	var placedFromMemory int64
-	rapid.Check(t, func(rt *rapid.T) {
+	rapidCheck(t, 25, func(rt *rapid.T) {
 		before := leasesOf(f.Compute).Stats().Placed
 		if _, err := f.DB.Pool.Exec(f.ctx, `DELETE FROM compute.reservations; UPDATE compute.nodes SET state = 'active'`); err != nil {
 			rt.Fatal(err)

@@ -33,7 +33,8 @@ func rollupModel(s NodeSnapshot) string {
 // later, spot; nodes not schedulable) exactly as the planner from scratch does over every node the
 // candidate query would return, with the clock moving between calls.
 func TestMemoryPlacesAsThePlannerFromScratch(t *testing.T) {
-	t.Parallel()
+	// Not parallel: rapid reads -rapid.checks, which the property tests beside it set
+	// (rapidCheck).
 	now := time.Date(2030, 3, 4, 10, 0, 0, 0, time.UTC)
 	at := func(t *rapid.T, label string, ends bool) *time.Time {
 		choices := []time.Duration{-time.Hour, 0, 30 * time.Minute, 2 * time.Hour}

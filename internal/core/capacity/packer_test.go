@@ -32,7 +32,8 @@ func fromScratch(snaps []NodeSnapshot, shape api.Shape, w window) (node int, pla
 // other modes, unhealthy, in NVLink domains; holds now, ending or starting later, spot) with the
 // packer and from scratch, and compares every choice.
 func TestPackerChoosesAsFromScratch(t *testing.T) {
-	t.Parallel()
+	// Not parallel: rapid reads -rapid.checks, which the property tests beside it set
+	// (rapidCheck).
 	now := time.Date(2030, 3, 4, 10, 0, 0, 0, time.UTC)
 	at := func(t *rapid.T, label string, ends bool) *time.Time {
 		choices := []time.Duration{-time.Hour, 0, 30 * time.Minute, 2 * time.Hour}

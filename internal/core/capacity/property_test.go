@@ -47,7 +47,7 @@ func genOp() *rapid.Generator[op] {
 // with SQL that no atom was ever held twice at one instant, that quotas hold and match what is
 // held, and that every node's rollup adds up to what its bookings say.
 func TestPropertyNoAtomHeldTwice(t *testing.T) {
-	// Not parallel: it sets -rapid.checks, the process's (rapidChecks).
+	t.Parallel()
 	f := newFleet(t, fleetSpec{nodes: 3, gpus: 8, domains: 2, vcpus: 32, mem: 64})
 	tenant, key := f.Tenant(t, "prop")
 	if _, err := f.Compute.API.Quotas.Set(f.ctx, f.RootKey, api.SetQuota{TenantID: tenant, Pool: "gpu", Resource: api.QuotaGPUs, Limit: 12}); err != nil {
@@ -59,9 +59,8 @@ func TestPropertyNoAtomHeldTwice(t *testing.T) {
 	keys := []string{f.RootKey, key}
 	// Each check runs dozens of concurrent transactions; 40 keep the suite quick. More with
 	// -rapid.checks=N.
-	rapidChecks(t, 40)
 	checks := 0
-	rapid.Check(t, func(rt *rapid.T) {
+	rapidCheck(t, 40, func(rt *rapid.T) {
 		checks++
 		// Start each check from an empty pool.
 		if _, err := f.DB.Pool.Exec(f.ctx, `DELETE FROM compute.reservations; UPDATE compute.quotas SET used = 0`); err != nil {

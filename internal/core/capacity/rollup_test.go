@@ -64,7 +64,7 @@ func genRollupOp() *rapid.Generator[rollupOp] {
 // requests with invalid_argument), no call may fail with internal or unavailable, and after
 // each round's tick every node's rollup equals a recount from its bookings.
 func TestPropertyRollupIsExact(t *testing.T) {
-	// Not parallel: it sets -rapid.checks, the process's (rapidChecks).
+	t.Parallel()
 	f := newFleet(t, fleetSpec{nodes: 4, gpus: 8, domains: 2, vcpus: 32, mem: 64})
 	// One GPU of every node in MIG mode, one in time-slice mode: three kinds of GPU per node.
 	for _, n := range f.nodes {
@@ -79,8 +79,7 @@ func TestPropertyRollupIsExact(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	rapidChecks(t, 25)
-	rapid.Check(t, func(rt *rapid.T) {
+	rapidCheck(t, 25, func(rt *rapid.T) {
 		now := t0
 		f.DB.SetNow(now)
 		if _, err := f.DB.Pool.Exec(f.ctx, `DELETE FROM compute.reservations`); err != nil {
