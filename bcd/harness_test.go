@@ -11,6 +11,7 @@ import (
 	"flag"
 	"io"
 	"log/slog"
+	mathrand "math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -314,8 +315,13 @@ func (e *e2e) node(opts nodeOptions) *node {
 	return n
 }
 
-// nodeIDs counts the nodes given a range of ids of their own.
-var nodeIDs atomic.Int32
+// nodeIDs counts the nodes given a range of ids of their own, from a base of this test binary's
+// own, so that two binaries at once (go test -count=3 ./... twice) give their nodes apart ranges.
+var nodeIDs = func() *atomic.Int32 {
+	var n atomic.Int32
+	n.Store(int32(mathrand.IntN(500)) * 10) // ranges 100,000 ids wide, all below 2^31
+	return &n
+}()
 
 // idRange gives the node of state a range of uids and gids of its own for its holders' users
 // and its devices' groups (tenancy.json's next id). Each bcd takes the first id free on the

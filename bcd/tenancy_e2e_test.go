@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"github.com/better-compute/compute/bcd/internal/tenancy/tenancytest"
 	"io"
 	"net"
 	"os"
@@ -41,6 +42,7 @@ func TestTenantsSharingANodeAreConfined(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("not root: bcd makes a user per reservation, and the test makes device nodes and a mount namespace")
 	}
+	tenancytest.LockHostUsers(t) // its devices' groups are named as every bcd's are: one per machine
 	sshdBin := "/usr/sbin/sshd"
 	if _, err := os.Stat(sshdBin); err != nil {
 		t.Skip("OpenSSH's sshd is not installed (Debian package openssh-server; .ci/run installs it)")

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/better-compute/compute/bcd/internal/tenancy/tenancytest"
 	"os"
 	"os/exec"
 	"os/user"
@@ -33,6 +34,7 @@ func TestHoldersAreConfinedOnTheMachine(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("not root: the Manager makes users and changes device nodes' owners")
 	}
+	tenancytest.LockHostUsers(t)
 	for _, tool := range append(slices.Clone(tools), "mount") {
 		if _, err := lookTool(tool); err != nil {
 			t.Skipf("%s is not installed (Debian packages passwd, util-linux)", tool)
@@ -231,6 +233,7 @@ func TestAHoldEndingWhileItsCommandStartsKillsIt(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("not root: the Manager makes users")
 	}
+	tenancytest.LockHostUsers(t)
 	for _, tool := range tools {
 		if _, err := lookTool(tool); err != nil {
 			t.Skipf("%s is not installed (Debian package passwd)", tool)
