@@ -298,6 +298,29 @@ func TestEveryEventArrivesSignedAndInOrderAcrossAnOutage(t *testing.T) {
 	// The filtered event must not come: events are fanned out in log order, so the deliveries of
 	// the events after it (36, checked below) show it was passed over.
 	got := r.waitFor(36, 30*time.Second)
+	// The sender records a delivery, and then counts it, after the receiver has answered: the
+	// counter of the last one is what says every delivery is recorded.
+	scrape := func() map[string]*dto.MetricFamily {
+		resp, err := http.Get(e.url + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		parser := expfmt.NewTextParser(model.UTF8Validation)
+		fam, err := parser.TextToMetricFamilies(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fam
+	}
+	outcomes := func() map[string]float64 {
+		o := map[string]float64{}
+		for _, m := range scrape()["better_compute_webhook_attempts_total"].GetMetric() {
+			o[m.GetLabel()[0].GetValue()] = m.GetCounter().GetValue()
+		}
+		return o
+	}
+	computetest.Eventually(t, 30*time.Second, "36 deliveries recorded and counted", func() bool { return outcomes()["delivered"] >= 36 })
 	if len(got) != 36 {
 		t.Errorf("the receiver has %d distinct events, want 36 (the filtered one must not come)", len(got))
 	}
@@ -344,24 +367,16 @@ func TestEveryEventArrivesSignedAndInOrderAcrossAnOutage(t *testing.T) {
 			len(page.Items), retried, refused, unavailable)
 	}
 
-	resp, err := http.Get(e.url + "/metrics")
-	if err != nil {
-		t.Fatal(err)
+	// Each failed attempt is counted after it is recorded, as the delivered ones are.
+	var counted map[string]float64
+	computetest.Eventually(t, 30*time.Second, fmt.Sprintf("the %d failed attempts recorded counted", refused+unavailable), func() bool {
+		counted = outcomes()
+		return counted["failed"] >= float64(refused+unavailable)
+	})
+	if counted["delivered"] < 36 || counted["failed"] < float64(refused+unavailable) {
+		t.Errorf("webhook attempt counters %v, want ≥ 36 delivered and ≥ %d failed", counted, refused+unavailable)
 	}
-	defer resp.Body.Close()
-	var fam map[string]*dto.MetricFamily
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	if fam, err = parser.TextToMetricFamilies(resp.Body); err != nil {
-		t.Fatal(err)
-	}
-	outcomes := map[string]float64{}
-	for _, m := range fam["better_compute_webhook_attempts_total"].GetMetric() {
-		outcomes[m.GetLabel()[0].GetValue()] = m.GetCounter().GetValue()
-	}
-	if outcomes["delivered"] < 36 || outcomes["failed"] < float64(refused+unavailable) {
-		t.Errorf("webhook attempt counters %v, want ≥ 36 delivered and ≥ %d failed", outcomes, refused+unavailable)
-	}
-	if n := fam["better_compute_webhook_attempt_seconds"].GetMetric()[0].GetHistogram().GetSampleCount(); n < 36 {
+	if n := scrape()["better_compute_webhook_attempt_seconds"].GetMetric()[0].GetHistogram().GetSampleCount(); n < 36 {
 		t.Errorf("attempt durations observed %d times, want ≥ 36", n)
 	}
 }
