@@ -321,7 +321,7 @@ func (f *testFleet) logOverlaps(t *testing.T) {
 	}
 	rows.Close()
 	var constraint, valid string
-	err = f.DB.Pool.QueryRow(f.ctx, `SELECT coalesce(string_agg(c.conname || ' ' || c.contype, ','), 'none'),
+	err = f.DB.Pool.QueryRow(f.ctx, `SELECT coalesce(string_agg(c.conname::text || ' ' || c.contype::text, ','), 'none'),
 		coalesce(string_agg(i.indisvalid::text || '/' || i.indisready::text, ','), 'none')
 		FROM pg_catalog.pg_constraint c LEFT JOIN pg_catalog.pg_index i ON i.indexrelid = c.conindid
 		WHERE c.conrelid = 'compute.bookings'::regclass AND c.contype = 'x'`).Scan(&constraint, &valid)
