@@ -104,7 +104,7 @@ func startVMHost(t *testing.T) *vmHost {
 	if _, err := compute.Invoke(ctx, c, key, vps.VMImagesRegister, vps.RegisterVMImage{Name: "guest",
 		Kernel:  &vps.Artifact{URL: images.URL + "/vmlinuz", SHA256: sums["vmlinuz"]},
 		Initrd:  &vps.Artifact{URL: images.URL + "/initrd.gz", SHA256: sums["initrd.gz"]},
-		Cmdline: "console=ttyS0 quiet"}); err != nil {
+		Cmdline: "console=ttyS0 quiet no_timer_check"}); err != nil {
 		t.Fatal(err)
 	}
 	// The node is a VM host once its first report is in.

@@ -62,7 +62,7 @@ func TestAnImageThatNamesAHostFileNeverBootsOnARealBCDHost(t *testing.T) {
 	create := func(file string) vps.Instance {
 		t.Helper()
 		name := strings.TrimSuffix(file, ".qcow2")
-		if _, err := compute.Invoke(ctx, c, key, vps.VMImagesRegister, vps.RegisterVMImage{Name: name, Cmdline: "console=ttyS0 quiet",
+		if _, err := compute.Invoke(ctx, c, key, vps.VMImagesRegister, vps.RegisterVMImage{Name: name, Cmdline: "console=ttyS0 quiet no_timer_check",
 			Kernel: &vps.Artifact{URL: v.images + "/vmlinuz", SHA256: v.sums["vmlinuz"]},
 			Initrd: &vps.Artifact{URL: v.images + "/initrd.gz", SHA256: v.sums["initrd.gz"]},
 			Disk:   &vps.Artifact{URL: srv.URL + "/" + file, SHA256: sums[file]}}); err != nil {

@@ -267,7 +267,7 @@ func newLab(t *testing.T) *lab {
 	reg := "http://" + regLn.Addr().String()
 	if _, err := compute.Invoke(ctx, c, key, metal.ImagesRegister, metal.RegisterImage{Name: "node-image", URL: reg + "/image.raw", Format: "raw",
 		SizeBytes: imageSize, SHA256: hex.EncodeToString(sum[:]), KernelURL: reg + "/vmlinuz", InitrdURL: reg + "/initrd",
-		Cmdline: "console=ttyS0 panic=-1"}); err != nil {
+		Cmdline: "console=ttyS0 panic=-1 no_timer_check"}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -297,7 +297,7 @@ func newLab(t *testing.T) *lab {
 	}
 	l.site = &siteProcess{t: t, args: []string{"site", "--state-dir", state, "--gateway", gwAddr, "--interface", "br0", "--address", bridgeAddr,
 		"--http", siteHTTP, "--tftp", "off", "--fetch-allow", bridgeAddr + "/32", "--dhcp", "full", "--dhcp-subnet", "10.0.0.0/24", "--dhcp-range", "10.0.0.100-10.0.0.150",
-		"--dhcp-router", bridgeAddr, "--kernel", kernel, "--initrd", ramdisk, "--ramdisk-cmdline", "console=ttyS0 panic=-1",
+		"--dhcp-router", bridgeAddr, "--kernel", kernel, "--initrd", ramdisk, "--ramdisk-cmdline", "console=ttyS0 panic=-1 no_timer_check",
 		"--cache-dir", filepath.Join(dir, "cache"), "--log-level", "warn"}, bin: l.bcd}
 	l.site.start()
 	t.Cleanup(l.site.stop)

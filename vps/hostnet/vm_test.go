@@ -109,7 +109,7 @@ func TestVLANTestsInAVM(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	cmdline := "console=ttyS0 panic=-1 quiet -- -test.v -test.run=^(" + strings.Join(vlanTests, "|") + ")$"
+	cmdline := "console=ttyS0 panic=-1 quiet no_timer_check -- -test.v -test.run=^(" + strings.Join(vlanTests, "|") + ")$"
 	cmd := exec.CommandContext(ctx, qemu, "-machine", "q35,accel=tcg", "-m", "512", "-nographic", "-vga", "none", "-no-reboot",
 		"-nic", "none", "-kernel", vmlinuz, "-initrd", rd, "-append", cmdline)
 	// One writer for both, read once Run returns: exec's one copier has finished writing then.

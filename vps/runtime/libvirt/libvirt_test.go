@@ -126,7 +126,7 @@ func TestLibvirtRunsPausesSavesAndRestoresAVM(t *testing.T) {
 	defer r.Close()
 	ctx := context.Background()
 	in := runtime.Instance{ID: "0190a0b0-0000-7000-8000-00000000000a", VCPUs: 1, MemoryMiB: 192, Kernel: kernel, Initrd: initrd,
-		Cmdline: "console=ttyS0 quiet", Power: runtime.PowerRunning, Console: filepath.Join(h.Dir, "state", "consoles", "a.sock")}
+		Cmdline: "console=ttyS0 quiet no_timer_check", Power: runtime.PowerRunning, Console: filepath.Join(h.Dir, "state", "consoles", "a.sock")}
 
 	st, err := r.Ensure(ctx, in)
 	if err != nil || st.State != runtime.StateRunning {
@@ -225,7 +225,7 @@ func TestLibvirtDisksAndRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	in := runtime.Instance{ID: "0190a0b0-0000-7000-8000-00000000000b", VCPUs: 1, MemoryMiB: 160, Kernel: kernel, Initrd: initrd,
-		Cmdline: "console=ttyS0 quiet", Disk: image, DiskFormat: runtime.FormatRaw, DiskGiB: 2, Power: runtime.PowerPaused, Console: filepath.Join(state, "consoles", "b.sock")}
+		Cmdline: "console=ttyS0 quiet no_timer_check", Disk: image, DiskFormat: runtime.FormatRaw, DiskGiB: 2, Power: runtime.PowerPaused, Console: filepath.Join(state, "consoles", "b.sock")}
 	if st, err := r.Ensure(ctx, in); err != nil || st.State != runtime.StatePaused {
 		t.Fatalf("Ensure paused from nothing: %+v, %v", st, err)
 	}

@@ -85,7 +85,7 @@ func TestBootInQEMU(t *testing.T) {
 
 	site := newQEMUSite(t)
 	u, _ := url.Parse(site.srv.URL)
-	cmdline := fmt.Sprintf("console=ttyS0 bcd.site=http://10.0.2.2:%s bcd.token=tok-1 panic=-1", u.Port()) // the boot's token, as a site's script gives it
+	cmdline := fmt.Sprintf("console=ttyS0 bcd.site=http://10.0.2.2:%s bcd.token=tok-1 panic=-1 no_timer_check", u.Port()) // the boot's token, as a site's script gives it
 	vmCtx, vmCancel := context.WithTimeout(ctx, bootLimit)
 	defer vmCancel()
 	cmd := exec.CommandContext(vmCtx, qemu,
