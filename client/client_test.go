@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"os/exec"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -183,19 +182,6 @@ func TestContextDeadline(t *testing.T) {
 	_, err := cl.Pools.List(ctx, api.ListPools{})
 	if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 4*time.Second {
 		t.Fatalf("a call past its deadline = %v after %s", err, time.Since(start))
-	}
-}
-
-func TestNoHeavyDependencies(t *testing.T) {
-	t.Parallel()
-	out, err := exec.Command("go", "list", "-deps", "github.com/better-compute/compute/client").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, dep := range strings.Fields(string(out)) {
-		if strings.Contains(dep, "jackc/pgx") || strings.Contains(dep, "google.golang.org/grpc") {
-			t.Fatalf("the client depends on %s", dep)
-		}
 	}
 }
 

@@ -3,7 +3,6 @@ package pingmodule_test
 import (
 	"context"
 	"encoding/json"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -159,22 +158,5 @@ func TestModuleEndToEnd(t *testing.T) {
 	}
 	if listed != 3 {
 		t.Fatalf("the method table lists %d pings methods, want 3", listed)
-	}
-}
-
-// TestModuleImportsNoInternalPackage keeps the module, and the joinTokens group moved out of
-// the core, honest: a module uses the core only through modules.Runtime.
-func TestModuleImportsNoInternalPackage(t *testing.T) {
-	t.Parallel()
-	for _, pkg := range []string{"github.com/better-compute/compute/examples/pingmodule", "github.com/better-compute/compute/jointokens"} {
-		out, err := exec.Command("go", "list", "-deps", pkg).CombinedOutput()
-		if err != nil {
-			t.Fatalf("go list -deps %s: %v\n%s", pkg, err, out)
-		}
-		for _, dep := range strings.Fields(string(out)) {
-			if strings.HasPrefix(dep, "github.com/better-compute/compute/") && strings.Contains(dep, "/internal") {
-				t.Errorf("%s imports %s", pkg, dep)
-			}
-		}
 	}
 }
