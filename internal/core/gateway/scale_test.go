@@ -38,13 +38,14 @@ func (p *plane) metric(t *testing.T, name string) float64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, m := range fams[name].GetMetric() {
-		if h := m.GetHistogram(); h != nil {
-			return float64(h.GetSampleCount())
-		}
-		return m.GetGauge().GetValue()
+	ms := fams[name].GetMetric()
+	if len(ms) == 0 {
+		return 0
 	}
-	return 0
+	if h := ms[0].GetHistogram(); h != nil {
+		return float64(h.GetSampleCount())
+	}
+	return ms[0].GetGauge().GetValue()
 }
 
 // TestClosedSessionTakesItsNodeOfflineAtOnce: a node whose agent stops is offline in about a

@@ -37,7 +37,9 @@ type Violation struct {
 	Package, Import, Rule string
 }
 
-func (v Violation) String() string { return fmt.Sprintf("%s imports %s: %s", v.Package, v.Import, v.Rule) }
+func (v Violation) String() string {
+	return fmt.Sprintf("%s imports %s: %s", v.Package, v.Import, v.Rule)
+}
 
 // List runs `go list` on patterns in dir.
 func List(dir string, patterns ...string) ([]Package, error) {

@@ -161,7 +161,7 @@ func TestKeysDoNotCollide(t *testing.T) {
 	if Key("ab", "c") == Key("a", "bc") || Key("a") == Key("a", "") || Key() == Key("") {
 		t.Error("two lists of parts gave one key")
 	}
-	if Key("a", "b") != Key("a", "b") {
+	if a, b := []string{"a", "b"}, []string{"a", "b"}; Key(a...) != Key(b...) {
 		t.Error("one list gave two keys")
 	}
 }
