@@ -2,7 +2,6 @@ package compute_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -14,70 +13,6 @@ import (
 	"github.com/better-compute/compute/postgres"
 	"github.com/better-compute/compute/postgres/embedded"
 )
-
-// ExampleNew builds a control plane on the host's PostgreSQL. New checks every option and starts
-// nothing; Initialize applies the migrations and checks the modules; Start runs the background
-// work of Options.Mode (all of it by default).
-func ExampleNew() {
-	ctx := context.Background()
-
-	// A host opens its own database: postgres.Open(ctx, os.Getenv("BETTER_COMPUTE_DATABASE_URL")).
-	// This example starts a private one.
-	cluster, err := embedded.Start(ctx, embedded.Options{})
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer cluster.Stop(ctx)
-	db, err := postgres.Open(ctx, cluster.URL("postgres"))
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer db.Close()
-	port, err := iam.Embedded(db, iam.EmbeddedOptions{RootTenantID: "platform"})
-	if err != nil {
-		log.Fatal(err)
-	}
-
-	opts := compute.Options{
-		Database:     db,
-		Secret:       "too short",
-		BaseURL:      "https://compute.example.com",
-		RootTenantID: "platform",
-		IAM:          port,
-		Logger:       slog.New(slog.NewTextHandler(io.Discard, nil)),
-	}
-	_, err = compute.New(opts)
-	var bad *compute.OptionError
-	if errors.As(err, &bad) {
-		fmt.Println("refused:", bad.Field)
-	}
-
-	opts.Secret = "an example secret of at least 32 characters"
-	c, err := compute.New(opts)
-	if err != nil {
-		log.Fatal(err)
-	}
-	if err := c.Initialize(ctx); err != nil {
-		log.Fatal(err)
-	}
-	if err := c.Start(ctx); err != nil {
-		log.Fatal(err)
-	}
-	defer c.Stop(ctx)
-
-	key, err := port.CreateAdminKey(ctx, "platform", "ops")
-	if err != nil {
-		log.Fatal(err)
-	}
-	pool, err := c.API.Pools.Create(ctx, key.Token, api.CreatePool{Name: "h100"})
-	if err != nil {
-		log.Fatal(err)
-	}
-	fmt.Println("pool", pool.Name, "in", pool.TenantID)
-	// Output:
-	// refused: Secret
-	// pool h100 in platform
-}
 
 // ExampleInvokeTx calls a method inside the host's own transaction: the pool it creates commits or
 // rolls back with the host's row. c.API.Pools.CreateTx is the same call, typed.

@@ -2,6 +2,7 @@ package compute_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -17,9 +18,10 @@ import (
 	"github.com/better-compute/compute/postgres/embedded"
 )
 
-// Example embeds the control plane in a host application: open the database, run IAM in-process,
-// construct, initialize, mount the handler, and call the API in-process and over HTTP.
-func Example() {
+// ExampleNew embeds the control plane in a host application: open the database, run IAM
+// in-process, construct (New checks every option and starts nothing), initialize (migrations,
+// module checks), start, mount the handler, and call the API in-process and over HTTP.
+func ExampleNew() {
 	ctx := context.Background()
 
 	// A production host opens its own database: postgres.Open(ctx, os.Getenv("BETTER_COMPUTE_DATABASE_URL")).
@@ -39,14 +41,19 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	c, err := compute.New(compute.Options{
+	opts := compute.Options{
 		Database:     db,
-		Secret:       "an example secret of at least 32 characters",
+		Secret:       "too short",
 		BaseURL:      "https://compute.example.com",
 		RootTenantID: "platform",
 		IAM:          port,
 		Logger:       slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
+	}
+	if _, err := compute.New(opts); errors.As(err, new(*compute.OptionError)) {
+		fmt.Println("refused:", err)
+	}
+	opts.Secret = "an example secret of at least 32 characters"
+	c, err := compute.New(opts)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -90,6 +97,7 @@ func Example() {
 	_, err = c.API.Pools.Create(ctx, key.Token, api.CreatePool{Name: "h100"})
 	fmt.Println("again:", api.CodeOf(err))
 	// Output:
+	// refused: compute: Options.Secret must be at least 32 characters, got 9
 	// created pool h100 in tenant platform
 	// pools/get answered 200
 	// again: conflict
