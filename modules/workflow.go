@@ -45,6 +45,9 @@ func (r *Registry) LookupDriver(kind, name string) (provision.Driver, bool) {
 	return r.provision.LookupDriver(kind, name)
 }
 
+// DriverNames returns the names of the registered drivers of a kind, sorted.
+func (r *Registry) DriverNames(kind string) []string { return r.provision.DriverNames(kind) }
+
 // LookupProfile returns a profile by name.
 func (r *Registry) LookupProfile(name string) (provision.Profile, bool) {
 	return r.provision.LookupProfile(name)

@@ -134,6 +134,18 @@ func (c *Catalog[R]) LookupDriver(kind, name string) (Driver, bool) {
 	return d, ok
 }
 
+// DriverNames returns the names of the drivers of a kind, sorted.
+func (c *Catalog[R]) DriverNames(kind string) []string {
+	var names []string
+	for _, d := range c.drivers {
+		if d.Kind == kind {
+			names = append(names, d.Name)
+		}
+	}
+	slices.Sort(names)
+	return names
+}
+
 // LookupProfile returns a profile by name.
 func (c *Catalog[R]) LookupProfile(name string) (Profile, bool) {
 	p, ok := c.profiles[name]

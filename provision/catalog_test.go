@@ -153,6 +153,17 @@ func TestCatalogLooksUpWhatWasAdded(t *testing.T) {
 	if _, ok := c.LookupDriver("boot", "ipmi"); ok {
 		t.Error("a driver was found under another kind")
 	}
+	for _, d := range []provision.Driver{{Kind: "power", Name: "redfish", Value: 1}, {Kind: "boot", Name: "pxe", Value: 2}} {
+		if err := c.AddDriver(d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := c.DriverNames("power"); !slices.Equal(got, []string{"ipmi", "redfish"}) {
+		t.Errorf("power drivers = %v, want ipmi and redfish", got)
+	}
+	if got := c.DriverNames("image"); len(got) != 0 {
+		t.Errorf("image drivers = %v, want none", got)
+	}
 	if p, ok := c.LookupProfile("rack"); !ok || len(p.Drivers) != 1 || p.Drivers["power"] != "ipmi" {
 		t.Errorf("profile = %+v, %v", p, ok)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/better-compute/compute/modules"
 	"github.com/better-compute/compute/netpolicy"
 	"github.com/better-compute/compute/postgres"
+	"github.com/better-compute/compute/provision"
 	"github.com/better-compute/compute/vps/provider"
 	"github.com/better-compute/compute/vps/provider/hetzner"
 	"github.com/better-compute/compute/vps/provider/proxmox"
@@ -36,6 +37,24 @@ const (
 	// ProviderCheckTimeout bounds the provider's check of an account's token, inside the call.
 	ProviderCheckTimeout = 20 * time.Second
 )
+
+// DriverKindProvider is the kind of provision.Driver a cloud provider is: vps registers each of
+// Options.Providers as one, another module may register its own (its Value a provider.Provider),
+// and an account's kind names one. Providers are looked up in the registry, never kept aside.
+const DriverKindProvider = "provider"
+
+// ProviderDriver finds a registered provider.
+func ProviderDriver(reg *modules.Registry, name string) (provider.Provider, error) {
+	d, ok := reg.LookupDriver(DriverKindProvider, name)
+	if !ok {
+		return nil, fmt.Errorf("vps: no provider %q is registered (%s)", name, strings.Join(reg.DriverNames(DriverKindProvider), ", "))
+	}
+	p, ok := d.Value.(provider.Provider)
+	if !ok {
+		return nil, fmt.Errorf("vps: the provider %q is a %T, not a provider.Provider", name, d.Value)
+	}
+	return p, nil
+}
 
 // ServerPrefix begins the name of every server this control plane makes: bc-<instance id>.
 const ServerPrefix = "bc-"
@@ -71,6 +90,9 @@ func (m *Module) setUpProviders() error {
 // registerProviders registers provider pools: their resource type, actions, event, methods,
 // job queue and reconciler.
 func (m *Module) registerProviders(r *modules.Registry) {
+	for _, name := range slices.Sorted(maps.Keys(m.providers)) {
+		r.Driver(provision.Driver{Kind: DriverKindProvider, Name: name, Value: m.providers[name]})
+	}
 	r.ResourceTypes(iam.ResourceType{Name: ResourceProviderAccount, Description: "An account at a cloud provider whose servers are instances of a provider pool."})
 	r.Actions(modules.ActionsFor(ProviderMethods()...)...)
 	r.EventTypes(modules.EventType{Name: EventProviderServerUnknown,
@@ -117,9 +139,13 @@ func userDataPurpose(instanceID string) string { return "vps-provider-userdata:"
 // createAccount checks the token with the provider, inside the call (the caller hears at once
 // that it is refused), and stores it sealed.
 func (m *Module) createAccount(ctx context.Context, c *modules.Call, in CreateProviderAccount) (ProviderAccount, error) {
-	p := m.providers[in.Kind]
-	if p == nil {
-		return ProviderAccount{}, api.InvalidField("kind", "%q is not a provider of this control plane (%s)", in.Kind, strings.Join(slices.Sorted(maps.Keys(m.providers)), ", "))
+	reg := c.Runtime.Registry
+	if _, ok := reg.LookupDriver(DriverKindProvider, in.Kind); !ok {
+		return ProviderAccount{}, api.InvalidField("kind", "%q is not a provider of this control plane (%s)", in.Kind, strings.Join(reg.DriverNames(DriverKindProvider), ", "))
+	}
+	p, err := ProviderDriver(reg, in.Kind)
+	if err != nil {
+		return ProviderAccount{}, err
 	}
 	options := in.Options
 	if options == nil {

@@ -21,7 +21,10 @@ import (
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/client"
 	"github.com/better-compute/compute/computetest"
+	"github.com/better-compute/compute/modules"
+	"github.com/better-compute/compute/provision"
 	"github.com/better-compute/compute/vps"
+	"github.com/better-compute/compute/vps/provider"
 	"github.com/better-compute/compute/vps/provider/hetzner"
 	"github.com/better-compute/compute/vps/provider/hetzner/hetznerfake"
 	"github.com/better-compute/compute/vps/provider/proxmox"
@@ -51,11 +54,19 @@ func startProviders(t *testing.T) providerEnv { return startProvidersWith(t, nil
 // startProvidersWith is startProviders with the compute options changed by configure.
 func startProvidersWith(t *testing.T, configure func(*compute.Options)) providerEnv {
 	t.Helper()
-	m, err := vps.New(vps.Options{ProviderReconcileEvery: 200 * time.Millisecond})
+	return startProviderEnv(t, vps.Options{}, nil, configure)
+}
+
+// startProviderEnv is startProviders with vps's options (their reconcile period set here), other
+// modules beside vps, and the compute options changed by configure.
+func startProviderEnv(t *testing.T, opts vps.Options, others []compute.Module, configure func(*compute.Options)) providerEnv {
+	t.Helper()
+	opts.ProviderReconcileEvery = 200 * time.Millisecond
+	m, err := vps.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	env := computetest.New(t, computetest.Options{Modules: []compute.Module{m}, Configure: configure})
+	env := computetest.New(t, computetest.Options{Modules: append([]compute.Module{m}, others...), Configure: configure})
 	url := env.Server(t)
 	if err := env.Compute.Start(context.Background()); err != nil {
 		t.Fatal(err)
@@ -305,6 +316,46 @@ func TestProviderInstancesLiveAtTheProvider(t *testing.T) {
 // until the server is made; a refusal (here: no server type, as an account without a flavor
 // map gives Hetzner) puts the instance in error at once, saying why, and is not retried; a
 // server made while its instance was being deleted is deleted.
+// TestProviderOfAnotherModule: a provider that another module registers as a provision driver
+// (kind vps.DriverKindProvider) is one vps uses as its own: accounts of its kind are checked with
+// it and their instances made by it, and an unknown kind's refusal lists what is registered.
+// vps itself registers none here.
+func TestProviderOfAnotherModule(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := startProviderEnv(t, vps.Options{Providers: []provider.Provider{}}, []compute.Module{cloudModule{hetzner.New()}}, nil)
+	_, err := client.Call(ctx, e.cl, vps.ProviderAccountsCreate, vps.CreateProviderAccount{Name: "x", Kind: proxmox.Name, Token: "t"})
+	if ae := apiErr(err); ae.Code != api.CodeInvalidArgument || ae.Details["field"] != "kind" || !strings.HasSuffix(ae.Message, "(hetzner)") {
+		t.Fatalf("an account of a kind no module registered: %v", err)
+	}
+	if _, err := client.Call(ctx, e.cl, vps.ProviderAccountsCreate, vps.CreateProviderAccount{Name: "hz", Kind: hetzner.Name, Endpoint: e.hz.Endpoint(),
+		Token: "revoked-token"}); apiErr(err).Details["reason"] != "token_refused" {
+		t.Fatalf("the other module's provider did not check the token: %v", err)
+	}
+	if _, err := client.Call(ctx, e.cl, vps.ProviderAccountsCreate, vps.CreateProviderAccount{Name: "hz", Kind: hetzner.Name, Endpoint: e.hz.Endpoint(),
+		Token: hzToken, Flavors: map[string]string{"small": "cx22"}, Location: "fsn1"}); err != nil {
+		t.Fatal(err)
+	}
+	in, err := client.Call(ctx, e.cl, vps.ProviderInstancesCreate, vps.CreateProviderInstance{Name: "web-1", Provider: "hz", Flavor: "small", Image: "ubuntu-24.04"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.waitInstance(t, in.ID, "running", func(i vps.ProviderInstance) bool { return i.Status == vps.ProviderRunning })
+	if servers := e.hz.Servers(); len(servers) != 1 {
+		t.Fatalf("the provider has %d servers, want 1: %+v", len(servers), servers)
+	}
+}
+
+// cloudModule is a host's own module that brings a provider.
+type cloudModule struct{ p provider.Provider }
+
+func (cloudModule) Name() string { return "hostcloud" }
+
+func (m cloudModule) Register(r *modules.Registry) error {
+	r.Driver(provision.Driver{Kind: vps.DriverKindProvider, Name: m.p.Name(), Value: m.p})
+	return nil
+}
+
 func TestProviderJobsRetryAndGiveUpOnRefusals(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

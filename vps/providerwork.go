@@ -188,8 +188,8 @@ func (w *work) load(ctx context.Context, id string) (*target, error) {
 	if accountID == "" {
 		return &t, nil
 	}
-	if t.p = w.m.providers[kind]; t.p == nil {
-		return nil, fmt.Errorf("vps: provider instance %s's account is of kind %q, which this process does not have (vps.Options.Providers)", id, kind)
+	if t.p, err = ProviderDriver(w.rt.Registry, kind); err != nil {
+		return nil, fmt.Errorf("vps: provider instance %s's account: %w", id, err)
 	}
 	plain, err := w.rt.Secrets.Open(tokenPurpose(accountID), token)
 	if err != nil {
@@ -369,9 +369,9 @@ func (w *work) reconcile(ctx context.Context, accountID string) error {
 	if err != nil {
 		return err
 	}
-	p := w.m.providers[kind]
-	if p == nil {
-		return fmt.Errorf("vps: provider account %s is of kind %q, which this process does not have", accountID, kind)
+	p, err := ProviderDriver(w.rt.Registry, kind)
+	if err != nil {
+		return fmt.Errorf("vps: provider account %s: %w", accountID, err)
 	}
 	plain, err := w.rt.Secrets.Open(tokenPurpose(accountID), token)
 	if err != nil {

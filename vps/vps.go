@@ -73,7 +73,7 @@ type Module struct {
 	capacity modules.Capacity // the runtime's, from Initialize: desired parts read reservations
 	access   modules.Access   // the runtime's, from Initialize: a sandbox's part has its reservation's KRL
 
-	providers map[string]provider.Provider // provider pools' providers, by name (providers.go)
+	providers map[string]provider.Provider // Options.Providers by name, which Register makes provision drivers (providers.go)
 }
 
 // New returns the module.
