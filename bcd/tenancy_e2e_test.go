@@ -241,9 +241,11 @@ func TestTenantsSharingANodeAreConfined(t *testing.T) {
 			t.Fatal(err)
 		}
 		pid := strings.TrimSpace(line)
+		// Until env has exec'd sleep, the process is env, whose command line names sleep and
+		// whose environment does not yet hold SECRET.
 		computetest.Eventually(t, e2eWait, "A's sleep", func() bool {
 			b, _ := os.ReadFile("/proc/" + pid + "/cmdline")
-			return strings.Contains(string(b), "sleep")
+			return strings.HasPrefix(string(b), "sleep\x00")
 		})
 		if out, e := sh(clA, resA, "cat /proc/"+pid+"/environ | tr '\\0' '\\n' | grep SECRET"); e.ExitCode != 0 || strings.TrimSpace(out) != "SECRET=of-a" {
 			t.Fatalf("A reads its own process: %q %+v", out, e)
