@@ -50,7 +50,7 @@ type testFleet struct {
 	ctx   context.Context
 }
 
-func newFleet(t *testing.T, s fleetSpec) *testFleet {
+func newFleet(t testing.TB, s fleetSpec) *testFleet {
 	t.Helper()
 	opts := computetest.Options{MaxConns: s.maxConns}
 	if s.lease && s.leaseTTL == 0 {
@@ -97,7 +97,7 @@ func leasesOf(c *compute.Compute) *capacity.Leases {
 }
 
 // awaitLease waits until c holds pool's lease with the pool in memory.
-func awaitLease(t *testing.T, c *compute.Compute, pool string) {
+func awaitLease(t testing.TB, c *compute.Compute, pool string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -106,7 +106,7 @@ func awaitLease(t *testing.T, c *compute.Compute, pool string) {
 	}
 }
 
-func (f *testFleet) addNode(t *testing.T, name string, s fleetSpec) api.Node {
+func (f *testFleet) addNode(t testing.TB, name string, s fleetSpec) api.Node {
 	t.Helper()
 	n, err := fleet.InsertNode(f.ctx, f.DB.Pool, fleet.NewNode{PoolID: f.pool.ID, Name: name})
 	if err != nil {
