@@ -3,7 +3,7 @@
 // a child process, each with a real mutual-TLS session. It prints, as Markdown: command round
 // trips (created → result recorded, by the database's clock) at p50/p99/p99.9; the control
 // plane's CPU and memory while idle and under commands; the database writes that heartbeats
-// cause; and how long the fleet takes to be seen offline when its process is stopped (silent)
+// cause; how many live nodes were marked offline while the fleet ran; and how long the fleet takes to be seen offline when its process is stopped (silent)
 // or killed (its connections closed), and to be back when it resumes.
 //
 //	go run ./internal/tools/cmd/gatewaybench [-nodes 1000] [-commands 3000] [-clients 16] [-idle 30s] [-memprofile heap.pprof]
@@ -16,17 +16,23 @@ import (
 	"fmt"
 	"log"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"os/signal"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/devserver"
@@ -95,6 +101,9 @@ func main() {
 		time.Sleep(200 * time.Millisecond)
 	}
 	joined := time.Since(start)
+	// Every node is live from here until the fleet's process is stopped: a node.offline event
+	// meanwhile marked a live node offline (a heartbeat flush that fell behind its grace).
+	lastEvent := count(`SELECT coalesce(max(id), 0) FROM compute.events`)
 	fmt.Fprintf(os.Stderr, "gatewaybench: %d sessions up in %s; watching the idle fleet for %s\n", *nodes, joined.Round(time.Millisecond), *idle)
 	// Let the joins' inventories settle and their statistics reach pg_stat_*, which backends
 	// report up to seconds late.
@@ -115,10 +124,12 @@ func main() {
 	time.Sleep(time.Second)
 	interval := s.Compute.HeartbeatInterval()
 	s0, n0, x0 := stats()
+	f0 := flushes(s.Compute.MetricsHandler)
 	cpu0, t0 := selfstat.CPU(), time.Now()
 	time.Sleep(*idle)
 	time.Sleep(time.Second)
 	s1, n1, x1 := stats()
+	idleFlush := flushes(s.Compute.MetricsHandler).since(f0)
 	idleCPU := (selfstat.CPU() - cpu0).Seconds() / time.Since(t0).Seconds()
 	idleRSS := selfstat.RSSMiB()
 	var mem runtime.MemStats
@@ -193,6 +204,7 @@ func main() {
 
 	fmt.Fprintln(stdin, "report") // the child reports its own cost, and goes on
 	fleetCost := <-childReport
+	falseOffline := count(fmt.Sprintf(`SELECT count(*) FROM compute.events WHERE type = 'node.offline' AND id > %d`, lastEvent))
 
 	// Offline detection, the fleet's process stopped (silent: no packet, no close), resumed,
 	// then killed (every connection closed by the kernel at once).
@@ -241,11 +253,70 @@ func main() {
 		float64(mem.HeapInuse)/(1<<20), float64(mem.StackInuse)/(1<<20), goroutines)
 	fmt.Printf("| heartbeat writes, idle: session rows, node rows updated per second | %.0f, %.0f |\n", float64(s1-s0)/secs, float64(n1-n0)/secs)
 	fmt.Printf("| database transactions per second, idle (every source) | %.1f |\n", float64(x1-x0)/secs)
+	fmt.Printf("| heartbeat flushes, idle: count, mean, p99 at most | %d, %.0f ms, %s |\n", idleFlush.count, idleFlush.mean()*1000, idleFlush.p99())
+	fmt.Printf("| live nodes marked offline while the fleet ran (idle and under commands) | %d |\n", falseOffline)
 	fmt.Printf("| the simulated fleet's own process | %s |\n", fleetCost)
 	fmt.Printf("| every node offline, the fleet's process stopped (silent) | %s |\n", silent)
 	fmt.Printf("| every node online again, the process resumed | %s |\n", back)
 	fmt.Printf("| every node offline, the process killed (connections closed) | %s |\n", closed)
 	fmt.Printf("\n%s/%s, GOMAXPROCS %d; the control plane, the fleet and PostgreSQL share the machine.\n", runtime.GOOS, runtime.GOARCH, runtime.GOMAXPROCS(0))
+}
+
+// flushHistogram is the gateway's heartbeat-flush duration histogram, as scraped.
+type flushHistogram struct {
+	count   uint64
+	sum     float64
+	uppers  []float64 // bucket upper bounds, seconds
+	buckets []uint64  // cumulative counts
+}
+
+// flushes scrapes the control plane's flush histogram.
+func flushes(metrics http.Handler) flushHistogram {
+	rec := httptest.NewRecorder()
+	metrics.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(rec.Body)
+	if err != nil {
+		log.Fatal(err)
+	}
+	var h flushHistogram
+	for _, m := range fams["better_compute_gateway_flush_seconds"].GetMetric() {
+		hist := m.GetHistogram()
+		h.count, h.sum = hist.GetSampleCount(), hist.GetSampleSum()
+		for _, b := range hist.GetBucket() {
+			h.uppers = append(h.uppers, b.GetUpperBound())
+			h.buckets = append(h.buckets, b.GetCumulativeCount())
+		}
+	}
+	return h
+}
+
+// since is what h counted after earlier.
+func (h flushHistogram) since(earlier flushHistogram) flushHistogram {
+	d := flushHistogram{count: h.count - earlier.count, sum: h.sum - earlier.sum, uppers: h.uppers, buckets: slices.Clone(h.buckets)}
+	for i := range d.buckets {
+		if i < len(earlier.buckets) {
+			d.buckets[i] -= earlier.buckets[i]
+		}
+	}
+	return d
+}
+
+func (h flushHistogram) mean() float64 {
+	if h.count == 0 {
+		return 0
+	}
+	return h.sum / float64(h.count)
+}
+
+// p99 is the smallest bucket bound at or under which 99 % of the flushes took.
+func (h flushHistogram) p99() string {
+	for i, c := range h.buckets {
+		if float64(c) >= 0.99*float64(h.count) {
+			return time.Duration(h.uppers[i] * float64(time.Second)).String()
+		}
+	}
+	return "over the largest bucket"
 }
 
 // runFleet is the child: it runs the fleet until its stdin closes, printing its own cost at
