@@ -6,6 +6,9 @@
 -- +goose Up
 ALTER TABLE compute.metal_leases ADD COLUMN guarded boolean NOT NULL DEFAULT true CHECK (guarded);
 CREATE INDEX metal_leases_machine ON compute.metal_leases (machine_id);
+-- The constraint is dropped and added again, same name and meaning, in one statement (one lock):
+-- nothing a release of the window uses goes away (TestUpgradeInPlace runs N-2 on it).
+-- compat: contract
 ALTER TABLE compute.metal_leases DROP CONSTRAINT metal_leases_machine_id_during_excl,
   ADD CONSTRAINT metal_leases_machine_id_during_excl EXCLUDE USING gist (machine_id WITH =, during WITH &&) WHERE (guarded);
 

@@ -7,6 +7,9 @@
 
 -- +goose Up
 ALTER TABLE compute.vps_networks ADD COLUMN guarded boolean NOT NULL DEFAULT true CHECK (guarded);
+-- The constraint is dropped and added again, same name and meaning, in one statement (one lock):
+-- nothing a release of the window uses goes away (TestUpgradeInPlace runs N-2 on it).
+-- compat: contract
 ALTER TABLE compute.vps_networks
   DROP CONSTRAINT vps_networks_tenant_overlap,
   ADD CONSTRAINT vps_networks_tenant_overlap EXCLUDE USING gist (tenant_id WITH =, cidr inet_ops WITH &&) WHERE (guarded),
@@ -17,6 +20,7 @@ ALTER TABLE compute.vps_networks
   DROP CONSTRAINT vps_networks_bridge_vlan,
   ADD CONSTRAINT vps_networks_bridge_vlan EXCLUDE USING gist (bridge WITH =, (coalesce(vlan, 0)) WITH <>) WHERE (guarded);
 ALTER TABLE compute.vps_addresses ADD COLUMN guarded boolean NOT NULL DEFAULT true CHECK (guarded);
+-- compat: contract
 ALTER TABLE compute.vps_addresses
   DROP CONSTRAINT vps_addresses_once,
   ADD CONSTRAINT vps_addresses_once EXCLUDE USING gist (network_id WITH =, address inet_ops WITH &&) WHERE (guarded),

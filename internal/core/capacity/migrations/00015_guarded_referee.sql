@@ -13,6 +13,9 @@
 -- +goose Up
 ALTER TABLE compute.bookings ADD COLUMN guarded boolean NOT NULL DEFAULT true CHECK (guarded);
 CREATE INDEX bookings_node ON compute.bookings (node_id, resource);
+-- The constraint is dropped and added again, same name and meaning, in one statement (one lock):
+-- nothing a release of the window uses goes away (TestUpgradeInPlace runs N-2 on it).
+-- compat: contract
 ALTER TABLE compute.bookings DROP CONSTRAINT bookings_no_double_booking,
   ADD CONSTRAINT bookings_no_double_booking
     EXCLUDE USING gist (node_id WITH =, resource WITH =, atoms WITH &&, during WITH &&) WHERE (guarded);
