@@ -124,6 +124,17 @@ func TestSSHCertificatesOpenANodesSSHD(t *testing.T) {
 		b, _ := os.ReadFile(principals)
 		return strings.Contains(string(b), api.ReservationPrincipal(res.ID))
 	})
+	// The tenant's CA was made by the first certificate, and reaches the node after it: the
+	// principal above came earlier, with the reservation.
+	parsed, _, _, _, err := ssh.ParseAuthorizedKey([]byte(first.Certificate))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca := strings.Fields(string(ssh.MarshalAuthorizedKey(parsed.(*ssh.Certificate).SignatureKey)))[1]
+	computetest.Eventually(t, e2eWait, "the tenant's CA on the node", func() bool {
+		b, _ := os.ReadFile(filepath.Join(sshdDir, "trusted_user_ca_keys"))
+		return strings.Contains(string(b), ca)
+	})
 	if out, err := sshAs(addr, login, userKey, first.Certificate, "echo in as $(id -un)"); err != nil || !strings.Contains(out, "in as "+login) {
 		t.Fatalf("ssh with the reservation's certificate: %q, %v", out, err)
 	}
