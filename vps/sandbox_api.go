@@ -72,7 +72,8 @@ type SandboxTemplate struct {
 	// Warmup is, with a ReadyLine, the longest a warm one may take to print it (it is replaced
 	// after); without, how long it runs after its boot before it is paused.
 	Warmup string `json:"warmup"`
-	// WarmReady is how many wait paused now; WarmBooting how many are on their way.
+	// WarmReady is how many wait paused now on a host that could resume them (what a create
+	// takes); WarmBooting how many are on their way.
 	WarmReady   int       `json:"warmReady"`
 	WarmBooting int       `json:"warmBooting"`
 	CreatedBy   string    `json:"createdBy"`

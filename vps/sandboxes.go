@@ -30,10 +30,16 @@ var warmPrincipal = iam.Principal{ID: "vps:warm-pool", Name: "the vps module's w
 
 const templateColumns = `t.id::text, t.tenant_id, t.name, t.pool_id::text, f.name, m.name, t.env, t.network,
 	t.ttl, t.max_ttl, t.warm, t.ready_line, t.warmup, t.created_by, t.created_at,
-	(SELECT count(*) FILTER (WHERE w.power = 'paused' AND w.status = 'paused') FROM compute.vps_instances w
-		WHERE w.template_id = t.id AND w.kind = 'warm' AND w.deleted_at IS NULL),
+	(SELECT count(*) FROM compute.vps_instances w ` + warmReadySQL + `),
 	(SELECT count(*) FILTER (WHERE NOT (w.power = 'paused' AND w.status = 'paused')) FROM compute.vps_instances w
 		WHERE w.template_id = t.id AND w.kind = 'warm' AND w.deleted_at IS NULL)`
+
+// warmReadySQL is the warm instances of template t a create would take now: paused, on a host
+// that is online and reaches its runtime (one that does not could not resume it). The template's
+// warmReady counts them with it, so that it says what createSandbox finds.
+const warmReadySQL = `JOIN compute.vps_hosts h ON h.node_id = w.node_id JOIN compute.nodes n ON n.id = w.node_id
+	WHERE w.template_id = t.id AND w.kind = 'warm' AND w.deleted_at IS NULL AND w.power = 'paused' AND w.status = 'paused'
+	  AND h.unreachable = '' AND n.status = 'online'`
 
 const templateFrom = ` FROM compute.vps_sandbox_templates t JOIN compute.vps_flavors f ON f.id = t.flavor_id JOIN compute.vps_images m ON m.id = t.image_id`
 
@@ -261,10 +267,8 @@ func createSandbox(ctx context.Context, c *modules.Call, in CreateSandbox) (Sand
 	// A warm one: the oldest that waits paused, not one another call is taking, on a host that
 	// is online and reaches its runtime (one that does not could not resume it).
 	var warm string
-	err = c.Tx.QueryRow(ctx, `SELECT i.id::text FROM compute.vps_instances i JOIN compute.vps_hosts h ON h.node_id = i.node_id
-		JOIN compute.nodes n ON n.id = i.node_id
-		WHERE i.template_id = $1 AND i.kind = 'warm' AND i.deleted_at IS NULL AND i.power = 'paused' AND i.status = 'paused'
-		AND h.unreachable = '' AND n.status = 'online' ORDER BY i.created_at LIMIT 1 FOR UPDATE OF i SKIP LOCKED`, t.id).Scan(&warm)
+	err = c.Tx.QueryRow(ctx, `SELECT w.id::text FROM compute.vps_sandbox_templates t, compute.vps_instances w `+warmReadySQL+`
+		AND t.id = $1 ORDER BY w.created_at LIMIT 1 FOR UPDATE OF w SKIP LOCKED`, t.id).Scan(&warm)
 	switch {
 	case err == nil:
 		name := in.Name
