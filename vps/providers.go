@@ -40,7 +40,7 @@ const (
 
 // DriverKindProvider is the kind of provision.Driver a cloud provider is: vps registers each of
 // Options.Providers as one, another module may register its own (its Value a provider.Provider),
-// and an account's kind names one. Providers are looked up in the registry, never kept aside.
+// and an account's kind names one, found in the registry wherever an account is used.
 const DriverKindProvider = "provider"
 
 // ProviderDriver finds a registered provider.
