@@ -3,6 +3,7 @@ package vps_test
 import (
 	"crypto/ed25519"
 	"crypto/rand"
+	"github.com/jackc/pgx/v5"
 	"regexp"
 	"strconv"
 	"strings"
@@ -253,6 +254,14 @@ func TestSandboxesOnARealBCDHost(t *testing.T) {
 	start = time.Now()
 	warm, err := compute.Invoke(ctx, c, key, vps.SandboxesCreate, vps.CreateSandbox{Template: "warm", Name: "warm1"})
 	if err != nil || !warm.FromWarmPool {
+		// Why no warm instance was taken: the warm instances, their hosts and nodes.
+		rows, qerr := v.env.DB.Pool.Query(ctx, `SELECT format('%s %s/%s host unreachable %L node %s', w.id, w.power, w.status, h.unreachable, n.status)
+			FROM compute.vps_instances w LEFT JOIN compute.vps_hosts h ON h.node_id = w.node_id LEFT JOIN compute.nodes n ON n.id = w.node_id
+			WHERE w.kind = 'warm' AND w.deleted_at IS NULL`)
+		if qerr == nil {
+			states, _ := pgx.CollectRows(rows, pgx.RowTo[string])
+			t.Logf("warm instances now: %v", states)
+		}
 		t.Fatalf("a warm sandbox: %+v %v", warm, err)
 	}
 	v.answers(t, "warm1", time.Minute)
