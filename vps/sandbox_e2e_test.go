@@ -3,12 +3,13 @@ package vps_test
 import (
 	"crypto/ed25519"
 	"crypto/rand"
-	"github.com/jackc/pgx/v5"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/better-compute/compute"
 	"github.com/better-compute/compute/api"
