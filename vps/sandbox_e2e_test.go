@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/better-compute/compute"
 	"github.com/better-compute/compute/api"
 	"github.com/better-compute/compute/computetest"
@@ -256,13 +254,9 @@ func TestSandboxesOnARealBCDHost(t *testing.T) {
 	warm, err := compute.Invoke(ctx, c, key, vps.SandboxesCreate, vps.CreateSandbox{Template: "warm", Name: "warm1"})
 	if err != nil || !warm.FromWarmPool {
 		// Why no warm instance was taken: the warm instances, their hosts and nodes.
-		rows, qerr := v.env.DB.Pool.Query(ctx, `SELECT format('%s %s/%s host unreachable %L node %s', w.id, w.power, w.status, h.unreachable, n.status)
+		computetest.LogRows(t, v.env.DB.Pool, "warm instance now", `SELECT format('%s %s/%s host unreachable %L node %s', w.id, w.power, w.status, h.unreachable, n.status)
 			FROM compute.vps_instances w LEFT JOIN compute.vps_hosts h ON h.node_id = w.node_id LEFT JOIN compute.nodes n ON n.id = w.node_id
 			WHERE w.kind = 'warm' AND w.deleted_at IS NULL`)
-		if qerr == nil {
-			states, _ := pgx.CollectRows(rows, pgx.RowTo[string])
-			t.Logf("warm instances now: %v", states)
-		}
 		t.Fatalf("a warm sandbox: %+v %v", warm, err)
 	}
 	v.answers(t, "warm1", time.Minute)

@@ -304,25 +304,15 @@ func TestKilledHolderMidStorm(t *testing.T) {
 // are there and valid. (Seen once, in a run beside another full run of the package.)
 func (f *testFleet) logOverlaps(t *testing.T) {
 	t.Helper()
-	rows, err := f.DB.Pool.Query(f.ctx, `SELECT format('%s/%s xmin %s %s %s %s %s created %s ended %s | %s/%s xmin %s %s %s %s %s created %s ended %s',
+	computetest.LogRows(t, f.DB.Pool, "overlap", `SELECT format('%s/%s xmin %s %s %s %s %s created %s ended %s | %s/%s xmin %s %s %s %s %s created %s ended %s',
 		a.id, a.reservation_id, a.xmin, ra.state, a.resource, a.atoms, a.during, ra.created_at, ra.ended_at,
 		b.id, b.reservation_id, b.xmin, rb.state, b.resource, b.atoms, b.during, rb.created_at, rb.ended_at)
 		FROM compute.bookings a JOIN compute.bookings b ON a.id < b.id AND a.node_id = b.node_id AND a.resource = b.resource
 		  AND a.atoms && b.atoms AND a.during && b.during
 		JOIN compute.reservations ra ON ra.id = a.reservation_id JOIN compute.reservations rb ON rb.id = b.reservation_id
 		ORDER BY a.id LIMIT 10`)
-	if err != nil {
-		t.Log(err)
-		return
-	}
-	for rows.Next() {
-		var line string
-		_ = rows.Scan(&line)
-		t.Log("overlap:", line)
-	}
-	rows.Close()
 	var constraint, valid string
-	err = f.DB.Pool.QueryRow(f.ctx, `SELECT coalesce(string_agg(c.conname::text || ' ' || c.contype::text, ','), 'none'),
+	err := f.DB.Pool.QueryRow(f.ctx, `SELECT coalesce(string_agg(c.conname::text || ' ' || c.contype::text, ','), 'none'),
 		coalesce(string_agg(i.indisvalid::text || '/' || i.indisready::text, ','), 'none')
 		FROM pg_catalog.pg_constraint c LEFT JOIN pg_catalog.pg_index i ON i.indexrelid = c.conindid
 		WHERE c.conrelid = 'compute.bookings'::regclass AND c.contype = 'x'`).Scan(&constraint, &valid)

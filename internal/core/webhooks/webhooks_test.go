@@ -230,19 +230,11 @@ func (e env) emit(t *testing.T, typ string, subjects ...string) {
 
 // dump logs the deliveries and their jobs that are not done, to see why a test failed.
 func (e env) dump(t *testing.T) {
-	rows, err := e.DB.Pool.Query(context.Background(), `SELECT format('delivery %s event %s subject %s %s attempts %s next %s gen %s', id, event_seq, subject, state, attempts, next_attempt_at, generation)
+	t.Helper()
+	computetest.LogRows(t, e.DB.Pool, "not done", `SELECT format('delivery %s event %s subject %s %s attempts %s next %s gen %s', id, event_seq, subject, state, attempts, next_attempt_at, generation)
 		FROM compute.webhook_deliveries WHERE state <> 'delivered'
 		UNION ALL SELECT format('job %s %s attempt %s at %s args %s meta %s errors %s', id, state, attempt, scheduled_at, args, metadata, errors)
 		FROM compute.river_job WHERE state <> 'completed'`)
-	if err != nil {
-		t.Log(err)
-		return
-	}
-	for rows.Next() {
-		var line string
-		_ = rows.Scan(&line)
-		t.Log(line)
-	}
 }
 
 // TestEveryEventArrivesSignedAndInOrderAcrossAnOutage is the issue's check: a receiver that
