@@ -311,6 +311,9 @@ func (h flushHistogram) mean() float64 {
 
 // p99 is the smallest bucket bound at or under which 99 % of the flushes took.
 func (h flushHistogram) p99() string {
+	if h.count == 0 {
+		return "no flush"
+	}
 	for i, c := range h.buckets {
 		if float64(c) >= 0.99*float64(h.count) {
 			return time.Duration(h.uppers[i] * float64(time.Second)).String()
