@@ -11,13 +11,13 @@ import (
 	"flag"
 	"io"
 	"log/slog"
-	mathrand "math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -315,13 +315,35 @@ func (e *e2e) node(opts nodeOptions) *node {
 	return n
 }
 
-// nodeIDs counts the nodes given a range of ids of their own, from a base of this test binary's
-// own, so that two binaries at once (go test -count=3 ./... twice) give their nodes apart ranges.
+// nodeIDs counts the nodes given a range of ids of their own, from this test binary's base.
 var nodeIDs = func() *atomic.Int32 {
 	var n atomic.Int32
-	n.Store(int32(mathrand.IntN(500)) * 10) // ranges 100,000 ids wide, all below 2^31
+	n.Store(idBase())
 	return &n
 }()
+
+// idBase is this test binary's first node number: a machine-wide counter under an flock, so that
+// two binaries at once (go test -count=3 ./... twice) give their nodes ranges that never meet.
+// Blocks of 50 nodes, 500 of them before it wraps, ranges 100,000 ids wide, all below 2^31.
+func idBase() int32 {
+	f, err := os.OpenFile(filepath.Join(os.TempDir(), "better-compute-bcd-id-bases"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		panic(err)
+	}
+	defer f.Close() // and with it the lock
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		panic(err)
+	}
+	b, _ := io.ReadAll(f)
+	n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err := f.Truncate(0); err != nil {
+		panic(err)
+	}
+	if _, err := f.WriteAt([]byte(strconv.Itoa((n+1)%500)+"\n"), 0); err != nil {
+		panic(err)
+	}
+	return int32(n) * 50
+}
 
 // idRange gives the node of state a range of uids and gids of its own for its holders' users
 // and its devices' groups (tenancy.json's next id). Each bcd takes the first id free on the
