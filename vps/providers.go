@@ -43,11 +43,14 @@ const (
 // and an account's kind names one, found in the registry wherever an account is used.
 const DriverKindProvider = "provider"
 
+// ErrNoProvider is ProviderDriver's error for a name no module registered.
+var ErrNoProvider = errors.New("vps: no such provider")
+
 // ProviderDriver finds a registered provider.
 func ProviderDriver(reg *modules.Registry, name string) (provider.Provider, error) {
 	d, ok := reg.LookupDriver(DriverKindProvider, name)
 	if !ok {
-		return nil, fmt.Errorf("vps: no provider %q is registered (%s)", name, strings.Join(reg.DriverNames(DriverKindProvider), ", "))
+		return nil, fmt.Errorf("%w: %q is not registered (%s)", ErrNoProvider, name, strings.Join(reg.DriverNames(DriverKindProvider), ", "))
 	}
 	p, ok := d.Value.(provider.Provider)
 	if !ok {
@@ -139,11 +142,11 @@ func userDataPurpose(instanceID string) string { return "vps-provider-userdata:"
 // createAccount checks the token with the provider, inside the call (the caller hears at once
 // that it is refused), and stores it sealed.
 func (m *Module) createAccount(ctx context.Context, c *modules.Call, in CreateProviderAccount) (ProviderAccount, error) {
-	reg := c.Runtime.Registry
-	if _, ok := reg.LookupDriver(DriverKindProvider, in.Kind); !ok {
-		return ProviderAccount{}, api.InvalidField("kind", "%q is not a provider of this control plane (%s)", in.Kind, strings.Join(reg.DriverNames(DriverKindProvider), ", "))
+	p, err := ProviderDriver(c.Runtime.Registry, in.Kind)
+	if errors.Is(err, ErrNoProvider) {
+		return ProviderAccount{}, api.InvalidField("kind", "%q is not a provider of this control plane (%s)",
+			in.Kind, strings.Join(c.Runtime.Registry.DriverNames(DriverKindProvider), ", "))
 	}
-	p, err := ProviderDriver(reg, in.Kind)
 	if err != nil {
 		return ProviderAccount{}, err
 	}
